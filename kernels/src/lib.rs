@@ -1,0 +1,11 @@
+//! Tessera's kernel API: a narrow set of ops (`rms_norm`, `rope`, `matmul`, attention,
+//! `silu_mul`, embedding, ...) and the tensor formats they read.
+//!
+//! `cpu` is the reference implementation and the engine of GPU-less machines; every other
+//! platform is checked against it.
+
+pub mod error;
+pub mod quant;
+
+pub use error::KernelError;
+pub use quant::GgmlType;
