@@ -4,8 +4,9 @@
 //! `cpu` is the reference implementation and the engine of GPU-less machines; every other
 //! platform is checked against it.
 
+pub mod cpu;
 pub mod error;
 pub mod quant;
 
 pub use error::KernelError;
-pub use quant::GgmlType;
+pub use quant::{GgmlType, Weight};

@@ -2,7 +2,19 @@
 //!
 //! A row of a quantised matrix is a sequence of fixed-size blocks; `block_elems` values
 //! are stored in `block_bytes` bytes. Layouts follow ggml's `ggml-common.h` (the file
-//! format is the contract; the code here is our own).
+//! format is the contract; the code here is our own). Submodules: `float` (F32/F16/BF16),
+//! `legacy` (Q4_0/Q4_1/Q8_0), `kquant` (Q4_K/Q5_K/Q6_K), `q8` (activation quantisation
+//! for the CPU matmul), `weight` (the borrowed matrix view).
+
+mod float;
+mod kquant;
+mod legacy;
+pub mod q8;
+mod weight;
+
+pub(crate) use float::{bf16_to_f32, f16_to_f32};
+pub(crate) use kquant::k4_scales_mins;
+pub use weight::Weight;
 
 use crate::KernelError;
 
@@ -101,10 +113,22 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), K
     crate::error::check(src.len() == need, "dequantize_row", || {
         format!("{} bytes given, {need} needed for {} {ty} values", src.len(), out.len())
     })?;
-    todo_dequant(ty, src, out);
+    dequantize_unchecked(ty, src, out);
     Ok(())
 }
 
-fn todo_dequant(_ty: GgmlType, _src: &[u8], _out: &mut [f32]) {
-    unimplemented!("filled in by the quant formats work")
+/// [`dequantize_row`] without the length checks: `src` must hold exactly the blocks of
+/// `out` (extra values on either side are left alone / ignored, never read out of bounds).
+pub(crate) fn dequantize_unchecked(ty: GgmlType, src: &[u8], out: &mut [f32]) {
+    match ty {
+        GgmlType::F32 => float::dequant_f32(src, out),
+        GgmlType::F16 => float::dequant_f16(src, out),
+        GgmlType::BF16 => float::dequant_bf16(src, out),
+        GgmlType::Q4_0 => legacy::dequant_q4_0(src, out),
+        GgmlType::Q4_1 => legacy::dequant_q4_1(src, out),
+        GgmlType::Q8_0 => legacy::dequant_q8_0(src, out),
+        GgmlType::Q4K => kquant::dequant_q4_k(src, out),
+        GgmlType::Q5K => kquant::dequant_q5_k(src, out),
+        GgmlType::Q6K => kquant::dequant_q6_k(src, out),
+    }
 }

@@ -1,0 +1,100 @@
+//! Pointwise ops of the llama block: SwiGLU's `silu(gate) * up`, the residual add, the
+//! q/k/v bias add (Qwen2) and scaling. All f32; long buffers are split across threads in
+//! fixed-size chunks so each thread streams contiguous memory.
+
+use rayon::prelude::*;
+
+use crate::error::check;
+use crate::KernelError;
+
+/// Values per parallel task; calls shorter than this stay on the calling thread.
+const CHUNK: usize = 1 << 14;
+
+/// `silu(x) = x * sigmoid(x) = x / (1 + e^-x)`; large negative `x` gives -0, not NaN.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// SwiGLU: `out[i] = silu(gate[i]) * up[i]`; all three the same length
+/// (`[n_tokens, intermediate]`).
+pub fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<(), KernelError> {
+    check(gate.len() == up.len() && out.len() == gate.len(), "silu_mul", || {
+        format!("lengths differ: out {}, gate {}, up {}", out.len(), gate.len(), up.len())
+    })?;
+    let run = |((o, g), u): ((&mut [f32], &[f32]), &[f32])| {
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = silu(g) * u;
+        }
+    };
+    if out.len() > CHUNK {
+        out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK)).zip(up.par_chunks(CHUNK)).for_each(run);
+    } else {
+        run(((out, gate), up));
+    }
+    Ok(())
+}
+
+/// SwiGLU into the gate buffer: `gate[i] = silu(gate[i]) * up[i]`.
+pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
+    check(gate.len() == up.len(), "silu_mul_inplace", || {
+        format!("lengths differ: gate {}, up {}", gate.len(), up.len())
+    })?;
+    let run = |(g, u): (&mut [f32], &[f32])| {
+        for (g, &u) in g.iter_mut().zip(u) {
+            *g = silu(*g) * u;
+        }
+    };
+    if gate.len() > CHUNK {
+        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(run);
+    } else {
+        run((gate, up));
+    }
+    Ok(())
+}
+
+/// Residual add: `a[i] += b[i]`.
+pub fn add_inplace(a: &mut [f32], b: &[f32]) -> Result<(), KernelError> {
+    check(a.len() == b.len(), "add_inplace", || format!("lengths differ: a {}, b {}", a.len(), b.len()))?;
+    let run = |(a, b): (&mut [f32], &[f32])| {
+        for (a, &b) in a.iter_mut().zip(b) {
+            *a += b;
+        }
+    };
+    if a.len() > CHUNK {
+        a.par_chunks_mut(CHUNK).zip(b.par_chunks(CHUNK)).for_each(run);
+    } else {
+        run((a, b));
+    }
+    Ok(())
+}
+
+/// Adds `bias` (`[dim]`) to every row of `x` (`[n_rows, dim]`), e.g. Qwen2's q/k/v bias.
+pub fn add_row_bias(x: &mut [f32], bias: &[f32]) -> Result<(), KernelError> {
+    check(!bias.is_empty() && x.len() % bias.len() == 0, "add_row_bias", || {
+        format!("x has {} values, not a whole number of rows of bias length {}", x.len(), bias.len())
+    })?;
+    let run = |row: &mut [f32]| {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    };
+    if x.len() > CHUNK {
+        x.par_chunks_mut(bias.len()).for_each(run);
+    } else {
+        x.chunks_mut(bias.len()).for_each(run);
+    }
+    Ok(())
+}
+
+/// `x[i] *= s`.
+pub fn scale_inplace(x: &mut [f32], s: f32) -> Result<(), KernelError> {
+    check(s.is_finite(), "scale_inplace", || format!("scale {s} is not finite"))?;
+    let run = |c: &mut [f32]| c.iter_mut().for_each(|v| *v *= s);
+    if x.len() > CHUNK {
+        x.par_chunks_mut(CHUNK).for_each(run);
+    } else {
+        run(x);
+    }
+    Ok(())
+}

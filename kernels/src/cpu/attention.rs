@@ -1,0 +1,197 @@
+//! Causal attention over a paged KV cache, and the write of new K/V into it.
+//!
+//! The serving design keeps each layer's K and V in fixed-size blocks,
+//! `[num_blocks, block_size, n_kv_heads, head_dim]` f32, and gives every sequence a
+//! block table: position `p` lives in block `block_table[p / block_size]`, slot
+//! `p % block_size`. One call handles one sequence's chunk of `n_tokens` new tokens at
+//! positions `first_pos..first_pos + n_tokens` (a decode step is a chunk of one; a
+//! prefill chunk may start mid-context). Query token `t` attends to positions
+//! `0..=first_pos + t`; query head `h` reads kv head `h / (n_heads / n_kv_heads)` (GQA).
+//!
+//! Softmax is two-pass per (token, head): scores into an O(context) f32 buffer, max,
+//! `exp(s - max)` weights summed in f32, then the weighted sum of V rows normalised once.
+//! Work is parallel over (token, head) rows of the output.
+
+use rayon::prelude::*;
+
+use crate::error::check;
+use crate::KernelError;
+
+/// Below this many multiply-adds (`tokens * heads * context * head_dim`) a call stays on
+/// the calling thread.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// Geometry of one layer's paged K (or V) cache, `[num_blocks, block_size, n_kv_heads,
+/// head_dim]`; `num_blocks` comes from the buffer length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKv {
+    pub block_size: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The chunk of one sequence a call works on.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqSlice<'a> {
+    /// Physical block ids of the sequence, in position order; must cover
+    /// `first_pos + n_tokens` positions. Ids within one table must be distinct.
+    pub block_table: &'a [u32],
+    /// Position of the chunk's first token; positions before it are already cached.
+    pub first_pos: usize,
+    pub n_tokens: usize,
+}
+
+impl PagedKv {
+    /// Values per token in the cache: all kv heads of one slot.
+    fn token_stride(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Checks the geometry and both cache buffers; returns `num_blocks`.
+    fn check_cache(&self, op: &'static str, k_len: usize, v_len: usize) -> Result<usize, KernelError> {
+        check(self.block_size > 0 && self.n_kv_heads > 0 && self.head_dim > 0, op, || {
+            format!("block_size, n_kv_heads, head_dim must be > 0, got {self:?}")
+        })?;
+        let block = self
+            .block_size
+            .checked_mul(self.token_stride())
+            .ok_or_else(|| KernelError::Shape { op, detail: format!("block size overflows: {self:?}") })?;
+        check(k_len == v_len && k_len % block == 0, op, || {
+            format!("k cache {k_len} / v cache {v_len} values: not equal whole numbers of {block}-value blocks")
+        })?;
+        Ok(k_len / block)
+    }
+
+    /// Checks `seq`'s table covers its context with valid block ids; returns the context
+    /// length `first_pos + n_tokens`.
+    fn check_seq(&self, op: &'static str, seq: &SeqSlice, num_blocks: usize) -> Result<usize, KernelError> {
+        let ctx = seq.first_pos.checked_add(seq.n_tokens).ok_or_else(|| KernelError::Shape {
+            op,
+            detail: format!("first_pos {} + n_tokens {} overflows", seq.first_pos, seq.n_tokens),
+        })?;
+        let needed = ctx.div_ceil(self.block_size);
+        check(seq.block_table.len() >= needed, op, || {
+            format!(
+                "block table has {} blocks, {needed} needed for {ctx} positions of block size {}",
+                seq.block_table.len(),
+                self.block_size
+            )
+        })?;
+        if let Some(&b) = seq.block_table[..needed].iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(KernelError::Shape { op, detail: format!("block id {b} >= num_blocks {num_blocks}") });
+        }
+        Ok(ctx)
+    }
+
+    /// Offset in the cache of `position`'s slot (all kv heads) for a checked table.
+    fn slot_offset(&self, block_table: &[u32], position: usize) -> usize {
+        let block = block_table[position / self.block_size] as usize;
+        (block * self.block_size + position % self.block_size) * self.token_stride()
+    }
+}
+
+/// Stores the chunk's new keys and values, `k`, `v`: `[n_tokens, n_kv_heads * head_dim]`,
+/// token `t` at position `first_pos + t`.
+pub fn write_kv(
+    cache: &PagedKv,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    seq: &SeqSlice,
+) -> Result<(), KernelError> {
+    const OP: &str = "write_kv";
+    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
+    cache.check_seq(OP, seq, num_blocks)?;
+    let stride = cache.token_stride();
+    check(k.len() == v.len() && seq.n_tokens.checked_mul(stride) == Some(k.len()), OP, || {
+        format!("k {} / v {} values, expected {} tokens x {stride}", k.len(), v.len(), seq.n_tokens)
+    })?;
+    // A copy per token: bandwidth-bound and small next to the matmuls, so serial.
+    for (t, (kt, vt)) in k.chunks_exact(stride).zip(v.chunks_exact(stride)).enumerate() {
+        let off = cache.slot_offset(seq.block_table, seq.first_pos + t);
+        k_cache[off..off + stride].copy_from_slice(kt);
+        v_cache[off..off + stride].copy_from_slice(vt);
+    }
+    Ok(())
+}
+
+/// Causal attention of the chunk's queries over the cache (which must already hold the
+/// chunk's own K/V, see [`write_kv`]). `q`, `out`: `[n_tokens, n_heads * head_dim]`;
+/// scores are `scale * q.k` (usually `1 / sqrt(head_dim)`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    cache: &PagedKv,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+    q: &[f32],
+    seq: &SeqSlice,
+    n_heads: usize,
+    scale: f32,
+) -> Result<(), KernelError> {
+    const OP: &str = "attention";
+    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
+    let ctx = cache.check_seq(OP, seq, num_blocks)?;
+    let (hd, n_kv) = (cache.head_dim, cache.n_kv_heads);
+    check(n_heads > 0 && n_heads % n_kv == 0, OP, || {
+        format!("n_heads {n_heads} is not a positive multiple of n_kv_heads {n_kv}")
+    })?;
+    let q_len = seq.n_tokens.checked_mul(n_heads * hd);
+    check(q_len == Some(q.len()) && out.len() == q.len(), OP, || {
+        format!("q {} / out {} values, expected {} tokens x {n_heads} heads x {hd}", q.len(), out.len(), seq.n_tokens)
+    })?;
+    check(scale.is_finite(), OP, || format!("scale {scale} is not finite"))?;
+    let group = n_heads / n_kv;
+
+    // One output row per (token, head): `row = t * n_heads + h`.
+    let head = |scores: &mut Vec<f32>, (row, o): (usize, &mut [f32])| {
+        let (t, h) = (row / n_heads, row % n_heads);
+        let kv_off = (h / group) * hd;
+        let qh = &q[row * hd..(row + 1) * hd];
+        let n_ctx = seq.first_pos + t + 1;
+
+        scores.clear();
+        scores.extend((0..n_ctx).map(|p| {
+            let off = cache.slot_offset(seq.block_table, p) + kv_off;
+            scale * dot(qh, &k_cache[off..off + hd])
+        }));
+        let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        o.fill(0.0);
+        for (p, s) in scores.iter().enumerate() {
+            let w = (s - m).exp();
+            sum += w;
+            let off = cache.slot_offset(seq.block_table, p) + kv_off;
+            for (acc, &vv) in o.iter_mut().zip(&v_cache[off..off + hd]) {
+                *acc += w * vv;
+            }
+        }
+        // sum >= 1 (the max contributes e^0) unless a score was NaN.
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|v| *v *= inv);
+    };
+
+    let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
+    if work >= PAR_MIN_WORK {
+        out.par_chunks_mut(hd).enumerate().for_each_init(|| Vec::with_capacity(ctx), head);
+    } else {
+        let mut scores = Vec::with_capacity(ctx);
+        out.chunks_mut(hd).enumerate().for_each(|item| head(&mut scores, item));
+    }
+    Ok(())
+}
+
+/// f32 dot product with eight independent partial sums, so the compiler can vectorise
+/// it (a single running sum has to stay in order).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

@@ -1,0 +1,11 @@
+//! The CPU platform: the reference implementation of every op, and the engine of
+//! GPU-less machines. Each op works on `f32` slices in row-major `[rows, cols]` layout,
+//! checks its shapes first, and parallelises with rayon over rows/heads where the work
+//! is large enough to pay for it.
+
+pub mod activation;
+pub mod attention;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+pub mod matmul;

@@ -1,0 +1,70 @@
+//! RMSNorm: `y = x / sqrt(mean(x^2) + eps) * w`, row by row.
+//!
+//! Rows are any `[n_rows, dim]` split with a `[dim]` weight, so the same op serves the
+//! block norms (`dim` = hidden size, one row per token) and Qwen3's per-head q/k norms
+//! (`dim` = head_dim, one row per (token, head)).
+//!
+//! Precision follows llama.cpp: squares are formed in f32 and summed in f64, then
+//! the scale `1 / sqrt(mean + eps)` and the products are f32.
+
+use rayon::prelude::*;
+
+use crate::error::check;
+use crate::KernelError;
+
+/// Below this many values a call runs on the calling thread: rayon's fork/join costs
+/// more than normalising a few rows.
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// `out[r] = rms_norm(x[r]) * w` for each of `n_rows` rows. `x`, `out`: `[n_rows, dim]`,
+/// `w`: `[dim]` (its length gives `dim`).
+pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], n_rows: usize, eps: f32) -> Result<(), KernelError> {
+    let dim = check_shape("rms_norm", x.len(), w.len(), n_rows, eps)?;
+    check(out.len() == x.len(), "rms_norm", || format!("out has {} values, x has {}", out.len(), x.len()))?;
+    let row = |(o, xr): (&mut [f32], &[f32])| {
+        let s = inv_rms(xr, eps);
+        for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
+            *o = (xv * s) * wv;
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS {
+        out.par_chunks_mut(dim).zip(x.par_chunks(dim)).for_each(row);
+    } else {
+        out.chunks_mut(dim).zip(x.chunks(dim)).for_each(row);
+    }
+    Ok(())
+}
+
+/// [`rms_norm`] in place: `x` (`[n_rows, dim]`) is overwritten by its normalised rows.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], n_rows: usize, eps: f32) -> Result<(), KernelError> {
+    let dim = check_shape("rms_norm_inplace", x.len(), w.len(), n_rows, eps)?;
+    let row = |xr: &mut [f32]| {
+        let s = inv_rms(xr, eps);
+        for (v, &wv) in xr.iter_mut().zip(w) {
+            *v = (*v * s) * wv;
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS {
+        x.par_chunks_mut(dim).for_each(row);
+    } else {
+        x.chunks_mut(dim).for_each(row);
+    }
+    Ok(())
+}
+
+/// Checks `x` is `[n_rows, dim]` with `dim = w_len > 0` and `eps` usable; returns `dim`.
+fn check_shape(op: &'static str, x_len: usize, w_len: usize, n_rows: usize, eps: f32) -> Result<usize, KernelError> {
+    check(w_len > 0, op, || "weight is empty".to_string())?;
+    check(n_rows.checked_mul(w_len) == Some(x_len), op, || {
+        format!("x has {x_len} values, expected {n_rows} rows x {w_len} (weight length)")
+    })?;
+    check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} must be finite and >= 0"))?;
+    Ok(w_len)
+}
+
+/// `1 / sqrt(mean(row^2) + eps)`.
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+    let mean = (sum / row.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}

@@ -1,0 +1,188 @@
+//! Rotary position embedding (RoPE), applied in place to q or k rows.
+//!
+//! Dimension pair `i` (of `rope_dim / 2`) of a token at position `p` is rotated by the
+//! angle `p * inv_freq[i]`, with `inv_freq[i] = theta^(-2i / rope_dim)` (llama.cpp's
+//! `theta_i = p * base^(-2i/d)`), optionally reshaped by Llama-3 scaling or divided by
+//! per-pair frequency factors (llama.cpp's `rope_freqs.weight`). Dimensions at and past
+//! `rope_dim` pass through unchanged (partial rotary).
+//!
+//! Precision: `inv_freq` and the angle are computed in f64 and `sin`/`cos` rounded to
+//! f32; the rotation itself is f32. This is the exact angle; llama.cpp (f32, repeated
+//! multiplication) and HF (f32 `pos * inv_freq`) differ from it only by their rounding.
+
+use rayon::prelude::*;
+
+use crate::error::check;
+use crate::KernelError;
+
+/// Below this many values a call runs on the calling thread.
+const PAR_MIN_ELEMS: usize = 1 << 14;
+
+/// Which dimensions form a rotated pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i + 1)`: llama.cpp's LLAMA ("normal") rope, for GGUF llama models
+    /// whose q/k rows the converter permuted.
+    Interleaved,
+    /// Pairs `(i, i + rope_dim / 2)`: HF's `rotate_half`, for qwen2/qwen3 and for llama
+    /// checkpoints in HF layout.
+    Neox,
+}
+
+/// Llama-3.x frequency scaling (HF `rope_type: "llama3"`). With wavelength
+/// `w = 2*pi / inv_freq`, `lo = original_max_position / low_freq_factor` and
+/// `hi = original_max_position / high_freq_factor`:
+/// - `w < hi` (high frequency): unchanged;
+/// - `w > lo` (low frequency): divided by `factor`;
+/// - otherwise: `(1 - s) * inv_freq / factor + s * inv_freq` with
+///   `s = (original_max_position / w - low_freq_factor) / (high_freq_factor - low_freq_factor)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    /// The context length the model was trained with before scaling.
+    pub original_max_position: usize,
+}
+
+/// The per-pair inverse frequencies of one model's RoPE.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeParams {
+    rope_dim: usize,
+    /// `[rope_dim / 2]`, radians per position.
+    inv_freq: Vec<f64>,
+}
+
+impl RopeParams {
+    /// Builds the frequencies for `rope_dim` rotated dimensions (even, usually head_dim)
+    /// and base `theta`. `llama3` (from a config.json) and `freq_factors` (`[rope_dim/2]`,
+    /// from a GGUF `rope_freqs.weight`, which already encodes the same scaling) are two
+    /// spellings of one adjustment: passing both is rejected rather than scaling twice.
+    pub fn new(
+        rope_dim: usize,
+        theta: f32,
+        llama3: Option<Llama3Scaling>,
+        freq_factors: Option<Vec<f32>>,
+    ) -> Result<Self, KernelError> {
+        const OP: &str = "rope_params";
+        check(rope_dim > 0 && rope_dim % 2 == 0, OP, || format!("rope dim {rope_dim} must be even and > 0"))?;
+        check(theta.is_finite() && theta > 0.0, OP, || format!("theta {theta} must be finite and > 0"))?;
+        check(!(llama3.is_some() && freq_factors.is_some()), OP, || {
+            "both Llama-3 scaling and rope_freqs factors given; they encode the same scaling".to_string()
+        })?;
+        let half = rope_dim / 2;
+        let base = f64::from(theta);
+        let mut inv_freq: Vec<f64> = (0..half).map(|i| base.powf(-2.0 * i as f64 / rope_dim as f64)).collect();
+        if let Some(s) = llama3 {
+            check_llama3(&s)?;
+            for f in &mut inv_freq {
+                *f = llama3_inv_freq(*f, &s);
+            }
+        }
+        if let Some(ff) = freq_factors {
+            check(ff.len() == half, OP, || format!("{} frequency factors, expected rope_dim/2 = {half}", ff.len()))?;
+            check(ff.iter().all(|&v| v.is_finite() && v > 0.0), OP, || {
+                "frequency factors must be finite and > 0".to_string()
+            })?;
+            for (f, &d) in inv_freq.iter_mut().zip(&ff) {
+                *f /= f64::from(d);
+            }
+        }
+        Ok(Self { rope_dim, inv_freq })
+    }
+
+    /// Number of rotated dimensions per head.
+    pub fn rope_dim(&self) -> usize {
+        self.rope_dim
+    }
+
+    /// Radians per position of each pair, `[rope_dim / 2]`.
+    pub fn inv_freq(&self) -> &[f64] {
+        &self.inv_freq
+    }
+}
+
+fn check_llama3(s: &Llama3Scaling) -> Result<(), KernelError> {
+    const OP: &str = "rope_params";
+    let finite_pos = |v: f32| v.is_finite() && v > 0.0;
+    check(finite_pos(s.factor), OP, || format!("llama3 factor {} must be finite and > 0", s.factor))?;
+    check(finite_pos(s.low_freq_factor) && finite_pos(s.high_freq_factor), OP, || {
+        format!("llama3 low/high freq factors {}/{} must be finite and > 0", s.low_freq_factor, s.high_freq_factor)
+    })?;
+    check(s.high_freq_factor > s.low_freq_factor, OP, || {
+        format!("llama3 high_freq_factor {} must exceed low_freq_factor {}", s.high_freq_factor, s.low_freq_factor)
+    })?;
+    check(s.original_max_position > 0, OP, || "llama3 original_max_position must be > 0".to_string())
+}
+
+/// Applies [`Llama3Scaling`] to one inverse frequency.
+fn llama3_inv_freq(inv_freq: f64, s: &Llama3Scaling) -> f64 {
+    let old_ctx = s.original_max_position as f64;
+    let (factor, lo_f, hi_f) = (f64::from(s.factor), f64::from(s.low_freq_factor), f64::from(s.high_freq_factor));
+    let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+    if wavelen < old_ctx / hi_f {
+        inv_freq
+    } else if wavelen > old_ctx / lo_f {
+        inv_freq / factor
+    } else {
+        let smooth = (old_ctx / wavelen - lo_f) / (hi_f - lo_f);
+        (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+    }
+}
+
+/// Rotates `x` (`[n_tokens, n_heads * head_dim]`) in place; token `t` is at absolute
+/// position `positions[t]`. The first `params.rope_dim()` dims of each head are rotated.
+pub fn rope(
+    x: &mut [f32],
+    n_tokens: usize,
+    n_heads: usize,
+    head_dim: usize,
+    positions: &[u32],
+    params: &RopeParams,
+    style: RopeStyle,
+) -> Result<(), KernelError> {
+    const OP: &str = "rope";
+    check(n_heads > 0 && head_dim > 0, OP, || format!("n_heads {n_heads} and head_dim {head_dim} must be > 0"))?;
+    check(params.rope_dim <= head_dim, OP, || format!("rope dim {} exceeds head_dim {head_dim}", params.rope_dim))?;
+    let row = n_heads * head_dim;
+    check(n_tokens.checked_mul(row) == Some(x.len()), OP, || {
+        format!("x has {} values, expected {n_tokens} tokens x {n_heads} heads x {head_dim}", x.len())
+    })?;
+    check(positions.len() == n_tokens, OP, || format!("{} positions for {n_tokens} tokens", positions.len()))?;
+
+    let half = params.rope_dim / 2;
+    // `cs` holds the token's (cos, sin) per pair, shared by all its heads.
+    let token = |cs: &mut Vec<(f32, f32)>, (xr, &pos): (&mut [f32], &u32)| {
+        cs.clear();
+        cs.extend(params.inv_freq.iter().map(|&f| {
+            let (s, c) = (f64::from(pos) * f).sin_cos();
+            (c as f32, s as f32)
+        }));
+        for head in xr.chunks_exact_mut(head_dim) {
+            match style {
+                RopeStyle::Interleaved => {
+                    for (pair, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs.iter()) {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * c - b * s;
+                        pair[1] = a * s + b * c;
+                    }
+                }
+                RopeStyle::Neox => {
+                    let (lo, hi) = head[..2 * half].split_at_mut(half);
+                    for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs.iter()) {
+                        let (x0, x1) = (*a, *b);
+                        *a = x0 * c - x1 * s;
+                        *b = x0 * s + x1 * c;
+                    }
+                }
+            }
+        }
+    };
+    if x.len() >= PAR_MIN_ELEMS {
+        x.par_chunks_mut(row).zip(positions.par_iter()).for_each_init(|| Vec::with_capacity(half), token);
+    } else {
+        let mut cs = Vec::with_capacity(half);
+        x.chunks_mut(row).zip(positions.iter()).for_each(|item| token(&mut cs, item));
+    }
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! AVX2 row kernels of the CPU matmul for Q4_0, Q4_1, Q8_0 and the float types.
+//!
+//! Same arithmetic as `matmul_scalar.rs` (the integer block sums are identical; only the
+//! order of the f32 additions differs). Per 32-value block: unpack the weight quants to
+//! 32 bytes, `maddubs` (u8 × i8 → pairs summed in i16, which cannot saturate here:
+//! |pair| <= 2·15·127 for nibbles, 2·128·127 for Q8_0), `madd` with ones (→ 8 × i32),
+//! convert and FMA with `d_w · d_x`. For several tokens, micro-kernels of 2 rows × 2 or 4
+//! tokens share unpacked blocks and activation loads.
+//!
+//! Every function here needs AVX2, FMA and F16C; `matmul.rs` only hands them out through
+//! a constructed `Isa`, which checked the CPU.
+
+use std::arch::x86_64::*;
+
+use super::ActsF32;
+use crate::quant::q8::ActsQ8;
+
+/// Horizontal sum of 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The two f16 at `p[0..4]` (a block's `d` and, for Q4_1, `m`) as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// The f16 at `p[0..2]` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn f16_one(p: *const u8) -> f32 {
+    let bits = std::ptr::read_unaligned(p as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// 16 bytes of nibble pairs at `p` as 32 bytes: values 0-15 (low nibbles) then 16-31.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // Broadcast-load (no shuffle), then shift only the upper half right by 4.
+    let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let q = _mm256_srlv_epi32(q, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0));
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+}
+
+/// Σ over 32 lanes of u8 × i8, as 8 i32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// One kernel body per weight type: a micro-kernel over `R` rows × `N` tokens that
+/// unpacks each weight block once for all `N` tokens and loads each activation block
+/// once for all `R` rows, with `K` accumulator sets taking alternate blocks (K = 2 hides
+/// the FMA latency when R·N = 1). `$unpack(blk)` gives (32 quant bytes, d, offset
+/// coefficient); the block adds `coef · s_x` when `$offset`; `$mul(w, x)` gives the i32
+/// lanes of the block's integer dot.
+macro_rules! q8_kernel {
+    ($name:ident, $bytes:expr, $offset:expr, |$blk:ident| $unpack:block, |$wv:ident, $xv:ident| $mul:block) => {
+        /// `w`: `R` rows of `row_bytes` from `w`; writes `out[r * stride + t]` for token `t0 + t`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const R: usize, const N: usize, const K: usize>(
+            w: *const u8,
+            row_bytes: usize,
+            a: &ActsQ8,
+            t0: usize,
+            out: *mut f32,
+            stride: usize,
+        ) {
+            let nb = a.row_blocks();
+            let (cols, xq, xd, xs) = (a.cols, a.qs.as_ptr().add(t0 * a.cols), a.d.as_ptr().add(t0 * nb), a.s.as_ptr().add(t0 * nb));
+            let mut acc = [[[_mm256_setzero_ps(); N]; R]; K];
+            let mut accm = [[[0.0f32; N]; R]; K];
+            let mut b0 = 0;
+            while b0 < nb {
+                for k in 0..K {
+                    let b = b0 + k;
+                    if b >= nb {
+                        break;
+                    }
+                    let mut wv = [_mm256_setzero_si256(); R];
+                    let (mut wd, mut wm) = ([0.0f32; R], [0.0f32; R]);
+                    for r in 0..R {
+                        let $blk = w.add(r * row_bytes + b * $bytes);
+                        (wv[r], wd[r], wm[r]) = $unpack;
+                    }
+                    for t in 0..N {
+                        let $xv = _mm256_loadu_si256(xq.add(t * cols + b * 32) as *const __m256i);
+                        let (dx, sx) = (*xd.add(t * nb + b), *xs.add(t * nb + b));
+                        for r in 0..R {
+                            let $wv = wv[r];
+                            let p: __m256i = $mul;
+                            let scale = _mm256_set1_ps(wd[r] * dx);
+                            acc[k][r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[k][r][t]);
+                            if $offset {
+                                accm[k][r][t] = wm[r].mul_add(sx, accm[k][r][t]);
+                            }
+                        }
+                    }
+                }
+                b0 += K;
+            }
+            for r in 0..R {
+                for t in 0..N {
+                    let (mut v, mut m) = (acc[0][r][t], accm[0][r][t]);
+                    for k in 1..K {
+                        v = _mm256_add_ps(v, acc[k][r][t]);
+                        m += accm[k][r][t];
+                    }
+                    *out.add(r * stride + t) = hsum(v) + m;
+                }
+            }
+        }
+    };
+}
+
+// Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
+q8_kernel!(q4_0_rn, 18, true, |blk| {
+    let (d, _) = f16_pair(blk);
+    (nibbles(blk.add(2)), d, -8.0 * d)
+}, |w, x| { dot_u8i8(w, x) });
+
+// Q4_1: value d·q + m.
+q8_kernel!(q4_1_rn, 20, true, |blk| {
+    let (d, m) = f16_pair(blk);
+    (nibbles(blk.add(4)), d, m)
+}, |w, x| { dot_u8i8(w, x) });
+
+// Q8_0: both sides signed, so move w's sign onto x: |w| · sign(w)·x.
+q8_kernel!(q8_0_rn, 34, false, |blk| {
+    let (d, _) = f16_pair(blk);
+    (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
+}, |w, x| { dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) });
+
+/// Checks the lengths the raw-pointer micro-kernels rely on; returns the row count.
+fn check_q8(w: &[u8], row_bytes: usize, block_bytes: usize, a: &ActsQ8, t0: usize, tn: usize, out: &[f32], stride: usize) -> usize {
+    let nb = a.row_blocks();
+    let rows = w.len() / row_bytes.max(1);
+    assert!(
+        row_bytes == nb * block_bytes
+            && w.len() == rows * row_bytes
+            && a.qs.len() >= (t0 + tn) * a.cols
+            && a.d.len() >= (t0 + tn) * nb
+            && a.s.len() >= (t0 + tn) * nb
+            && (rows == 0 || tn == 0 || out.len() >= (rows - 1) * stride + tn)
+    );
+    rows
+}
+
+/// Tiles rows × tokens into micro-kernel calls: one row at a time for a single token
+/// (decode: reading several rows at once defeats the hardware prefetcher and halves
+/// the speed of streaming weights from DRAM), two rows × two or four tokens otherwise.
+macro_rules! tiled {
+    ($pub_name:ident, $rn:ident, $bytes:expr) => {
+        pub(crate) unsafe fn $pub_name(w: &[u8], row_bytes: usize, a: &ActsQ8, t0: usize, tn: usize, out: &mut [f32], stride: usize) {
+            let rows = check_q8(w, row_bytes, $bytes, a, t0, tn, out, stride);
+            let (wp, op) = (w.as_ptr(), out.as_mut_ptr());
+            let mut t = 0;
+            while t < tn {
+                let nt = (tn - t).min(4);
+                let mut r = 0;
+                macro_rules! call {
+                    ($r:literal, $n:literal, $k:literal) => {
+                        $rn::<$r, $n, $k>(wp.add(r * row_bytes), row_bytes, a, t0 + t, op.add(r * stride + t), stride)
+                    };
+                }
+                match nt {
+                    1 => {
+                        while r < rows {
+                            call!(1, 1, 2);
+                            r += 1;
+                        }
+                    }
+                    2 => {
+                        while r + 2 <= rows {
+                            call!(2, 2, 1);
+                            r += 2;
+                        }
+                        while r < rows {
+                            call!(1, 2, 1);
+                            r += 1;
+                        }
+                    }
+                    3 => {
+                        while r < rows {
+                            call!(1, 3, 1);
+                            r += 1;
+                        }
+                    }
+                    _ => {
+                        while r + 2 <= rows {
+                            call!(2, 4, 1);
+                            r += 2;
+                        }
+                        while r < rows {
+                            call!(1, 4, 1);
+                            r += 1;
+                        }
+                    }
+                }
+                t += nt;
+            }
+        }
+    };
+}
+
+tiled!(row_q4_0, q4_0_rn, 18);
+tiled!(row_q4_1, q4_1_rn, 20);
+tiled!(row_q8_0, q8_0_rn, 34);
+
+/// Expands a one-row kernel generic over the token count (1..=4) into a one-row function
+/// over any number of tokens.
+macro_rules! grouped {
+    ($name:ident, $n_fn:ident, $acts:ty) => {
+        /// See the module docs; `out[i]` gets token `t0 + i`.
+        unsafe fn $name(w: &[u8], a: &$acts, t0: usize, out: &mut [f32]) {
+            let mut t = t0;
+            for o in out.chunks_mut(4) {
+                match o.len() {
+                    4 => $n_fn::<4>(w, a, t, o),
+                    3 => $n_fn::<3>(w, a, t, o),
+                    2 => $n_fn::<2>(w, a, t, o),
+                    _ => $n_fn::<1>(w, a, t, o),
+                }
+                t += o.len();
+            }
+        }
+    };
+}
+pub(crate) use grouped;
+
+/// f32 dot of one float-typed weight row with each token: `$load(p)` gives the 8
+/// weights at pointer `p` as f32 lanes, `$one(q)` the single weight at `q` (the tail).
+macro_rules! float_kernel {
+    ($name:ident, $elem:expr, |$p:ident| $load:block, |$q:ident| $one:block) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(w: &[u8], a: &ActsF32<'_>, t0: usize, out: &mut [f32]) {
+            let cols = a.cols;
+            assert!(w.len() == cols * $elem && a.x.len() >= (t0 + out.len()) * cols);
+            let wp = w.as_ptr();
+            for (j, o) in out.iter_mut().enumerate() {
+                let x = a.x.as_ptr().add((t0 + j) * cols);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut c = 0;
+                while c + 32 <= cols {
+                    for k in 0..4 {
+                        let $p = wp.add((c + 8 * k) * $elem);
+                        let wv: __m256 = $load;
+                        acc[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(c + 8 * k)), acc[k]);
+                    }
+                    c += 32;
+                }
+                while c + 8 <= cols {
+                    let $p = wp.add(c * $elem);
+                    let wv: __m256 = $load;
+                    acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(c)), acc[0]);
+                    c += 8;
+                }
+                let mut sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+                while c < cols {
+                    let $q = wp.add(c * $elem);
+                    let wi: f32 = $one;
+                    sum += wi * *x.add(c);
+                    c += 1;
+                }
+                *o = sum;
+            }
+        }
+    };
+}
+
+float_kernel!(f32_row, 4, |p| { _mm256_loadu_ps(p as *const f32) }, |q| {
+    std::ptr::read_unaligned(q as *const f32)
+});
+
+float_kernel!(f16_row, 2, |p| { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }, |q| {
+    f16_one(q)
+});
+
+float_kernel!(bf16_row, 2, |p| {
+    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+    _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+}, |q| {
+    crate::quant::bf16_to_f32(std::ptr::read_unaligned(q as *const u16))
+});
+
+per_row!(row_f32, f32_row, ActsF32<'_>);
+per_row!(row_f16, f16_row, ActsF32<'_>);
+per_row!(row_bf16, bf16_row, ActsF32<'_>);

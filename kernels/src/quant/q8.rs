@@ -1,0 +1,185 @@
+//! 8-bit quantisation of activations for the integer dot products of the CPU matmul.
+//!
+//! As in llama.cpp, a matmul against quantised weights first quantises its input rows
+//! once per call, symmetrically, to i8 with one f32 scale per block; the weight-by-
+//! activation products are then sums of i8*u8/i8 products, exact in i32.
+//! - [`ActsQ8`]: 32-value blocks (for Q4_0, Q4_1, Q8_0 weights), with `s = d * sum(q)` per
+//!   block, which folds the offset of Q4_0/Q4_1 (`m * sum(x)`) into one multiply.
+//! - [`ActsQ8K`]: 256-value blocks (for the K types), with the integer sum of every 16
+//!   values (`bsums`), which folds the K-quant mins and Q6_K's `- 32` offset.
+//!
+//! The scale is `max|x| / 127` and values round to nearest, ties to even. The body is
+//! written so the compiler vectorises it; the AVX2 copy is the same code compiled with
+//! AVX2 enabled, so both give identical bytes. Large inputs are split over rayon by token
+//! rows.
+
+use rayon::prelude::*;
+
+/// Activations in 32-value blocks; `n` rows of `cols` values.
+#[derive(Debug, Clone, Default)]
+pub struct ActsQ8 {
+    pub cols: usize,
+    /// Quantised values, (n, cols).
+    pub qs: Vec<i8>,
+    /// Block scales, (n, cols / 32).
+    pub d: Vec<f32>,
+    /// `d * sum(q)` per block, (n, cols / 32).
+    pub s: Vec<f32>,
+}
+
+/// Activations in 256-value super-blocks; `n` rows of `cols` values.
+#[derive(Debug, Clone, Default)]
+pub struct ActsQ8K {
+    pub cols: usize,
+    /// Quantised values, (n, cols).
+    pub qs: Vec<i8>,
+    /// Super-block scales, (n, cols / 256).
+    pub d: Vec<f32>,
+    /// Integer sum of each run of 16 values, (n, cols / 16).
+    pub bsums: Vec<i16>,
+}
+
+/// Largest |v| of a block; compares bit patterns so the loop vectorises (non-negative
+/// floats order like their bits). NaN sorts above infinity, so it propagates.
+#[inline(always)]
+fn abs_max(x: &[f32]) -> f32 {
+    f32::from_bits(x.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF)))
+}
+
+/// Quantises one block: returns its scale and writes `q`.
+#[inline(always)]
+fn quant_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let d = abs_max(x) / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (qv, &v) in q.iter_mut().zip(x) {
+        // max/min drop NaN, so the value is finite and in range.
+        let r = (v * id).round_ties_even().max(-127.0).min(127.0);
+        // SAFETY: `r` is an integer-valued float in [-127, 127] (a plain `as` would be
+        // scalarised for its saturation rules).
+        *qv = unsafe { r.to_int_unchecked::<i32>() } as i8;
+    }
+    d
+}
+
+#[inline(always)]
+fn isum(q: &[i8]) -> i32 {
+    q.iter().map(|&v| v as i32).sum()
+}
+
+/// `x`, `qs`: whole blocks; `d`, `s`: one per block.
+#[inline(always)]
+fn quantize_q8_body(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let blocks = x.chunks_exact(32).zip(qs.chunks_exact_mut(32));
+    for ((xb, qb), (d, s)) in blocks.zip(d.iter_mut().zip(s.iter_mut())) {
+        *d = quant_block(xb, qb);
+        *s = *d * isum(qb) as f32;
+    }
+}
+
+/// `x`, `qs`: whole super-blocks; `d`: one per super-block; `bsums`: 16 per super-block.
+#[inline(always)]
+fn quantize_q8k_body(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    let blocks = x.chunks_exact(256).zip(qs.chunks_exact_mut(256));
+    for ((xb, qb), (d, bs)) in blocks.zip(d.iter_mut().zip(bsums.chunks_exact_mut(16))) {
+        *d = quant_block(xb, qb);
+        for (b, q16) in bs.iter_mut().zip(qb.chunks_exact(16)) {
+            *b = isum(q16) as i16; // |sum| <= 16 * 127
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_q8_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    quantize_q8_body(x, qs, d, s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_q8k_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    quantize_q8k_body(x, qs, d, bsums)
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Below this many values quantisation stays on the calling thread.
+const PAR_MIN_VALUES: usize = 1 << 16;
+
+/// Runs `f` over the (x, qs, per-block a, per-block b) slices of groups of whole token
+/// rows, in parallel when there is enough work. `per_a`, `per_b`: entries per row.
+fn split_rows<A: Send, B: Send>(
+    x: &[f32],
+    cols: usize,
+    qs: &mut [i8],
+    (a, per_a): (&mut [A], usize),
+    (b, per_b): (&mut [B], usize),
+    f: impl Fn(&[f32], &mut [i8], &mut [A], &mut [B]) + Sync,
+) {
+    if x.len() < PAR_MIN_VALUES || cols == 0 {
+        return f(x, qs, a, b);
+    }
+    let rows_per = (PAR_MIN_VALUES / 4).div_ceil(cols);
+    x.par_chunks(rows_per * cols)
+        .zip(qs.par_chunks_mut(rows_per * cols))
+        .zip(a.par_chunks_mut(rows_per * per_a))
+        .zip(b.par_chunks_mut(rows_per * per_b))
+        .for_each(|(((x, qs), a), b)| f(x, qs, a, b));
+}
+
+impl ActsQ8 {
+    /// Quantises `x` = (n, cols); `cols` must be a multiple of 32 and `x.len()` of `cols`
+    /// (the matmul checks both before calling).
+    pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let nb = x.len() / 32;
+        let mut acts = ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb] };
+        let avx2 = has_avx2();
+        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 32), (&mut acts.s, cols / 32), |x, qs, d, s| {
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                return unsafe { quantize_q8_avx2(x, qs, d, s) };
+            }
+            let _ = avx2;
+            quantize_q8_body(x, qs, d, s)
+        });
+        acts
+    }
+
+    /// Blocks per row.
+    pub fn row_blocks(&self) -> usize {
+        self.cols / 32
+    }
+}
+
+impl ActsQ8K {
+    /// Quantises `x` = (n, cols); `cols` must be a multiple of 256 and `x.len()` of `cols`.
+    pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let nb = x.len() / 256;
+        let mut acts = ActsQ8K { cols, qs: vec![0; nb * 256], d: vec![0.0; nb], bsums: vec![0; nb * 16] };
+        let avx2 = has_avx2();
+        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 256), (&mut acts.bsums, cols / 16), |x, qs, d, bs| {
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                return unsafe { quantize_q8k_avx2(x, qs, d, bs) };
+            }
+            let _ = avx2;
+            quantize_q8k_body(x, qs, d, bs)
+        });
+        acts
+    }
+
+    /// Super-blocks per row.
+    pub fn row_blocks(&self) -> usize {
+        self.cols / 256
+    }
+}

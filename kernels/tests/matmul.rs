@@ -1,0 +1,285 @@
+//! CPU matmul against straightforward references, for every weight type, several shapes,
+//! both kernel paths (scalar and AVX2), plus shape errors and `dequantize_rows`.
+//!
+//! Weights are random blocks (random quant bytes, random f16 scales of sane size) or
+//! random floats; activations are random with a different scale per token.
+//! References, both in f64 from `dequantize_row` (checked against gguf-py in
+//! `quant_fixtures.rs`):
+//! - exact: `Σ W[r][c]·x[t][c]`. The matmul quantises each block of x to 8 bits
+//!   (`d = max|x_block| / 127`, rounding error <= d/2 per value), so the allowed error is
+//!   the bound `Σ_c |W[r][c]| · d(c) / 2`, plus 1e-5 of `Σ|W||x|` for f32 sums. (Measured
+//!   errors are far below it; relative to `‖W_r‖·‖x_t‖` they are ~1e-3 or less.)
+//! - quantised: the same sum with x replaced by its 8-bit reconstruction, computed
+//!   here independently; then only f32 rounding differs: 2e-5 of `Σ|W||x_q|`.
+//!   F32/F16/BF16 weights use f32 activations, so both references are the exact one.
+
+use half::f16;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+use tessera_kernels::cpu::matmul::{dequantize_rows, matmul, matmul_with, Isa};
+use tessera_kernels::quant::{dequantize_row, GgmlType, Weight};
+
+const ALL: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+fn uniform(rng: &mut ChaCha8Rng) -> f32 {
+    (rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+}
+
+/// Random f16 with magnitude in [1e-3, 3e-2] and a random sign, as little-endian bytes.
+fn scale_bytes(rng: &mut ChaCha8Rng) -> [u8; 2] {
+    let mag = 1e-3 * 30f32.powf((uniform(rng) + 1.0) / 2.0);
+    let v = if rng.next_u32() & 1 == 0 { mag } else { -mag };
+    f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// `rows` random rows of `cols` values in type `ty`.
+fn random_weight(ty: GgmlType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| uniform(rng).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(uniform(rng)).to_bits().to_le_bytes()).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| ((uniform(rng).to_bits() >> 16) as u16).to_le_bytes()).collect(),
+        _ => {
+            let bb = ty.block_bytes();
+            let mut data = vec![0u8; ty.bytes_for(n).unwrap()];
+            rng.fill_bytes(&mut data);
+            // Scale fields get sane f16 values; everything else stays random.
+            let scale_offsets: &[usize] = match ty {
+                GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+                GgmlType::Q6K => &[208],
+                _ => &[0],
+            };
+            for block in data.chunks_exact_mut(bb) {
+                for &o in scale_offsets {
+                    block[o..o + 2].copy_from_slice(&scale_bytes(rng));
+                }
+            }
+            data
+        }
+    }
+}
+
+/// Activations `[n, cols]`: uniform values, a random scale per token, a few outliers.
+fn random_x(n: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    let mut x = Vec::with_capacity(n * cols);
+    for _ in 0..n {
+        let scale = 0.05 + 4.0 * (uniform(rng) + 1.0);
+        for _ in 0..cols {
+            let outlier = if rng.next_u32() % 97 == 0 { 6.0 } else { 1.0 };
+            x.push(uniform(rng) * scale * outlier);
+        }
+    }
+    x
+}
+
+/// Block length of the 8-bit activation quantisation for weights of type `ty`.
+fn act_block(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(32),
+        _ => Some(256),
+    }
+}
+
+/// Independent 8-bit reconstruction of x (per block: d = max|x| / 127, round half to even)
+/// and each value's scale `d`.
+fn quantised_x(x: &[f32], block: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut xq, mut ds) = (Vec::new(), Vec::new());
+    for b in x.chunks(block) {
+        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for &v in b {
+            xq.push((v * id).round_ties_even() as f64 * d as f64);
+            ds.push(d as f64);
+        }
+    }
+    (xq, ds)
+}
+
+/// Checks `matmul_with(isa)` against both references; returns the worst error relative to
+/// `‖W_r‖·‖x_t‖` (for information).
+fn check_case(isa: Isa, ty: GgmlType, rows: usize, cols: usize, n: usize, seed: u64) -> f64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let data = random_weight(ty, rows, cols, &mut rng);
+    let x = random_x(n, cols, &mut rng);
+    let w = Weight::new(ty, rows, cols, &data).unwrap();
+    let mut out = vec![f32::NAN; n * rows];
+    matmul_with(isa, &mut out, &x, n, &w).unwrap();
+
+    let row_bytes = ty.bytes_for(cols).unwrap();
+    let mut wrow = vec![0.0f32; cols];
+    let mut worst = 0.0f64;
+    for r in 0..rows {
+        dequantize_row(ty, &data[r * row_bytes..(r + 1) * row_bytes], &mut wrow).unwrap();
+        let wnorm = wrow.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let got = out[t * rows + r] as f64;
+            let exact: f64 = wrow.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let abs_sum: f64 = wrow.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let (quant_ref, bound, q_abs_sum) = match act_block(ty) {
+                None => (exact, 0.0, abs_sum),
+                Some(block) => {
+                    let (xq, ds) = quantised_x(xt, block);
+                    let q: f64 = wrow.iter().zip(&xq).map(|(&a, &b)| a as f64 * b).sum();
+                    let qa: f64 = wrow.iter().zip(&xq).map(|(&a, &b)| (a as f64 * b).abs()).sum();
+                    let bound: f64 = wrow.iter().zip(&ds).map(|(&a, &d)| (a as f64).abs() * d / 2.0).sum();
+                    (q, bound, qa)
+                }
+            };
+            let ctx = || format!("{} {ty} rows={rows} cols={cols} n={n} r={r} t={t}", isa.name());
+            let err = (got - exact).abs();
+            assert!(err <= bound + 1e-5 * abs_sum, "{}: got {got}, exact {exact}, err {err:e} > bound {bound:e}", ctx());
+            let qerr = (got - quant_ref).abs();
+            assert!(qerr <= 2e-5 * q_abs_sum, "{}: got {got}, quantised-x ref {quant_ref}, err {qerr:e}", ctx());
+            let xnorm = xt.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
+            worst = worst.max(err / (wnorm * xnorm).max(1e-30));
+        }
+    }
+    worst
+}
+
+fn cols_for(ty: GgmlType) -> &'static [usize] {
+    match act_block(ty) {
+        Some(256) => &[256, 512, 1536],
+        _ => &[64, 256, 576, 1536],
+    }
+}
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::scalar()];
+    v.extend(Isa::avx2());
+    v
+}
+
+#[test]
+fn every_type_matches_reference() {
+    let mut seed = 1;
+    for isa in isas() {
+        for ty in ALL {
+            let mut worst = 0.0f64;
+            for &cols in cols_for(ty) {
+                for &rows in &[7usize, 64, 129] {
+                    for &n in &[1usize, 3, 17] {
+                        seed += 1;
+                        worst = worst.max(check_case(isa, ty, rows, cols, n, seed));
+                    }
+                }
+            }
+            // The activation quantisation error, relative to ‖W_r‖·‖x_t‖, stays small.
+            assert!(worst < 1e-2, "{} {ty}: relative error {worst:e}", isa.name());
+            println!("{:6} {ty:5}: worst |err| / (‖W_r‖·‖x_t‖) = {worst:.2e}", isa.name());
+        }
+    }
+}
+
+#[test]
+fn large_shapes_and_token_tiles() {
+    // Many row chunks across threads, and more tokens than one token tile (64).
+    for isa in isas() {
+        check_case(isa, GgmlType::Q4_1, 1001, 576, 2, 100);
+        check_case(isa, GgmlType::Q8_0, 300, 576, 70, 101);
+        check_case(isa, GgmlType::Q4K, 130, 512, 67, 102);
+        check_case(isa, GgmlType::F16, 100, 200, 66, 103); // 200 columns: SIMD tail
+    }
+}
+
+#[test]
+fn scalar_and_avx2_agree() {
+    let Some(avx2) = Isa::avx2() else {
+        eprintln!("no AVX2 on this CPU: nothing to compare");
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for ty in ALL {
+        for &cols in cols_for(ty) {
+            let (rows, n) = (37, 5);
+            let data = random_weight(ty, rows, cols, &mut rng);
+            let x = random_x(n, cols, &mut rng);
+            let w = Weight::new(ty, rows, cols, &data).unwrap();
+            let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+            matmul_with(Isa::scalar(), &mut a, &x, n, &w).unwrap();
+            matmul_with(avx2, &mut b, &x, n, &w).unwrap();
+            let row_bytes = ty.bytes_for(cols).unwrap();
+            let mut wrow = vec![0.0f32; cols];
+            for r in 0..rows {
+                dequantize_row(ty, &data[r * row_bytes..(r + 1) * row_bytes], &mut wrow).unwrap();
+                for t in 0..n {
+                    let abs_sum: f32 = wrow.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(p, q)| (p * q).abs()).sum();
+                    let (s, v) = (a[t * rows + r], b[t * rows + r]);
+                    // Same integer block sums; only the f32 summation order differs.
+                    assert!((s - v).abs() <= 2e-6 * abs_sum, "{ty} cols={cols} r={r} t={t}: scalar {s} avx2 {v}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn default_path_is_the_best_isa() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let data = random_weight(GgmlType::Q4_1, 33, 256, &mut rng);
+    let x = random_x(2, 256, &mut rng);
+    let w = Weight::new(GgmlType::Q4_1, 33, 256, &data).unwrap();
+    let (mut a, mut b) = (vec![0.0f32; 66], vec![0.0f32; 66]);
+    matmul(&mut a, &x, 2, &w).unwrap();
+    matmul_with(Isa::best(), &mut b, &x, 2, &w).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn bad_lengths_are_errors() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let data = random_weight(GgmlType::Q4_1, 8, 64, &mut rng); // 8 rows x 40 bytes
+    let w = Weight { ty: GgmlType::Q4_1, rows: 8, cols: 64, data: &data };
+    let x = random_x(2, 64, &mut rng);
+    let mut out = vec![0.0f32; 16];
+    assert!(matmul(&mut out, &x, 2, &w).is_ok());
+    assert!(matmul(&mut out, &x[..127], 2, &w).is_err(), "short x");
+    assert!(matmul(&mut out[..15], &x, 2, &w).is_err(), "short out");
+    assert!(matmul(&mut out, &x, 3, &w).is_err(), "n disagrees with x");
+    assert!(matmul(&mut out, &x, usize::MAX, &w).is_err(), "n overflows");
+    let short = Weight { data: &data[..319], ..w };
+    assert!(matmul(&mut out, &x, 2, &short).is_err(), "short weight data");
+    let long_rows = Weight { rows: 9, ..w };
+    assert!(matmul(&mut vec![0.0; 18], &x, 2, &long_rows).is_err(), "rows disagree with data");
+    let odd_cols = Weight { cols: 48, ..w };
+    assert!(matmul(&mut out, &x[..96], 2, &odd_cols).is_err(), "cols not whole blocks");
+    assert!(Weight::new(GgmlType::Q4K, 1, 64, &data[..144]).is_err(), "K type needs 256 columns");
+    let err = matmul(&mut out, &x[..127], 2, &w).unwrap_err().to_string();
+    assert!(err.contains("matmul") && err.contains("127"), "error names the op and the length: {err}");
+}
+
+#[test]
+fn dequantize_rows_matches_dequantize_row() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for ty in ALL {
+        let cols = cols_for(ty)[0];
+        let rows = 9;
+        let data = random_weight(ty, rows, cols, &mut rng);
+        let w = Weight::new(ty, rows, cols, &data).unwrap();
+        let row_bytes = ty.bytes_for(cols).unwrap();
+        let mut got = vec![f32::NAN; 3 * cols];
+        dequantize_rows(&w, 5, &mut got).unwrap();
+        for k in 0..3 {
+            let mut want = vec![0.0f32; cols];
+            dequantize_row(ty, &data[(5 + k) * row_bytes..(6 + k) * row_bytes], &mut want).unwrap();
+            assert_eq!(&got[k * cols..(k + 1) * cols], &want[..], "{ty} row {}", 5 + k);
+        }
+        assert!(dequantize_rows(&w, 7, &mut got).is_err(), "{ty}: rows 7..10 of 9");
+        assert!(dequantize_rows(&w, 9, &mut got[..cols]).is_err(), "{ty}: row 9 of 9");
+        assert!(dequantize_rows(&w, 0, &mut got[..cols + 1]).is_err(), "{ty}: partial row");
+        assert!(dequantize_rows(&w, 8, &mut got[..cols]).is_ok());
+    }
+}
