@@ -1,4 +1,14 @@
 //! The worker: loads a model's weights, keeps its KV cache and runs the forward pass
 //! through `tessera-kernels`, then samples the next tokens.
 
+pub mod batch;
+pub mod error;
+pub mod executor;
+pub mod kv_cache;
+pub mod llama;
 pub mod sampling;
+pub mod service;
+pub mod session;
+pub mod weights;
+
+pub use error::WorkerError;

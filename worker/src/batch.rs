@@ -1,0 +1,61 @@
+//! What one forward pass runs: a batch of sequence chunks (prefill chunks and decodes
+//! mixed), each with its positions and block table. This is the explicit
+//! `ForwardContext` of the design: no global state describes a step.
+
+/// One sequence's share of a forward pass.
+#[derive(Debug, Clone)]
+pub struct SeqChunk {
+    /// Token ids to run, at positions `first_pos..first_pos + tokens.len()`.
+    pub tokens: Vec<u32>,
+    /// Position of `tokens[0]`; positions before it are already in the KV cache.
+    pub first_pos: usize,
+    /// KV block ids covering at least `first_pos + tokens.len()` positions.
+    pub block_table: Vec<u32>,
+    /// Which rows of logits to return for this chunk.
+    pub logits: LogitsWanted,
+}
+
+/// Rows of logits a chunk asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill chunk that is not the prompt's last).
+    None,
+    /// Only after the last token (decode, last prefill chunk).
+    Last,
+    /// After every token (teacher-forced evaluation, prompt logprobs).
+    All,
+}
+
+impl LogitsWanted {
+    /// How many logit rows a chunk of `n` tokens produces.
+    pub fn rows(self, n: usize) -> usize {
+        match self {
+            LogitsWanted::None => 0,
+            LogitsWanted::Last => usize::from(n > 0),
+            LogitsWanted::All => n,
+        }
+    }
+}
+
+/// The logits of a forward pass: for each chunk, its rows in order, each `vocab` long.
+pub struct Logits {
+    pub vocab: usize,
+    /// `[sum of rows, vocab]`.
+    pub data: Vec<f32>,
+    /// Start row of each chunk in `data` and its row count.
+    pub spans: Vec<(usize, usize)>,
+}
+
+impl Logits {
+    /// The logit rows of chunk `i`, `[rows, vocab]`.
+    pub fn chunk(&self, i: usize) -> &[f32] {
+        let (start, rows) = self.spans[i];
+        &self.data[start * self.vocab..(start + rows) * self.vocab]
+    }
+
+    /// Mutable view of chunk `i`'s rows.
+    pub fn chunk_mut(&mut self, i: usize) -> &mut [f32] {
+        let (start, rows) = self.spans[i];
+        &mut self.data[start * self.vocab..(start + rows) * self.vocab]
+    }
+}

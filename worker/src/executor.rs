@@ -1,0 +1,143 @@
+//! The worker's step executor: per-sequence state kept between steps, and one step =
+//! apply the deltas (finished, new sequences, appended blocks), run the batch in one
+//! forward pass, sample where asked.
+//!
+//! Plain synchronous code; the gRPC service (`service.rs`) feeds it from the step stream
+//! on a blocking thread, so a slow forward pass never stalls the async runtime.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::batch::{LogitsWanted, SeqChunk};
+use crate::error::WorkerError;
+use crate::kv_cache::KvCache;
+use crate::llama::LlamaModel;
+use crate::sampling::{Sampled, Sampler, SamplingParams};
+
+/// A sequence the executor has not seen before.
+#[derive(Debug, Clone)]
+pub struct NewSequence {
+    pub seq_id: u64,
+    pub params: SamplingParams,
+    pub block_table: Vec<u32>,
+}
+
+/// One sequence's work in a step.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub seq_id: u64,
+    /// Tokens at positions `first_pos..`.
+    pub tokens: Vec<u32>,
+    pub first_pos: usize,
+    /// Sample after the last token.
+    pub sample: bool,
+}
+
+/// A step's input: deltas, then the batch.
+#[derive(Debug, Clone, Default)]
+pub struct StepInput {
+    pub finished: Vec<u64>,
+    pub new_sequences: Vec<NewSequence>,
+    /// `(seq_id, block ids appended to its table)`.
+    pub appends: Vec<(u64, Vec<u32>)>,
+    pub runs: Vec<Run>,
+}
+
+/// A step's result: one sampled token per run that asked, in run order.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    pub sampled: Vec<(u64, Sampled)>,
+    pub forward_us: u64,
+    pub sample_us: u64,
+}
+
+struct SeqState {
+    block_table: Vec<u32>,
+    sampler: Sampler,
+    /// Every token run so far (prompt and generated), counted by the penalties.
+    history: Vec<u32>,
+}
+
+/// A loaded model with its KV memory and live sequences.
+pub struct Executor {
+    model: LlamaModel,
+    kv: KvCache,
+    seqs: HashMap<u64, SeqState>,
+}
+
+impl Executor {
+    pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
+        let kv = model.new_kv_cache(num_blocks, block_size);
+        Executor { model, kv, seqs: HashMap::new() }
+    }
+
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.kv.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+
+    /// Sequences with state on this worker.
+    pub fn live_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Runs one step. A bad step (unknown sequence, bad ids) is an error and changes no
+    /// sequence's state beyond the deltas already applied.
+    pub fn step(&mut self, input: StepInput) -> Result<StepOutput, WorkerError> {
+        for id in &input.finished {
+            self.seqs.remove(id);
+        }
+        for s in input.new_sequences {
+            if self.seqs.contains_key(&s.seq_id) {
+                return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
+            }
+            let sampler = Sampler::new(s.params)?;
+            self.seqs.insert(s.seq_id, SeqState { block_table: s.block_table, sampler, history: Vec::new() });
+        }
+        for (id, blocks) in input.appends {
+            let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
+            st.block_table.extend(blocks);
+        }
+        if input.runs.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        let mut chunks = Vec::with_capacity(input.runs.len());
+        for r in &input.runs {
+            let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
+            chunks.push(SeqChunk {
+                tokens: r.tokens.clone(),
+                first_pos: r.first_pos,
+                block_table: st.block_table.clone(),
+                logits: if r.sample { LogitsWanted::Last } else { LogitsWanted::None },
+            });
+        }
+        let t0 = Instant::now();
+        let mut logits = self.model.forward(&chunks, &mut self.kv)?;
+        let forward_us = t0.elapsed().as_micros() as u64;
+
+        let t1 = Instant::now();
+        let mut sampled = Vec::new();
+        for (i, r) in input.runs.iter().enumerate() {
+            let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
+            // History covers exactly the positions now in the cache.
+            st.history.truncate(r.first_pos);
+            st.history.extend_from_slice(&r.tokens);
+            if r.sample {
+                let row = logits.chunk_mut(i);
+                sampled.push((r.seq_id, st.sampler.sample(row, &st.history)?));
+            }
+        }
+        Ok(StepOutput { sampled, forward_us, sample_us: t1.elapsed().as_micros() as u64 })
+    }
+}
+
+fn unknown(id: u64) -> WorkerError {
+    WorkerError::InvalidBatch(format!("unknown sequence {id}"))
+}

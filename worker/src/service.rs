@@ -1,0 +1,191 @@
+//! The worker's gRPC service (`tessera.worker.v1.Worker`): Info, Load and the long-lived
+//! Step stream. Conversion between wire messages and the executor's types lives here;
+//! the executor runs each step on a blocking thread, one step at a time, in stream order.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tessera_model::weights::ModelFiles;
+use tessera_proto::worker as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
+use crate::kv_cache::KvCache;
+use crate::llama::LlamaModel;
+use crate::sampling::SamplingParams;
+
+/// KV memory a CPU worker allocates when the load request leaves it to the worker.
+const DEFAULT_KV_BYTES: u64 = 1 << 30;
+
+/// The service state: at most one loaded model.
+#[derive(Clone, Default)]
+pub struct WorkerService {
+    state: Arc<Mutex<Option<Loaded>>>,
+}
+
+struct Loaded {
+    name: String,
+    exec: Executor,
+}
+
+impl WorkerService {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn info(&self) -> pb::WorkerInfo {
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut info = pb::WorkerInfo {
+            device: "cpu".into(),
+            device_name: format!("cpu ({} threads)", rayon::current_num_threads()),
+            ..Default::default()
+        };
+        if let Some(l) = guard.as_ref() {
+            let c = &l.exec.model().config;
+            info.model = l.name.clone();
+            info.num_blocks = l.exec.num_blocks() as u32;
+            info.block_size = l.exec.block_size() as u32;
+            info.vocab_size = c.vocab_size as u32;
+            info.max_model_len = c.max_position as u32;
+        }
+        info
+    }
+}
+
+fn load(req: &pb::LoadRequest) -> Result<Loaded, Status> {
+    let path = PathBuf::from(&req.model_path);
+    let files = ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
+    let model = LlamaModel::load(Arc::new(files)).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    if let Some(s) = &req.shard {
+        if s.tp_size > 1 || s.pp_size > 1 {
+            return Err(Status::unimplemented("tensor and pipeline parallel shards are not supported yet"));
+        }
+    }
+    let block_size = if req.block_size == 0 { 16 } else { req.block_size as usize };
+    let c = &model.config;
+    let num_blocks = if req.num_blocks > 0 {
+        req.num_blocks as usize
+    } else {
+        let budget = if req.kv_memory_bytes > 0 { req.kv_memory_bytes } else { DEFAULT_KV_BYTES };
+        let per = KvCache::bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim) as u64;
+        (budget / per.max(1)) as usize
+    };
+    if num_blocks == 0 {
+        return Err(Status::invalid_argument("the KV memory budget holds no block"));
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(Loaded { name, exec: Executor::new(model, num_blocks, block_size) })
+}
+
+fn params_from(p: Option<pb::SamplingParams>) -> SamplingParams {
+    let Some(p) = p else { return SamplingParams::greedy() };
+    let top = p.top_logprobs as usize;
+    SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: if p.top_p == 0.0 { 1.0 } else { p.top_p },
+        min_p: p.min_p,
+        repetition_penalty: if p.repetition_penalty == 0.0 { 1.0 } else { p.repetition_penalty },
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        logit_bias: p.logit_bias.into_iter().collect(),
+        seed: p.seed,
+        logprobs: (p.logprobs || top > 0).then_some(top),
+    }
+}
+
+fn step_input(req: pb::StepRequest) -> StepInput {
+    StepInput {
+        finished: req.finished,
+        new_sequences: req
+            .new_sequences
+            .into_iter()
+            .map(|s| NewSequence { seq_id: s.seq_id, params: params_from(s.sampling), block_table: s.block_table })
+            .collect(),
+        appends: req.appends.into_iter().map(|a| (a.seq_id, a.block_ids)).collect(),
+        runs: req
+            .runs
+            .into_iter()
+            .map(|r| Run { seq_id: r.seq_id, tokens: r.tokens, first_pos: r.first_pos as usize, sample: r.sample })
+            .collect(),
+    }
+}
+
+fn step_reply(step_id: u64, out: StepOutput) -> pb::StepReply {
+    pb::StepReply {
+        step_id,
+        sampled: out
+            .sampled
+            .into_iter()
+            .map(|(seq_id, s)| pb::Sampled {
+                seq_id,
+                token: s.token,
+                logprob: s.logprob,
+                top_ids: s.top.iter().map(|t| t.0).collect(),
+                top_logprobs: s.top.iter().map(|t| t.1).collect(),
+            })
+            .collect(),
+        forward_us: out.forward_us.min(u32::MAX as u64) as u32,
+        sample_us: out.sample_us.min(u32::MAX as u64) as u32,
+        error: String::new(),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::worker_server::Worker for WorkerService {
+    async fn info(&self, _req: Request<pb::InfoRequest>) -> Result<Response<pb::WorkerInfo>, Status> {
+        Ok(Response::new(WorkerService::info(self)))
+    }
+
+    async fn load(&self, req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReply>, Status> {
+        let req = req.into_inner();
+        let t0 = Instant::now();
+        let loaded = tokio::task::spawn_blocking(move || load(&req))
+            .await
+            .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
+        Ok(Response::new(pb::LoadReply {
+            info: Some(WorkerService::info(self)),
+            load_ms: t0.elapsed().as_millis().min(u32::MAX as u128) as u32,
+        }))
+    }
+
+    type StepStream = ReceiverStream<Result<pb::StepReply, Status>>;
+
+    async fn step(&self, req: Request<Streaming<pb::StepRequest>>) -> Result<Response<Self::StepStream>, Status> {
+        let mut incoming = req.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = incoming.next().await {
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(_) => break, // the coordinator went away
+                };
+                let step_id = msg.step_id;
+                let state = state.clone();
+                let result = tokio::task::spawn_blocking(move || {
+                    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+                    match guard.as_mut() {
+                        None => Err("no model is loaded".to_string()),
+                        Some(l) => l.exec.step(step_input(msg)).map_err(|e| e.to_string()),
+                    }
+                })
+                .await;
+                let reply = match result {
+                    Ok(Ok(out)) => step_reply(step_id, out),
+                    Ok(Err(e)) => pb::StepReply { step_id, error: e, ..Default::default() },
+                    Err(e) => pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
+                };
+                if tx.send(Ok(reply)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,6 @@
+//! Helpers shared by the worker integration tests.
+#![allow(dead_code)]
+
+pub mod model_path;
+pub mod reference;
+pub mod synthetic;
