@@ -1,0 +1,68 @@
+//! The knobs of one replica's scheduler. Names follow vLLM's engine arguments where one
+//! exists, so an operator's intuition carries over.
+
+use crate::error::ConfigError;
+
+/// Limits the scheduler works within.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences in the running set (and so in one step).
+    pub max_num_seqs: usize,
+    /// Token budget of one step: prefill chunk tokens plus one per decode.
+    pub max_num_batched_tokens: usize,
+    /// Most sequences waiting for admission; `add` refuses more (overload, 429/503).
+    pub max_waiting: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// KV blocks of the replica (what the workers allocated).
+    pub num_blocks: usize,
+    /// Longest sequence (prompt + output) the model serves.
+    pub max_model_len: usize,
+    /// Largest prefill chunk of one sequence in one step; 0 means only the token budget
+    /// limits it. Lower values let several long prompts progress side by side.
+    pub long_prefill_threshold: usize,
+}
+
+impl SchedulerConfig {
+    /// A config for a pool of `num_blocks` blocks of `block_size` positions and a model of
+    /// `max_model_len` context, with vLLM-like defaults for the rest: 256 sequences,
+    /// 2048 tokens per step, 4096 waiting, chunks limited only by the budget.
+    pub fn new(block_size: usize, num_blocks: usize, max_model_len: usize) -> Self {
+        SchedulerConfig {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_waiting: 4096,
+            block_size,
+            num_blocks,
+            max_model_len,
+            long_prefill_threshold: 0,
+        }
+    }
+
+    /// Checks that the limits can work together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("block_size", self.block_size),
+            ("num_blocks", self.num_blocks),
+            ("max_model_len", self.max_model_len),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if self.num_blocks >= u32::MAX as usize {
+            return Err(ConfigError::TooManyBlocks(self.num_blocks));
+        }
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            return Err(ConfigError::BudgetBelowSeqs { budget: self.max_num_batched_tokens, seqs: self.max_num_seqs });
+        }
+        Ok(())
+    }
+
+    /// Blocks needed to hold `tokens` positions.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+}

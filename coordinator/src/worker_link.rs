@@ -1,0 +1,100 @@
+//! The coordinator's connection to one worker: connect, load the model, then the
+//! long-lived Step stream, one request in, one reply out, in order.
+
+use std::time::Duration;
+
+use tessera_proto::worker as pb;
+use tessera_proto::worker::worker_client::WorkerClient;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Streaming;
+
+/// Why talking to a worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("worker {addr}: cannot connect: {source}")]
+    Connect { addr: String, source: tonic::transport::Error },
+    #[error("worker {addr}: {what}: {status}")]
+    Rpc { addr: String, what: &'static str, status: Box<tonic::Status> },
+    #[error("worker {addr}: the step stream closed")]
+    StreamClosed { addr: String },
+    #[error("worker {addr}: step {step} failed: {message}")]
+    StepFailed { addr: String, step: u64, message: String },
+    #[error("worker {addr}: reply for step {got}, expected {want}")]
+    OutOfOrder { addr: String, got: u64, want: u64 },
+}
+
+/// A worker with an open Step stream.
+pub struct WorkerLink {
+    addr: String,
+    client: WorkerClient<Channel>,
+    tx: mpsc::Sender<pb::StepRequest>,
+    replies: Streaming<pb::StepReply>,
+}
+
+impl WorkerLink {
+    /// Connects (retrying for up to `wait` while the worker starts), loads the model and
+    /// opens the step stream. Returns the worker's state after loading.
+    pub async fn connect(addr: &str, load: pb::LoadRequest, wait: Duration) -> Result<(Self, pb::WorkerInfo), LinkError> {
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| LinkError::Connect { addr: addr.into(), source: e })?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(2));
+        let deadline = tokio::time::Instant::now() + wait;
+        let channel = loop {
+            match endpoint.connect().await {
+                Ok(c) => break c,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(LinkError::Connect { addr: addr.into(), source: e })
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
+        let rpc = |what: &'static str| move |s: tonic::Status| LinkError::Rpc { addr: addr.into(), what, status: Box::new(s) };
+        let reply = client.load(load).await.map_err(rpc("load"))?.into_inner();
+        let info = reply.info.unwrap_or_default();
+        let (tx, rx) = mpsc::channel(4);
+        let replies = client
+            .step(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(rpc("open step stream"))?
+            .into_inner();
+        Ok((WorkerLink { addr: addr.into(), client, tx, replies }, info))
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends one step and waits for its reply.
+    pub async fn step(&mut self, req: pb::StepRequest) -> Result<pb::StepReply, LinkError> {
+        let want = req.step_id;
+        if self.tx.send(req).await.is_err() {
+            return Err(LinkError::StreamClosed { addr: self.addr.clone() });
+        }
+        let reply = match self.replies.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err(LinkError::StreamClosed { addr: self.addr.clone() }),
+            Err(s) => return Err(LinkError::Rpc { addr: self.addr.clone(), what: "step", status: Box::new(s) }),
+        };
+        if reply.step_id != want {
+            return Err(LinkError::OutOfOrder { addr: self.addr.clone(), got: reply.step_id, want });
+        }
+        if !reply.error.is_empty() {
+            return Err(LinkError::StepFailed { addr: self.addr.clone(), step: want, message: reply.error });
+        }
+        Ok(reply)
+    }
+
+    /// The worker's current state.
+    pub async fn info(&mut self) -> Result<pb::WorkerInfo, LinkError> {
+        let addr = self.addr.clone();
+        self.client
+            .info(pb::InfoRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| LinkError::Rpc { addr, what: "info", status: Box::new(s) })
+    }
+}

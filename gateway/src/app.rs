@@ -1,0 +1,109 @@
+//! The router: `AppState` (config, engine, codec) and `app(state)`, which tests drive directly
+//! with `tower::ServiceExt::oneshot`. Authentication covers every route except `/health` and
+//! `/ready`; unknown routes and methods get OpenAI-shaped 404/405 bodies.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware;
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::trace::TraceLayer;
+
+use crate::auth::require_api_key;
+use crate::codec::Codec;
+use crate::config::{ConfigError, GatewayConfig};
+use crate::engine::Engine;
+use crate::error::ApiError;
+use crate::handlers;
+use crate::ids::unix_now;
+
+/// Shared by every request; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    config: GatewayConfig,
+    engine: Arc<dyn Engine>,
+    codec: Arc<dyn Codec>,
+    model_name: String,
+    /// Sorted, deduplicated.
+    eos_token_ids: Vec<u32>,
+    /// Start time, for `/v1/models`' `created`.
+    created: u64,
+}
+
+impl AppState {
+    pub fn new(config: GatewayConfig, engine: Arc<dyn Engine>, codec: Arc<dyn Codec>) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let model_name = config.served_model_name.clone().unwrap_or_else(|| codec.model_name().to_owned());
+        let mut eos_token_ids = codec.eos_token_ids();
+        eos_token_ids.sort_unstable();
+        eos_token_ids.dedup();
+        let shared = Shared { config, engine, codec, model_name, eos_token_ids, created: unix_now() };
+        Ok(AppState { inner: Arc::new(shared) })
+    }
+
+    pub fn config(&self) -> &GatewayConfig {
+        &self.inner.config
+    }
+
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.inner.engine
+    }
+
+    pub fn codec(&self) -> &dyn Codec {
+        &*self.inner.codec
+    }
+
+    /// The name clients must use in `model`.
+    pub fn model_name(&self) -> &str {
+        &self.inner.model_name
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.inner.eos_token_ids
+    }
+
+    pub fn created(&self) -> u64 {
+        self.inner.created
+    }
+
+    /// 404 unless `model` is absent or names the served model.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.model_name() => Err(ApiError::ModelNotFound(m.to_owned())),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub fn app(state: AppState) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(handlers::chat::chat_completions))
+        .route("/v1/completions", post(handlers::completions::completions))
+        .route("/v1/models", get(handlers::meta::models))
+        .route("/tokenize", post(handlers::tokenize::tokenize))
+        .route("/detokenize", post(handlers::tokenize::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let open = Router::new()
+        .route("/health", get(handlers::meta::health))
+        .route("/ready", get(handlers::meta::ready));
+    protected
+        .merge(open)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config().max_body_bytes))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound { method: req.method().to_string(), path: req.uri().path().to_owned() }
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

@@ -1,0 +1,60 @@
+//! API-key authentication: `Authorization: Bearer <key>` against the configured keys, compared
+//! in constant time (`subtle`) so response timing does not reveal how much of a key matched.
+//! Every configured key is compared, with no early exit. (Key lengths are not hidden.)
+
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::Response;
+use subtle::{Choice, ConstantTimeEq};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Result<Response, ApiError> {
+    let keys = &state.config().api_keys;
+    if keys.is_empty() {
+        return Ok(next.run(req).await);
+    }
+    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
+    match given {
+        None => Err(ApiError::Unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")),
+        Some(key) if key_matches(keys, key) => Ok(next.run(req).await),
+        Some(_) => Err(ApiError::Unauthorized("Incorrect API key provided.")),
+    }
+}
+
+/// The token of a `Bearer` credential (scheme case-insensitive, RFC 7235).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn key_matches(keys: &[String], given: &str) -> bool {
+    keys.iter().fold(Choice::from(0), |found, key| found | key.as_bytes().ct_eq(given.as_bytes())).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer   abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("abc"), None);
+    }
+
+    #[test]
+    fn any_configured_key_matches() {
+        let keys = vec!["k-one".to_owned(), "k-two".to_owned()];
+        assert!(key_matches(&keys, "k-two"));
+        assert!(key_matches(&keys, "k-one"));
+        assert!(!key_matches(&keys, "k-on"));
+        assert!(!key_matches(&keys, "k-three"));
+        assert!(!key_matches(&keys, ""));
+    }
+}

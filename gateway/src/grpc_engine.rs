@@ -1,0 +1,159 @@
+//! The production `Engine`: a gRPC client of the coordinator (`tessera.coordinator.v1`).
+//! Each sequence is one server-streaming Generate call; dropping the gateway's receiver
+//! drops the call, which closes the coordinator's event channel and aborts the sequence.
+//! Readiness comes from polling the coordinator's Status in the background.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tessera_proto::coordinator as cpb;
+use tessera_proto::coordinator::coordinator_client::CoordinatorClient;
+use tessera_proto::worker as wpb;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+use crate::engine::{Engine, EngineError, EngineEvent, EventStream, FinishReason, GenerateRequest};
+
+/// How often readiness is refreshed.
+const STATUS_PERIOD: Duration = Duration::from_millis(500);
+
+/// Client of one coordinator.
+pub struct GrpcEngine {
+    client: CoordinatorClient<Channel>,
+    ready: Arc<AtomicBool>,
+}
+
+impl GrpcEngine {
+    /// A client of the coordinator at `addr` (`host:port` or a URI). Connects lazily, so
+    /// the gateway can start before the coordinator; `/ready` says when it can serve.
+    pub fn new(addr: &str) -> Result<Self, EngineError> {
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let channel = Endpoint::from_shared(uri)
+            .map_err(|e| EngineError::Internal(format!("bad coordinator address {addr}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        let client = CoordinatorClient::new(channel);
+        let ready = Arc::new(AtomicBool::new(false));
+        let (poll_client, poll_ready) = (client.clone(), ready.clone());
+        tokio::spawn(async move { poll_status(poll_client, poll_ready).await });
+        Ok(GrpcEngine { client, ready })
+    }
+}
+
+async fn poll_status(mut client: CoordinatorClient<Channel>, ready: Arc<AtomicBool>) {
+    let weak = Arc::downgrade(&ready);
+    drop(ready);
+    loop {
+        let ok = matches!(client.status(cpb::StatusRequest {}).await, Ok(r) if r.get_ref().ready);
+        match weak.upgrade() {
+            Some(flag) => flag.store(ok, Ordering::Relaxed),
+            None => return, // the engine was dropped
+        }
+        tokio::time::sleep(STATUS_PERIOD).await;
+    }
+}
+
+fn to_proto(req: &GenerateRequest) -> cpb::GenerateRequest {
+    let p = &req.params;
+    cpb::GenerateRequest {
+        request_id: req.request_id.clone(),
+        prompt_ids: req.prompt_ids.clone(),
+        sampling: Some(wpb::SamplingParams {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k.unwrap_or(0),
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            logit_bias: p.logit_bias.iter().copied().collect(),
+            seed: p.seed,
+            top_logprobs: p.logprobs.unwrap_or(0),
+            logprobs: p.logprobs.is_some(),
+        }),
+        max_tokens: p.max_tokens,
+        stop_token_ids: p.stop_token_ids.clone(),
+        ignore_eos: p.ignore_eos,
+    }
+}
+
+fn map_status(s: tonic::Status) -> EngineError {
+    let retry = s
+        .metadata()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    match s.code() {
+        Code::ResourceExhausted => EngineError::Overloaded { retry_after_s: retry },
+        Code::Unavailable => EngineError::Unavailable { retry_after_s: retry },
+        Code::InvalidArgument => EngineError::InvalidRequest(s.message().to_string()),
+        _ => EngineError::Internal(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+fn to_event(e: cpb::generate_event::Event, logprobs: bool) -> EngineEvent {
+    use cpb::generate_event::Event;
+    match e {
+        Event::Prompt(p) => EngineEvent::PromptInfo { cached_tokens: p.cached_tokens },
+        Event::Token(t) => EngineEvent::Token {
+            id: t.id,
+            logprob: logprobs.then_some(t.logprob),
+            top: t.top_ids.into_iter().zip(t.top_logprobs).collect(),
+        },
+        Event::Finished(f) => {
+            let reason = match cpb::FinishReason::try_from(f.reason) {
+                Ok(cpb::FinishReason::Stop) => FinishReason::Stop,
+                Ok(cpb::FinishReason::Length) => FinishReason::Length,
+                Ok(cpb::FinishReason::Abort) => FinishReason::Abort,
+                _ => return EngineEvent::Error(EngineError::Internal(f.message)),
+            };
+            EngineEvent::Finished { reason, prompt_tokens: f.prompt_tokens, completion_tokens: f.completion_tokens }
+        }
+    }
+}
+
+impl Engine for GrpcEngine {
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let logprobs = req.params.logprobs.is_some();
+            let mut stream = client.generate(to_proto(&req)).await.map_err(map_status)?.into_inner();
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        // The gateway dropped the receiver: returning drops the call,
+                        // which the coordinator sees as a cancelled stream.
+                        _ = tx.closed() => return,
+                        msg = stream.message() => {
+                            let ev = match msg {
+                                Ok(Some(m)) => match m.event {
+                                    Some(e) => to_event(e, logprobs),
+                                    None => continue,
+                                },
+                                Ok(None) => EngineEvent::Error(EngineError::Internal(
+                                    "the coordinator ended the stream without finishing".into(),
+                                )),
+                                Err(s) => EngineEvent::Error(map_status(s)),
+                            };
+                            let last = matches!(ev, EngineEvent::Finished { .. } | EngineEvent::Error(_));
+                            if tx.send(ev).await.is_err() || last {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+            Ok(rx)
+        })
+    }
+
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}

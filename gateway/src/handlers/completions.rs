@@ -1,0 +1,181 @@
+//! `POST /v1/completions`: the prompt is a string, a list of strings, a list of token ids, or
+//! a list of such lists; each prompt gets `n` choices (choice `p * n + i`). Answers with one
+//! `text_completion` or a stream of them.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::Value;
+
+use crate::app::AppState;
+use crate::body::{parse_json, RawBody};
+use crate::choice::{ApiFinish, TokenLogprob};
+use crate::error::ApiError;
+use crate::generate::{self, PromptPlan, UsageTally};
+use crate::ids::{new_id, unix_now};
+use crate::logprobs;
+use crate::openai::common::{SamplingFields, Usage};
+use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
+use crate::sse::{sse_response, ChunkRenderer};
+use crate::validate;
+
+pub async fn completions(State(state): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
+    let fields: SamplingFields = parse_json(&body)?;
+    let req: CompletionRequest = parse_json(&body)?;
+    let top_logprobs = validate::completion_logprobs(req.logprobs)?;
+    let params = validate::common(&state, &fields, ("max_tokens", fields.max_tokens), top_logprobs)?;
+    unsupported(&req, params.n)?;
+
+    let prompts = prompt_ids(&state, req.prompt.as_ref())?;
+    let total = prompts.len() as u64 * u64::from(params.n);
+    if total > u64::from(state.config().max_choices) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("{} prompts x n = {total} sequences, more than the limit of {}", prompts.len(), state.config().max_choices),
+        ));
+    }
+    let prompts = prompts
+        .into_iter()
+        .map(|ids| {
+            let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "prompt")?;
+            Ok(PromptPlan { ids, max_tokens })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+
+    let id = new_id("cmpl");
+    let created = unix_now();
+    let choices = generate::start(&state, &id, &prompts, &params).await?;
+    let mut tally = UsageTally::new(&prompts, params.n);
+    let mut renderer = CompletionChunks {
+        state: state.clone(),
+        id,
+        created,
+        with_logprobs: top_logprobs.is_some(),
+        include_usage: params.include_usage,
+        offsets: vec![0; choices.len()],
+    };
+    if params.stream {
+        return Ok(sse_response(choices, renderer, tally, params.include_usage, state.config().keep_alive));
+    }
+
+    let results = generate::collect(choices).await?;
+    let choices = results
+        .into_iter()
+        .map(|r| {
+            tally.record(r.index, r.completion_tokens, r.cached_tokens);
+            let reason = r.finish.unwrap_or(ApiFinish::Stop);
+            renderer.choice(r.index, r.text, &r.logprobs, Some(reason))
+        })
+        .collect();
+    let mut response = renderer.response(choices);
+    response.usage = Some(Some(tally.usage()));
+    Ok(Json(response).into_response())
+}
+
+/// Parameters that would change the output and that this server does not implement are
+/// refused rather than ignored.
+fn unsupported(req: &CompletionRequest, n: u32) -> Result<(), ApiError> {
+    if req.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    }
+    match req.best_of {
+        Some(b) if b != i64::from(n) => Err(ApiError::invalid("best_of", "best_of is not supported (it must equal n)")),
+        _ => Ok(()),
+    }
+}
+
+/// The prompts as token ids: strings are tokenized with BOS added, ids checked.
+fn prompt_ids(state: &AppState, prompt: Option<&Value>) -> Result<Vec<Vec<u32>>, ApiError> {
+    let codec = state.codec();
+    let vocab = codec.vocab_size();
+    let encode = |s: &str| codec.encode_prompt(s, true).map_err(|e| ApiError::from_codec(e, "prompt"));
+    let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+        let ints: Vec<i64> = items
+            .iter()
+            .map(|v| v.as_i64().ok_or_else(|| ApiError::invalid("prompt", "a token-id prompt must hold only integers")))
+            .collect::<Result<_, _>>()?;
+        validate::token_ids("prompt", &ints, vocab)
+    };
+    let shape_error = || {
+        ApiError::invalid(
+            "prompt",
+            "prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
+        )
+    };
+    match prompt {
+        None | Some(Value::Null) => Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::String(s)) => Ok(vec![encode(s)?]),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(ApiError::invalid("prompt", "prompt must not be an empty list")),
+            Some(Value::String(_)) => items.iter().map(|v| v.as_str().ok_or_else(shape_error).and_then(encode)).collect(),
+            Some(Value::Number(_)) => Ok(vec![ids(items)?]),
+            Some(Value::Array(_)) => items.iter().map(|v| v.as_array().ok_or_else(shape_error).and_then(|a| ids(a))).collect(),
+            Some(_) => Err(shape_error()),
+        },
+        Some(_) => Err(shape_error()),
+    }
+}
+
+struct CompletionChunks {
+    state: AppState,
+    id: String,
+    created: u64,
+    with_logprobs: bool,
+    include_usage: bool,
+    /// Characters of each choice's logprob tokens so far (`text_offset`).
+    offsets: Vec<u32>,
+}
+
+impl CompletionChunks {
+    fn choice(&mut self, index: u32, text: String, entries: &[TokenLogprob], finish: Option<ApiFinish>) -> CompletionChoice {
+        let logprobs = match (self.with_logprobs, self.offsets.get_mut(index as usize)) {
+            (true, Some(offset)) => Some(logprobs::completion(self.state.codec(), entries, offset)),
+            _ => None,
+        };
+        CompletionChoice { index, text, logprobs, finish_reason: finish.map(ApiFinish::as_str) }
+    }
+
+    fn response(&self, choices: Vec<CompletionChoice>) -> Completion {
+        Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.state.model_name().to_owned(),
+            choices,
+            usage: None,
+        }
+    }
+
+    fn chunk(&self, choices: Vec<CompletionChoice>) -> Completion {
+        let mut chunk = self.response(choices);
+        chunk.usage = self.include_usage.then_some(None);
+        chunk
+    }
+}
+
+impl ChunkRenderer for CompletionChunks {
+    type Chunk = Completion;
+
+    fn opening(&mut self) -> Vec<Completion> {
+        Vec::new()
+    }
+
+    fn delta(&mut self, index: u32, text: String, entries: Vec<TokenLogprob>) -> Completion {
+        let choice = self.choice(index, text, &entries, None);
+        self.chunk(vec![choice])
+    }
+
+    fn finish(&mut self, index: u32, reason: ApiFinish) -> Completion {
+        let choice = CompletionChoice { index, text: String::new(), logprobs: None, finish_reason: Some(reason.as_str()) };
+        self.chunk(vec![choice])
+    }
+
+    fn usage(&mut self, usage: Usage) -> Completion {
+        let mut chunk = self.chunk(Vec::new());
+        chunk.usage = Some(Some(usage));
+        chunk
+    }
+}

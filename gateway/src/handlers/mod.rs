@@ -1,0 +1,7 @@
+//! One module per route group; each handler parses, validates, and hands off to
+//! `generate.rs` / `sse.rs`. Errors leave as `ApiError`.
+
+pub mod chat;
+pub mod completions;
+pub mod meta;
+pub mod tokenize;
