@@ -1,1 +1,54 @@
-fn main() {}
+//! The `tessera` command: a thin CLI over the crates. Each subcommand's flags are also
+//! environment variables.
+
+mod bench;
+mod coordinator_cmd;
+mod default_model;
+mod gateway_cmd;
+mod generate;
+mod serve_cmd;
+mod threads;
+mod worker_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about = "An LLM serving cluster for the Llama/Qwen family")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a local cluster (gateway, coordinator, workers) serving one model.
+    Serve(serve_cmd::ServeArgs),
+    /// Run the HTTP gateway (OpenAI API).
+    Gateway(gateway_cmd::GatewayArgs),
+    /// Run the coordinator.
+    Coordinator(coordinator_cmd::CoordinatorArgs),
+    /// Generate text from one prompt on the CPU engine.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and decode speed (like llama.cpp's llama-bench).
+    Bench(bench::BenchArgs),
+    /// Run one worker process (gRPC).
+    Worker(worker_cmd::WorkerArgs),
+    /// Print the path of the default model, fetching it if needed.
+    FetchModel,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve_cmd::run(args),
+        Command::Gateway(args) => gateway_cmd::run(args),
+        Command::Coordinator(args) => coordinator_cmd::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Worker(args) => worker_cmd::run(args),
+        Command::FetchModel => {
+            println!("{}", default_model::resolve(None)?.display());
+            Ok(())
+        }
+    }
+}

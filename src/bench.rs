@@ -1,0 +1,100 @@
+//! `tessera bench`: prefill and decode speed of the CPU engine on one sequence, measured
+//! the way llama.cpp's `llama-bench` does (`pp`: a prompt of random tokens in one pass;
+//! `tg`: that many single-token decode steps), so the two print comparable tok/s.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tessera_model::weights::ModelFiles;
+use tessera_worker::llama::LlamaModel;
+use tessera_worker::session::Session;
+
+/// Measure prefill and decode tokens per second.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model file or directory; the default model when absent.
+    #[arg(long, env = "TESSERA_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Prompt length of the prefill test.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Decode steps of the generation test.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions; the mean and standard deviation are printed.
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: usize,
+    /// CPU threads (default: all cores).
+    #[arg(long, env = "TESSERA_THREADS")]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    crate::threads::init(args.threads)?;
+    let path = crate::default_model::resolve(args.model.as_deref())?;
+    let files = Arc::new(ModelFiles::open(&path).with_context(|| format!("opening {}", path.display()))?);
+    let model = LlamaModel::load(files)?;
+    let vocab = model.config.vocab_size as u64;
+    // A fixed pseudo-random prompt (SplitMix64), so runs are comparable.
+    let mut state = 0x5eed_u64;
+    let prompt: Vec<u32> = (0..args.prompt_tokens)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % vocab) as u32
+        })
+        .collect();
+    let reps = args.repetitions.max(1);
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for _ in 0..reps {
+        if args.prompt_tokens > 0 {
+            let mut s = Session::new(&model, args.prompt_tokens);
+            let t = Instant::now();
+            s.feed(&prompt, false)?;
+            pp.push(args.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        }
+        if args.gen_tokens > 0 {
+            let mut s = Session::new(&model, args.gen_tokens + 1);
+            let mut tok = prompt.first().copied().unwrap_or(1);
+            let t = Instant::now();
+            for _ in 0..args.gen_tokens {
+                let logits = s.feed(&[tok], false)?;
+                tok = argmax(&logits);
+            }
+            tg.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let threads = rayon::current_num_threads();
+    println!("| model | threads | test | tok/s |");
+    println!("|---|---|---|---|");
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !pp.is_empty() {
+        println!("| {name} | {threads} | pp{} | {} |", args.prompt_tokens, mean_sd(&pp));
+    }
+    if !tg.is_empty() {
+        println!("| {name} | {threads} | tg{} | {} |", args.gen_tokens, mean_sd(&tg));
+    }
+    Ok(())
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn mean_sd(xs: &[f64]) -> String {
+    let m = xs.iter().sum::<f64>() / xs.len() as f64;
+    let var = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / xs.len() as f64;
+    format!("{m:.2} ± {:.2}", var.sqrt())
+}
