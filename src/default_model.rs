@@ -85,3 +85,10 @@ fn fetch(dir: &Path, dest: &Path) -> Result<()> {
     std::fs::rename(&partial, dest)?;
     Ok(())
 }
+
+/// The name a model is served under by default: its file or directory name without a
+/// `.gguf` extension (`SmolLM2-135M-Instruct.Q4_1`).
+pub fn served_name(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.strip_suffix(".gguf").map(str::to_string).unwrap_or(name)
+}

@@ -46,7 +46,7 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     let name = args
         .served_model_name
         .clone()
-        .unwrap_or_else(|| path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        .unwrap_or_else(|| crate::default_model::served_name(&path));
     // One tokenizer per process, shared by every request for the process's lifetime.
     let tokenizer = Box::leak(Box::new(bundle.tokenizer));
     let codec = ModelCodec::new(&name, tokenizer, template);

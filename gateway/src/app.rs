@@ -90,7 +90,8 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let open = Router::new()
         .route("/health", get(handlers::meta::health))
-        .route("/ready", get(handlers::meta::ready));
+        .route("/ready", get(handlers::meta::ready))
+        .route("/metrics", get(handlers::meta::metrics));
     protected
         .merge(open)
         .fallback(not_found)

@@ -110,4 +110,21 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Whether the engine can take requests now (`GET /ready`).
     fn ready(&self) -> bool;
+
+    /// The engine's latest load figures, if it reports any (`GET /metrics`).
+    fn stats(&self) -> Option<EngineStats> {
+        None
+    }
+}
+
+/// Load figures of the engine behind the gateway, summed over its replicas.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Sequences in the running set.
+    pub running: u32,
+    /// Sequences waiting for admission.
+    pub waiting: u32,
+    /// KV blocks in use and in total.
+    pub kv_blocks_used: u32,
+    pub kv_blocks_total: u32,
 }

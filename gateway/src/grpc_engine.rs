@@ -15,7 +15,9 @@ use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-use crate::engine::{Engine, EngineError, EngineEvent, EventStream, FinishReason, GenerateRequest};
+use std::sync::Mutex;
+
+use crate::engine::{Engine, EngineError, EngineEvent, EngineStats, EventStream, FinishReason, GenerateRequest};
 
 /// How often readiness is refreshed.
 const STATUS_PERIOD: Duration = Duration::from_millis(500);
@@ -24,6 +26,7 @@ const STATUS_PERIOD: Duration = Duration::from_millis(500);
 pub struct GrpcEngine {
     client: CoordinatorClient<Channel>,
     ready: Arc<AtomicBool>,
+    stats: Arc<Mutex<Option<EngineStats>>>,
 }
 
 impl GrpcEngine {
@@ -38,21 +41,32 @@ impl GrpcEngine {
             .connect_lazy();
         let client = CoordinatorClient::new(channel);
         let ready = Arc::new(AtomicBool::new(false));
-        let (poll_client, poll_ready) = (client.clone(), ready.clone());
-        tokio::spawn(async move { poll_status(poll_client, poll_ready).await });
-        Ok(GrpcEngine { client, ready })
+        let stats = Arc::new(Mutex::new(None));
+        let (poll_client, poll_ready, poll_stats) = (client.clone(), ready.clone(), Arc::downgrade(&stats));
+        tokio::spawn(async move { poll_status(poll_client, poll_ready, poll_stats).await });
+        Ok(GrpcEngine { client, ready, stats })
     }
 }
 
-async fn poll_status(mut client: CoordinatorClient<Channel>, ready: Arc<AtomicBool>) {
+async fn poll_status(
+    mut client: CoordinatorClient<Channel>,
+    ready: Arc<AtomicBool>,
+    stats: std::sync::Weak<Mutex<Option<EngineStats>>>,
+) {
     let weak = Arc::downgrade(&ready);
     drop(ready);
     loop {
-        let ok = matches!(client.status(cpb::StatusRequest {}).await, Ok(r) if r.get_ref().ready);
-        match weak.upgrade() {
-            Some(flag) => flag.store(ok, Ordering::Relaxed),
-            None => return, // the engine was dropped
-        }
+        let status = client.status(cpb::StatusRequest {}).await.ok().map(|r| r.into_inner());
+        let (Some(flag), Some(cell)) = (weak.upgrade(), stats.upgrade()) else {
+            return; // the engine was dropped
+        };
+        flag.store(status.as_ref().is_some_and(|s| s.ready), Ordering::Relaxed);
+        *cell.lock().unwrap_or_else(|e| e.into_inner()) = status.map(|s| EngineStats {
+            running: s.running,
+            waiting: s.waiting,
+            kv_blocks_used: s.kv_blocks_used,
+            kv_blocks_total: s.kv_blocks_total,
+        });
         tokio::time::sleep(STATUS_PERIOD).await;
     }
 }
@@ -155,5 +169,9 @@ impl Engine for GrpcEngine {
 
     fn ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    fn stats(&self) -> Option<EngineStats> {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -32,3 +32,22 @@ pub async fn ready(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
         Err(ApiError::Unavailable { retry_after_s: 1 })
     }
 }
+
+/// `GET /metrics`: the engine's load in Prometheus text format (names after vLLM's,
+/// under the `tessera:` prefix). Empty of samples while the engine reports nothing.
+pub async fn metrics(State(state): State<AppState>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    let mut out = String::new();
+    if let Some(s) = state.engine().stats() {
+        let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
+        for (name, help, value) in [
+            ("tessera:num_requests_running", "Sequences in the running set.", s.running as f64),
+            ("tessera:num_requests_waiting", "Sequences waiting for admission.", s.waiting as f64),
+            ("tessera:kv_cache_usage_perc", "Fraction of KV blocks in use (0 to 1).", usage),
+            ("tessera:kv_cache_blocks_used", "KV blocks in use.", s.kv_blocks_used as f64),
+            ("tessera:kv_cache_blocks_total", "KV blocks in all replicas.", s.kv_blocks_total as f64),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
+        }
+    }
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}

@@ -41,6 +41,25 @@ pub(crate) unsafe fn f16_one(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
+/// The f16 at `p[0..2]` as f32. Written in asm because with intrinsics the compiler
+/// narrows the conversion to one lane and merges the load into a stale register (a
+/// `vpinsrw` into, say, an accumulator), which chains every block onto the previous
+/// one and halves the kernel's speed; `vmovd` writes the whole register.
+#[inline]
+pub(crate) unsafe fn f16_load(p: *const u8) -> f32 {
+    let bits = u32::from(std::ptr::read_unaligned(p as *const u16));
+    let out: f32;
+    // SAFETY: register-only instructions; callers hold F16C (checked by `Isa`).
+    std::arch::asm!(
+        "vmovd {v}, {b:e}",
+        "vcvtph2ps {v}, {v}",
+        b = in(reg) bits,
+        v = out(xmm_reg) out,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    out
+}
+
 /// 16 bytes of nibble pairs at `p` as 32 bytes: values 0-15 (low nibbles) then 16-31.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -125,7 +144,7 @@ macro_rules! q8_kernel {
 
 // Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
 q8_kernel!(q4_0_rn, 18, true, |blk| {
-    let (d, _) = f16_pair(blk);
+    let d = f16_load(blk);
     (nibbles(blk.add(2)), d, -8.0 * d)
 }, |w, x| { dot_u8i8(w, x) });
 
@@ -137,7 +156,7 @@ q8_kernel!(q4_1_rn, 20, true, |blk| {
 
 // Q8_0: both sides signed, so move w's sign onto x: |w| · sign(w)·x.
 q8_kernel!(q8_0_rn, 34, false, |blk| {
-    let (d, _) = f16_pair(blk);
+    let d = f16_load(blk);
     (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
 }, |w, x| { dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) });
 
