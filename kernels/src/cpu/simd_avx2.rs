@@ -33,14 +33,6 @@ pub(crate) unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// The f16 at `p[0..2]` as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn f16_one(p: *const u8) -> f32 {
-    let bits = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
 /// The f16 at `p[0..2]` as f32. Written in asm because with intrinsics the compiler
 /// narrows the conversion to one lane and merges the load into a stale register (a
 /// `vpinsrw` into, say, an accumulator), which chains every block onto the previous
@@ -96,7 +88,12 @@ macro_rules! q8_kernel {
             stride: usize,
         ) {
             let nb = a.row_blocks();
-            let (cols, xq, xd, xs) = (a.cols, a.qs.as_ptr().add(t0 * a.cols), a.d.as_ptr().add(t0 * nb), a.s.as_ptr().add(t0 * nb));
+            let (cols, xq, xd, xs) = (
+                a.cols,
+                a.qs.as_ptr().add(t0 * a.cols),
+                a.d.as_ptr().add(t0 * nb),
+                a.s.as_ptr().add(t0 * nb),
+            );
             let mut acc = [[[_mm256_setzero_ps(); N]; R]; K];
             let mut accm = [[[0.0f32; N]; R]; K];
             let mut b0 = 0;
@@ -119,7 +116,8 @@ macro_rules! q8_kernel {
                             let $wv = wv[r];
                             let p: __m256i = $mul;
                             let scale = _mm256_set1_ps(wd[r] * dx);
-                            acc[k][r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[k][r][t]);
+                            acc[k][r][t] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[k][r][t]);
                             if $offset {
                                 accm[k][r][t] = wm[r].mul_add(sx, accm[k][r][t]);
                             }
@@ -143,25 +141,53 @@ macro_rules! q8_kernel {
 }
 
 // Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
-q8_kernel!(q4_0_rn, 18, true, |blk| {
-    let d = f16_load(blk);
-    (nibbles(blk.add(2)), d, -8.0 * d)
-}, |w, x| { dot_u8i8(w, x) });
+q8_kernel!(
+    q4_0_rn,
+    18,
+    true,
+    |blk| {
+        let d = f16_load(blk);
+        (nibbles(blk.add(2)), d, -8.0 * d)
+    },
+    |w, x| { dot_u8i8(w, x) }
+);
 
 // Q4_1: value d·q + m.
-q8_kernel!(q4_1_rn, 20, true, |blk| {
-    let (d, m) = f16_pair(blk);
-    (nibbles(blk.add(4)), d, m)
-}, |w, x| { dot_u8i8(w, x) });
+q8_kernel!(
+    q4_1_rn,
+    20,
+    true,
+    |blk| {
+        let (d, m) = f16_pair(blk);
+        (nibbles(blk.add(4)), d, m)
+    },
+    |w, x| { dot_u8i8(w, x) }
+);
 
 // Q8_0: both sides signed, so move w's sign onto x: |w| · sign(w)·x.
-q8_kernel!(q8_0_rn, 34, false, |blk| {
-    let d = f16_load(blk);
-    (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
-}, |w, x| { dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) });
+q8_kernel!(
+    q8_0_rn,
+    34,
+    false,
+    |blk| {
+        let d = f16_load(blk);
+        (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
+    },
+    |w, x| { dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
+);
 
 /// Checks the lengths the raw-pointer micro-kernels rely on; returns the row count.
-fn check_q8(w: &[u8], row_bytes: usize, block_bytes: usize, a: &ActsQ8, t0: usize, tn: usize, out: &[f32], stride: usize) -> usize {
+#[allow(clippy::too_many_arguments)]
+fn check_q8(
+    w: &[u8],
+    row_bytes: usize,
+    block_bytes: usize,
+    a: &ActsQ8,
+    t0: usize,
+    tn: usize,
+    out: &[f32],
+    stride: usize,
+) -> usize {
     let nb = a.row_blocks();
     let rows = w.len() / row_bytes.max(1);
     assert!(
@@ -180,7 +206,15 @@ fn check_q8(w: &[u8], row_bytes: usize, block_bytes: usize, a: &ActsQ8, t0: usiz
 /// the speed of streaming weights from DRAM), two rows × two or four tokens otherwise.
 macro_rules! tiled {
     ($pub_name:ident, $rn:ident, $bytes:expr) => {
-        pub(crate) unsafe fn $pub_name(w: &[u8], row_bytes: usize, a: &ActsQ8, t0: usize, tn: usize, out: &mut [f32], stride: usize) {
+        pub(crate) unsafe fn $pub_name(
+            w: &[u8],
+            row_bytes: usize,
+            a: &ActsQ8,
+            t0: usize,
+            tn: usize,
+            out: &mut [f32],
+            stride: usize,
+        ) {
             let rows = check_q8(w, row_bytes, $bytes, a, t0, tn, out, stride);
             let (wp, op) = (w.as_ptr(), out.as_mut_ptr());
             let mut t = 0;
@@ -189,7 +223,14 @@ macro_rules! tiled {
                 let mut r = 0;
                 macro_rules! call {
                     ($r:literal, $n:literal, $k:literal) => {
-                        $rn::<$r, $n, $k>(wp.add(r * row_bytes), row_bytes, a, t0 + t, op.add(r * stride + t), stride)
+                        $rn::<$r, $n, $k>(
+                            wp.add(r * row_bytes),
+                            row_bytes,
+                            a,
+                            t0 + t,
+                            op.add(r * stride + t),
+                            stride,
+                        )
                     };
                 }
                 match nt {
@@ -284,7 +325,10 @@ macro_rules! float_kernel {
                     acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(c)), acc[0]);
                     c += 8;
                 }
-                let mut sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+                let mut sum = hsum(_mm256_add_ps(
+                    _mm256_add_ps(acc[0], acc[1]),
+                    _mm256_add_ps(acc[2], acc[3]),
+                ));
                 while c < cols {
                     let $q = wp.add(c * $elem);
                     let wi: f32 = $one;
@@ -301,16 +345,22 @@ float_kernel!(f32_row, 4, |p| { _mm256_loadu_ps(p as *const f32) }, |q| {
     std::ptr::read_unaligned(q as *const f32)
 });
 
-float_kernel!(f16_row, 2, |p| { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }, |q| {
-    f16_one(q)
-});
+float_kernel!(
+    f16_row,
+    2,
+    |p| { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) },
+    |q| { f16_load(q) }
+);
 
-float_kernel!(bf16_row, 2, |p| {
-    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-    _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
-}, |q| {
-    crate::quant::bf16_to_f32(std::ptr::read_unaligned(q as *const u16))
-});
+float_kernel!(
+    bf16_row,
+    2,
+    |p| {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+    },
+    |q| { crate::quant::bf16_to_f32(std::ptr::read_unaligned(q as *const u16)) }
+);
 
 per_row!(row_f32, f32_row, ActsF32<'_>);
 per_row!(row_f16, f16_row, ActsF32<'_>);

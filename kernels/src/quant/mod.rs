@@ -64,12 +64,12 @@ impl GgmlType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
-            Self::Q4_0 => 18,  // f16 d + 16 bytes of nibbles
-            Self::Q4_1 => 20,  // f16 d, f16 m + 16 bytes of nibbles
-            Self::Q8_0 => 34,  // f16 d + 32 i8
-            Self::Q4K => 144,  // f16 d, f16 dmin, 12 bytes scales, 128 bytes nibbles
-            Self::Q5K => 176,  // f16 d, f16 dmin, 12 scales, 32 high bits, 128 nibbles
-            Self::Q6K => 210,  // 128 low nibbles, 64 high bits, 16 i8 scales, f16 d
+            Self::Q4_0 => 18, // f16 d + 16 bytes of nibbles
+            Self::Q4_1 => 20, // f16 d, f16 m + 16 bytes of nibbles
+            Self::Q8_0 => 34, // f16 d + 32 i8
+            Self::Q4K => 144, // f16 d, f16 dmin, 12 bytes scales, 128 bytes nibbles
+            Self::Q5K => 176, // f16 d, f16 dmin, 12 scales, 32 high bits, 128 nibbles
+            Self::Q6K => 210, // 128 low nibbles, 64 high bits, 16 i8 scales, f16 d
         }
     }
 
@@ -111,7 +111,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), K
         detail: format!("{} values is not a whole number of {ty} blocks", out.len()),
     })?;
     crate::error::check(src.len() == need, "dequantize_row", || {
-        format!("{} bytes given, {need} needed for {} {ty} values", src.len(), out.len())
+        format!(
+            "{} bytes given, {need} needed for {} {ty} values",
+            src.len(),
+            out.len()
+        )
     })?;
     dequantize_unchecked(ty, src, out);
     Ok(())

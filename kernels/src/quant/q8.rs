@@ -8,7 +8,10 @@
 //! - [`ActsQ8K`]: 256-value blocks (for the K types), with the integer sum of every 16
 //!   values (`bsums`), which folds the K-quant mins and Q6_K's `- 32` offset.
 //!
-//! The scale is `max|x| / 127` and values round to nearest, ties to even. The body is
+//! The scale is `max|x| / 127` and values round to nearest, ties to even. ggml stores
+//! the `d` and `s` of its `block_q8_0`/`block_q8_1` as f16 (the quants themselves come
+//! from the f32 scale); [`Q8_SCALES_F16`] says whether [`ActsQ8`] does the same (ggml's
+//! `block_q8_K` keeps an f32 `d`, and so does [`ActsQ8K`]). The body is
 //! written so the compiler vectorises it; the AVX2 copy is the same code compiled with
 //! AVX2 enabled, so both give identical bytes. Large inputs are split over rayon by token
 //! rows.
@@ -21,9 +24,10 @@ pub struct ActsQ8 {
     pub cols: usize,
     /// Quantised values, (n, cols).
     pub qs: Vec<i8>,
-    /// Block scales, (n, cols / 32).
+    /// Block scales, (n, cols / 32); rounded to f16 if [`Q8_SCALES_F16`].
     pub d: Vec<f32>,
-    /// `d * sum(q)` per block, (n, cols / 32).
+    /// `d * sum(q)` per block, with the f32 `d`, (n, cols / 32); rounded to f16 if
+    /// [`Q8_SCALES_F16`].
     pub s: Vec<f32>,
 }
 
@@ -52,13 +56,29 @@ fn quant_block(x: &[f32], q: &mut [i8]) -> f32 {
     let d = abs_max(x) / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
     for (qv, &v) in q.iter_mut().zip(x) {
-        // max/min drop NaN, so the value is finite and in range.
+        // max/min drop NaN (clamp would keep it), so the value is finite and in range.
+        #[allow(clippy::manual_clamp)]
         let r = (v * id).round_ties_even().max(-127.0).min(127.0);
         // SAFETY: `r` is an integer-valued float in [-127, 127] (a plain `as` would be
         // scalarised for its saturation rules).
         *qv = unsafe { r.to_int_unchecked::<i32>() } as i8;
     }
     d
+}
+
+/// Whether [`ActsQ8`] rounds its block scale `d` and sum `s` to f16, as ggml's Q8_0 and
+/// Q8_1 activation blocks do. Off: f32 is more accurate, and matching llama.cpp's
+/// rounding bit for bit is not a goal of this crate (tests read this flag).
+pub const Q8_SCALES_F16: bool = false;
+
+/// `v` as stored in an [`ActsQ8`] scale field.
+#[inline(always)]
+fn scale_round(v: f32) -> f32 {
+    if Q8_SCALES_F16 {
+        half::f16::from_f32(v).to_f32()
+    } else {
+        v
+    }
 }
 
 #[inline(always)]
@@ -71,8 +91,9 @@ fn isum(q: &[i8]) -> i32 {
 fn quantize_q8_body(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     let blocks = x.chunks_exact(32).zip(qs.chunks_exact_mut(32));
     for ((xb, qb), (d, s)) in blocks.zip(d.iter_mut().zip(s.iter_mut())) {
-        *d = quant_block(xb, qb);
-        *s = *d * isum(qb) as f32;
+        let full = quant_block(xb, qb);
+        *d = scale_round(full);
+        *s = scale_round(full * isum(qb) as f32);
     }
 }
 
@@ -140,17 +161,29 @@ impl ActsQ8 {
     /// (the matmul checks both before calling).
     pub fn quantize(x: &[f32], cols: usize) -> Self {
         let nb = x.len() / 32;
-        let mut acts = ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb] };
+        let mut acts = ActsQ8 {
+            cols,
+            qs: vec![0; nb * 32],
+            d: vec![0.0; nb],
+            s: vec![0.0; nb],
+        };
         let avx2 = has_avx2();
-        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 32), (&mut acts.s, cols / 32), |x, qs, d, s| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: AVX2 and FMA were detected on this CPU.
-                return unsafe { quantize_q8_avx2(x, qs, d, s) };
-            }
-            let _ = avx2;
-            quantize_q8_body(x, qs, d, s)
-        });
+        split_rows(
+            x,
+            cols,
+            &mut acts.qs,
+            (&mut acts.d, cols / 32),
+            (&mut acts.s, cols / 32),
+            |x, qs, d, s| {
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected on this CPU.
+                    return unsafe { quantize_q8_avx2(x, qs, d, s) };
+                }
+                let _ = avx2;
+                quantize_q8_body(x, qs, d, s)
+            },
+        );
         acts
     }
 
@@ -164,17 +197,29 @@ impl ActsQ8K {
     /// Quantises `x` = (n, cols); `cols` must be a multiple of 256 and `x.len()` of `cols`.
     pub fn quantize(x: &[f32], cols: usize) -> Self {
         let nb = x.len() / 256;
-        let mut acts = ActsQ8K { cols, qs: vec![0; nb * 256], d: vec![0.0; nb], bsums: vec![0; nb * 16] };
+        let mut acts = ActsQ8K {
+            cols,
+            qs: vec![0; nb * 256],
+            d: vec![0.0; nb],
+            bsums: vec![0; nb * 16],
+        };
         let avx2 = has_avx2();
-        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 256), (&mut acts.bsums, cols / 16), |x, qs, d, bs| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: AVX2 and FMA were detected on this CPU.
-                return unsafe { quantize_q8k_avx2(x, qs, d, bs) };
-            }
-            let _ = avx2;
-            quantize_q8k_body(x, qs, d, bs)
-        });
+        split_rows(
+            x,
+            cols,
+            &mut acts.qs,
+            (&mut acts.d, cols / 256),
+            (&mut acts.bsums, cols / 16),
+            |x, qs, d, bs| {
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected on this CPU.
+                    return unsafe { quantize_q8k_avx2(x, qs, d, bs) };
+                }
+                let _ = avx2;
+                quantize_q8k_body(x, qs, d, bs)
+            },
+        );
         acts
     }
 
