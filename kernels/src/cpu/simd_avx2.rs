@@ -204,6 +204,9 @@ fn check_q8(
 /// Tiles rows × tokens into micro-kernel calls: one row at a time for a single token
 /// (decode: reading several rows at once defeats the hardware prefetcher and halves
 /// the speed of streaming weights from DRAM), two rows × two or four tokens otherwise.
+// Every variant splits the blocks over the same two accumulators (K = 2), so a token's
+// result is bit-identical whatever tile it lands in: batch invariance (a sequence's
+// tokens do not depend on what else is in the batch) rests on this.
 macro_rules! tiled {
     ($pub_name:ident, $rn:ident, $bytes:expr) => {
         pub(crate) unsafe fn $pub_name(
@@ -242,27 +245,27 @@ macro_rules! tiled {
                     }
                     2 => {
                         while r + 2 <= rows {
-                            call!(2, 2, 1);
+                            call!(2, 2, 2);
                             r += 2;
                         }
                         while r < rows {
-                            call!(1, 2, 1);
+                            call!(1, 2, 2);
                             r += 1;
                         }
                     }
                     3 => {
                         while r < rows {
-                            call!(1, 3, 1);
+                            call!(1, 3, 2);
                             r += 1;
                         }
                     }
                     _ => {
                         while r + 2 <= rows {
-                            call!(2, 4, 1);
+                            call!(2, 4, 2);
                             r += 2;
                         }
                         while r < rows {
-                            call!(1, 4, 1);
+                            call!(1, 4, 2);
                             r += 1;
                         }
                     }
