@@ -31,10 +31,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
     /// Extra flags passed to the coordinator (e.g. "--max-waiting 8").
-    #[arg(long, env = "TESSERA_COORDINATOR_ARGS", default_value = "")]
+    #[arg(long, env = "TESSERA_COORDINATOR_ARGS", default_value = "", allow_hyphen_values = true)]
     pub coordinator_args: String,
     /// Extra flags passed to the gateway (e.g. "--api-key k1").
-    #[arg(long, env = "TESSERA_GATEWAY_ARGS", default_value = "")]
+    #[arg(long, env = "TESSERA_GATEWAY_ARGS", default_value = "", allow_hyphen_values = true)]
     pub gateway_args: String,
 }
 

@@ -110,6 +110,7 @@ impl Engine {
     }
 
     pub async fn run(mut self) {
+        self.publish(0);
         loop {
             if !self.sched.has_work() {
                 match self.rx.recv().await {

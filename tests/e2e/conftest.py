@@ -1,0 +1,51 @@
+"""Fixtures: real `tessera serve` clusters on free loopback ports.
+
+`cluster` (whole session) runs with default flags; clusters with special flags get their
+own instance for the module that needs them. Each waits for /ready (120 s at most) before
+its tests run and, at teardown, is stopped with SIGTERM to its process group; a process
+of the group that outlives that is killed and fails the run (it would be a leak in
+`tessera serve`'s shutdown).
+
+Environment: TESSERA_BIN (default target/release/tessera), TESSERA_MODEL_PATH (default:
+what `tessera fetch-model` prints).
+"""
+import pytest
+
+from support import Cluster
+
+API_KEY = "e2e-key-7f3a"
+
+
+def _cluster(request, tmp_path_factory, name, **flags):
+    c = Cluster(name, tmp_path_factory.mktemp(name), **flags)
+    yield c
+    leftovers = c.stop()
+    assert not leftovers, f"{name}: {leftovers}\n{c.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def cluster(request, tmp_path_factory):
+    """Default flags; shared by every module."""
+    yield from _cluster(request, tmp_path_factory, "default")
+
+
+@pytest.fixture(scope="module")
+def guarded_cluster(request, tmp_path_factory):
+    """An API key, a 4 KiB body limit and a 128-token context."""
+    yield from _cluster(
+        request,
+        tmp_path_factory,
+        "guarded",
+        gateway_args=f"--api-key {API_KEY} --max-body-bytes 4096 --max-model-len 128",
+    )
+
+
+@pytest.fixture(scope="module")
+def small_queue_cluster(request, tmp_path_factory):
+    """Two running and two waiting sequences at most: the rest is refused."""
+    yield from _cluster(request, tmp_path_factory, "small_queue", coordinator_args="--max-waiting 2 --max-num-seqs 2")
+
+
+@pytest.fixture(scope="session")
+def client(cluster):
+    return cluster.client()
