@@ -215,10 +215,16 @@ impl Engine {
             new_sequences: batch
                 .new_seqs
                 .iter()
-                .map(|n| pb::NewSequence {
-                    seq_id: n.seq_id,
-                    sampling: self.clients.get(&n.seq_id).map(|c| c.sampling.clone()),
-                    block_table: n.block_table.clone(),
+                .map(|n| {
+                    // Positions before the sequence's first run are prefix-cache hits.
+                    let first = batch.runs.iter().find(|r| r.seq_id == n.seq_id).map_or(0, |r| r.first_pos);
+                    let cached = self.sched.get(n.seq_id).map(|s| &s.tokens()[..first.min(s.len())]).unwrap_or(&[]);
+                    pb::NewSequence {
+                        seq_id: n.seq_id,
+                        sampling: self.clients.get(&n.seq_id).map(|c| c.sampling.clone()),
+                        block_table: n.block_table.clone(),
+                        cached_tokens: cached.to_vec(),
+                    }
                 })
                 .collect(),
             appends: batch

@@ -20,6 +20,8 @@ pub struct NewSequence {
     pub seq_id: u64,
     pub params: SamplingParams,
     pub block_table: Vec<u32>,
+    /// Tokens already in its KV blocks before its first run (prefix-cache hit).
+    pub cached_tokens: Vec<u32>,
 }
 
 /// One sequence's work in a step.
@@ -99,7 +101,7 @@ impl Executor {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
             }
             let sampler = Sampler::new(s.params)?;
-            self.seqs.insert(s.seq_id, SeqState { block_table: s.block_table, sampler, history: Vec::new() });
+            self.seqs.insert(s.seq_id, SeqState { block_table: s.block_table, sampler, history: s.cached_tokens });
         }
         for (id, blocks) in input.appends {
             let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
@@ -111,6 +113,14 @@ impl Executor {
         let mut chunks = Vec::with_capacity(input.runs.len());
         for r in &input.runs {
             let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
+            if st.history.len() < r.first_pos {
+                return Err(WorkerError::InvalidBatch(format!(
+                    "sequence {}: run starts at position {} but only {} earlier tokens are known",
+                    r.seq_id,
+                    r.first_pos,
+                    st.history.len()
+                )));
+            }
             chunks.push(SeqChunk {
                 tokens: r.tokens.clone(),
                 first_pos: r.first_pos,

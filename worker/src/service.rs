@@ -104,7 +104,12 @@ fn step_input(req: pb::StepRequest) -> StepInput {
         new_sequences: req
             .new_sequences
             .into_iter()
-            .map(|s| NewSequence { seq_id: s.seq_id, params: params_from(s.sampling), block_table: s.block_table })
+            .map(|s| NewSequence {
+                seq_id: s.seq_id,
+                params: params_from(s.sampling),
+                block_table: s.block_table,
+                cached_tokens: s.cached_tokens,
+            })
             .collect(),
         appends: req.appends.into_iter().map(|a| (a.seq_id, a.block_ids)).collect(),
         runs: req

@@ -1,0 +1,130 @@
+//! The step executor: per-sequence state across steps, deltas, sampling, and the
+//! errors a malformed step gets.
+
+mod common;
+
+use common::synthetic::{self, Family, TINY};
+use tessera_kernels::GgmlType;
+use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
+use tessera_worker::llama::LlamaModel;
+use tessera_worker::sampling::SamplingParams;
+use tessera_worker::session::Session;
+
+fn model() -> LlamaModel {
+    let (files, _) = synthetic::build(Family::Qwen3, &TINY, GgmlType::Q8_0, 21);
+    LlamaModel::load(files).expect("load")
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
+}
+
+/// Greedy tokens of one sequence through a private session.
+fn greedy_alone(m: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = Session::new(m, 64);
+    let mut logits = s.feed(prompt, false).expect("prefill");
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        logits = s.feed(&[t], false).expect("decode");
+    }
+    out
+}
+
+fn new_seq(id: u64, table: Vec<u32>, cached: Vec<u32>) -> NewSequence {
+    NewSequence { seq_id: id, params: SamplingParams::greedy(), block_table: table, cached_tokens: cached }
+}
+
+#[test]
+fn steps_with_deltas_reproduce_greedy_decoding() {
+    let m = model();
+    let a = synthetic::tokens(TINY.vocab, 7, 1);
+    let b = synthetic::tokens(TINY.vocab, 5, 2);
+    let want_a = greedy_alone(&m, &a, 6);
+    let want_b = greedy_alone(&m, &b, 6);
+    let mut ex = Executor::new(model(), 8, 4);
+    // Step 0: both prompts; a's table has 2 blocks, b's 2; more blocks are appended later.
+    let out = ex
+        .step(StepInput {
+            new_sequences: vec![new_seq(1, vec![5, 0], vec![]), new_seq(2, vec![3, 6], vec![])],
+            runs: vec![
+                Run { seq_id: 1, tokens: a.clone(), first_pos: 0, sample: true },
+                Run { seq_id: 2, tokens: b.clone(), first_pos: 0, sample: true },
+            ],
+            ..Default::default()
+        })
+        .expect("step 0");
+    let (mut got_a, mut got_b) = (vec![out.sampled[0].1.token], vec![out.sampled[1].1.token]);
+    for step in 1..6 {
+        let appends = match step {
+            1 => vec![(1, vec![7])],
+            4 => vec![(2, vec![1])],
+            _ => vec![],
+        };
+        let out = ex
+            .step(StepInput {
+                appends,
+                runs: vec![
+                    Run { seq_id: 1, tokens: vec![*got_a.last().unwrap()], first_pos: a.len() + step - 1, sample: true },
+                    Run { seq_id: 2, tokens: vec![*got_b.last().unwrap()], first_pos: b.len() + step - 1, sample: true },
+                ],
+                ..Default::default()
+            })
+            .expect("decode step");
+        got_a.push(out.sampled[0].1.token);
+        got_b.push(out.sampled[1].1.token);
+    }
+    assert_eq!(got_a, want_a);
+    assert_eq!(got_b, want_b);
+    ex.step(StepInput { finished: vec![1, 2], ..Default::default() }).expect("finish");
+    assert_eq!(ex.live_sequences(), 0);
+}
+
+#[test]
+fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
+    let m = model();
+    let prompt = synthetic::tokens(TINY.vocab, 10, 3);
+    let want = greedy_alone(&m, &prompt, 1);
+    let mut ex = Executor::new(model(), 8, 4);
+    // Sequence 1 computes the first 8 positions (blocks 2 and 4).
+    ex.step(StepInput {
+        new_sequences: vec![new_seq(1, vec![2, 4], vec![])],
+        runs: vec![Run { seq_id: 1, tokens: prompt[..8].to_vec(), first_pos: 0, sample: false }],
+        ..Default::default()
+    })
+    .expect("first");
+    // Sequence 2 shares those blocks and runs only the rest.
+    let out = ex
+        .step(StepInput {
+            new_sequences: vec![new_seq(2, vec![2, 4, 6], prompt[..8].to_vec())],
+            runs: vec![Run { seq_id: 2, tokens: prompt[8..].to_vec(), first_pos: 8, sample: true }],
+            ..Default::default()
+        })
+        .expect("second");
+    assert_eq!(out.sampled[0].1.token, want[0]);
+}
+
+#[test]
+fn malformed_steps_are_errors_and_leave_others_working() {
+    let mut ex = Executor::new(model(), 8, 4);
+    let run = |id, first_pos| Run { seq_id: id, tokens: vec![1, 2], first_pos, sample: true };
+    assert!(ex.step(StepInput { runs: vec![run(9, 0)], ..Default::default() }).is_err(), "unknown sequence");
+    ex.step(StepInput { new_sequences: vec![new_seq(1, vec![0, 1], vec![])], ..Default::default() }).expect("new");
+    assert!(
+        ex.step(StepInput { new_sequences: vec![new_seq(1, vec![2], vec![])], ..Default::default() }).is_err(),
+        "duplicate sequence"
+    );
+    assert!(ex.step(StepInput { runs: vec![run(1, 3)], ..Default::default() }).is_err(), "gap before the run");
+    assert!(ex.step(StepInput { runs: vec![run(1, 7)], ..Default::default() }).is_err(), "past the block table");
+    let bad_params = NewSequence {
+        seq_id: 2,
+        params: SamplingParams { temperature: 9.0, ..SamplingParams::greedy() },
+        block_table: vec![3],
+        cached_tokens: vec![],
+    };
+    assert!(ex.step(StepInput { new_sequences: vec![bad_params], ..Default::default() }).is_err(), "bad sampling");
+    // The good sequence still runs.
+    let out = ex.step(StepInput { runs: vec![run(1, 0)], ..Default::default() }).expect("valid step");
+    assert_eq!(out.sampled.len(), 1);
+}
