@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tessera_model::weights::ModelFiles;
 use tessera_worker::llama::LlamaModel;
+use tessera_worker::sampling::argmax;
 use tessera_worker::session::Session;
 
 /// Measure prefill and decode tokens per second.
@@ -83,15 +84,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 fn mean_sd(xs: &[f64]) -> String {
     let m = xs.iter().sum::<f64>() / xs.len() as f64;

@@ -340,7 +340,8 @@ fn desc_by(logits: &[f32]) -> impl Fn(&u32, &u32) -> Ordering + Copy + '_ {
 }
 
 /// First highest logit's id.
-fn argmax(logits: &[f32]) -> u32 {
+/// Index of the largest logit; the lowest index among equals (greedy decoding's rule).
+pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
         if l > logits[best] {

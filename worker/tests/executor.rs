@@ -7,16 +7,12 @@ use common::synthetic::{self, Family, TINY};
 use tessera_kernels::GgmlType;
 use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
 use tessera_worker::llama::LlamaModel;
-use tessera_worker::sampling::SamplingParams;
+use tessera_worker::sampling::{argmax, SamplingParams};
 use tessera_worker::session::Session;
 
 fn model() -> LlamaModel {
     let (files, _) = synthetic::build(Family::Qwen3, &TINY, GgmlType::Q8_0, 21);
     LlamaModel::load(files).expect("load")
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
 }
 
 /// Greedy tokens of one sequence through a private session.

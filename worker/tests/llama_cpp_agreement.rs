@@ -29,6 +29,7 @@ mod common;
 use serde_json::Value;
 use tessera_model::bundle::ModelBundle;
 use tessera_worker::llama::LlamaModel;
+use tessera_worker::sampling::argmax;
 use tessera_worker::session::Session;
 
 /// A top-1 margin (nats) above which llama.cpp's choice is not a near-tie.
@@ -70,15 +71,6 @@ fn load_cases() -> Vec<Case> {
         .collect()
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 fn log_softmax_at(row: &[f32], id: u32) -> f64 {
     let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
