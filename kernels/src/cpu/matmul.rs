@@ -62,8 +62,11 @@ mod scalar;
 /// (`TOKEN_TILE * cols` bytes) stay in L2 while a chunk of weight rows passes over them.
 pub const TOKEN_TILE: usize = 64;
 
-/// Below this many weight bytes × tokens a call stays on the calling thread.
-const PAR_MIN_WORK: usize = 64 * 1024;
+/// Below this many weight bytes × tokens a call stays on the calling thread. Waking
+/// rayon's sleeping workers costs microseconds per call; at decode (n = 1) SmolLM2's
+/// q/k/v/o matrices (69–207 KB) ran slower split over 2 threads than on one
+/// (2 threads: 86 tok/s at 64 KB, 102–127 at 256 KB, on the 2-core dev machine).
+const PAR_MIN_WORK: usize = 256 * 1024;
 
 /// Which instruction set the kernels use. Constructed only when the CPU supports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
