@@ -13,6 +13,12 @@ pub enum KernelError {
     /// A tensor type the op has no implementation for.
     #[error("{op}: unsupported tensor type {ty}")]
     Unsupported { op: &'static str, ty: String },
+    /// A GPU driver, runtime library or BLAS call failed.
+    #[error("{op}: device error: {detail}")]
+    Device { op: &'static str, detail: String },
+    /// Run-time compilation of a kernel source failed; `log` is the compiler's output.
+    #[error("compiling kernel module {module} for {arch} failed: {log}")]
+    Compile { module: String, arch: String, log: String },
 }
 
 /// Returns a [`KernelError::Shape`] unless `cond` holds.

@@ -2,9 +2,11 @@
 //! `silu_mul`, embedding, ...) and the tensor formats they read.
 //!
 //! `cpu` is the reference implementation and the engine of GPU-less machines; every other
-//! platform is checked against it.
+//! platform is checked against it. `cuda` (feature `cuda`) runs bf16 ops on NVIDIA GPUs and
+//! exists in every build: without the feature its `Device::new` says so.
 
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod quant;
 

@@ -1,0 +1,112 @@
+// RMSNorm over rows: out = x / sqrt(mean(x^2) + eps) * w, and the fused pre-norm residual
+// add of a llama block: residual = bf16(residual + x); out = rms_norm(residual) * w.
+// The fused variant normalises the *rounded* sum, so fused and unfused paths agree bit for
+// bit and the stored residual is what the next layer reads.
+//
+// Layout: x, out, residual [n_rows, dim]; w [dim]; all bf16. Two launch shapes:
+//   *_block: one block (256 threads) per row, for hidden-size rows;
+//   *_warp:  one warp per row, 8 rows per block, for short rows (dim <= 1024, e.g. q/k norm).
+// Rows whose dim is a multiple of 8 (up to 8192) use 16-byte accesses and one read of the row.
+
+// Up to this many 16-byte vectors per thread are kept in registers between the two passes,
+// so a row is read from memory once (rows up to 8192 wide on a 256-thread block, and every
+// row on the warp path, whose rows are at most 1024 wide).
+#define NORM_MAX_VEC 4
+
+template <bool ADD>
+__device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* residual, const bf16* __restrict__ x,
+                                             const bf16* __restrict__ w, int dim, float eps, int lane, int n_lanes,
+                                             bool whole_block, float* scratch) {
+    float ss = 0.f;
+    const int nv = dim >> 3;
+    if ((dim & 7) == 0 && nv <= NORM_MAX_VEC * n_lanes) {
+        // Register-resident path: all loads issued before any use, one read of the row.
+        uint4 reg[NORM_MAX_VEC];
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_VEC; ++j) {
+            const int i = lane + j * n_lanes;
+            if (i < nv) reg[j] = reinterpret_cast<const uint4*>(x)[i];
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_VEC; ++j) {
+            const int i = lane + j * n_lanes;
+            if (i < nv) {
+                float v[8];
+                unpack8(reg[j], v);
+                if (ADD) {
+                    float r[8];
+                    unpack8(reinterpret_cast<const uint4*>(residual)[i], r);
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) v[k] = bf16_to_f32(f32_to_bf16(v[k] + r[k]));
+                    reg[j] = pack8(v);  // exact: the values are bf16 already
+                    reinterpret_cast<uint4*>(residual)[i] = reg[j];
+                }
+#pragma unroll
+                for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+            }
+        }
+        ss = whole_block ? block_sum(ss, scratch) : warp_sum(ss);
+        const float s = rsqrtf(ss / (float)dim + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_VEC; ++j) {
+            const int i = lane + j * n_lanes;
+            if (i < nv) {
+                float v[8], g[8];
+                unpack8(reg[j], v);
+                unpack8(reinterpret_cast<const uint4*>(w)[i], g);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v[k] = (v[k] * s) * g[k];
+                reinterpret_cast<uint4*>(out)[i] = pack8(v);
+            }
+        }
+        return;
+    }
+    // General path (dims not a multiple of 8, or rows too long for the registers): two
+    // passes, the second re-reading the row (hot in L1/L2); with ADD it reads the rounded
+    // sum this same thread just stored.
+    for (int i = lane; i < dim; i += n_lanes) {
+        float v = bf16_to_f32(x[i]);
+        if (ADD) {
+            bf16 r = f32_to_bf16(v + bf16_to_f32(residual[i]));
+            residual[i] = r;
+            v = bf16_to_f32(r);
+        }
+        ss += v * v;
+    }
+    ss = whole_block ? block_sum(ss, scratch) : warp_sum(ss);
+    const float s = rsqrtf(ss / (float)dim + eps);
+    const bf16* src = ADD ? residual : x;
+    for (int i = lane; i < dim; i += n_lanes) out[i] = f32_to_bf16((bf16_to_f32(src[i]) * s) * bf16_to_f32(w[i]));
+}
+
+extern "C" __global__ void rms_norm_block(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                          int n_rows, int dim, float eps) {
+    __shared__ float scratch[32];
+    const u64 row = blockIdx.x;
+    if (row >= (u64)n_rows) return;
+    rms_norm_row<false>(out + row * dim, nullptr, x + row * dim, w, dim, eps, threadIdx.x, blockDim.x, true, scratch);
+}
+
+extern "C" __global__ void rms_norm_warp(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                         int n_rows, int dim, float eps) {
+    const u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (u64)n_rows) return;
+    rms_norm_row<false>(out + row * dim, nullptr, x + row * dim, w, dim, eps, threadIdx.x & 31, 32, false, nullptr);
+}
+
+extern "C" __global__ void add_rms_norm_block(bf16* __restrict__ out, bf16* residual, const bf16* __restrict__ x,
+                                              const bf16* __restrict__ w, int n_rows, int dim, float eps) {
+    __shared__ float scratch[32];
+    const u64 row = blockIdx.x;
+    if (row >= (u64)n_rows) return;
+    rms_norm_row<true>(out + row * dim, residual + row * dim, x + row * dim, w, dim, eps, threadIdx.x, blockDim.x, true,
+                       scratch);
+}
+
+extern "C" __global__ void add_rms_norm_warp(bf16* __restrict__ out, bf16* residual, const bf16* __restrict__ x,
+                                             const bf16* __restrict__ w, int n_rows, int dim, float eps) {
+    const u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (u64)n_rows) return;
+    rms_norm_row<true>(out + row * dim, residual + row * dim, x + row * dim, w, dim, eps, threadIdx.x & 31, 32, false,
+                       nullptr);
+}

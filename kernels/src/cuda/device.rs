@@ -1,0 +1,245 @@
+//! One CUDA device as the engine uses it: a context, one stream that every op is queued on
+//! (so ops need no events between them and the sequence can later be captured as a CUDA
+//! graph), the kernel modules compiled for its arch, and cuBLASLt with its GEMM plans.
+//!
+//! Buffers ([`Buf`]) are typed device allocations; host transfers synchronise the stream.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::arch::Arch;
+use super::module_cache::{ModuleCache, ModuleReport};
+use super::nvrtc;
+use super::{sources, Elem};
+use crate::KernelError;
+
+/// Maps any cudarc error (they do not all implement `std::error::Error`) to ours.
+pub(crate) fn dev_err<E: std::fmt::Debug>(op: &'static str) -> impl Fn(E) -> KernelError {
+    move |e| KernelError::Device { op, detail: format!("{e:?}") }
+}
+
+/// A typed device allocation of `len()` elements.
+pub struct Buf<T> {
+    pub(crate) inner: CudaSlice<T>,
+}
+
+impl<T> Buf<T> {
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.len() == 0
+    }
+}
+
+/// Per-position (cos, sin) table of one model's RoPE on the device; see
+/// [`Device::rope_cache`].
+pub struct RopeCache {
+    /// `[max_positions, rope_dim / 2]` (cos, sin) pairs, flattened.
+    pub(crate) table: Buf<f32>,
+    pub(crate) rope_dim: usize,
+    pub(crate) max_positions: usize,
+}
+
+impl RopeCache {
+    pub fn rope_dim(&self) -> usize {
+        self.rope_dim
+    }
+
+    /// Positions `0..max_positions` can be rotated; larger ones produce NaN.
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+}
+
+/// The kernels of all modules, resolved once at start.
+pub(crate) struct Kernels {
+    pub rms_norm_block: CudaFunction,
+    pub rms_norm_warp: CudaFunction,
+    pub add_rms_norm_block: CudaFunction,
+    pub add_rms_norm_warp: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub silu_mul_vec8: CudaFunction,
+    pub embedding: CudaFunction,
+    pub rope: CudaFunction,
+}
+
+/// A CUDA device with Tessera's kernels loaded.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) kernels: Kernels,
+    pub(crate) gemm: super::gemm::Gemm,
+    ordinal: usize,
+    name: String,
+    arch: Arch,
+    reports: Vec<ModuleReport>,
+}
+
+impl Device {
+    /// Opens GPU `ordinal` and loads the kernels, compiling them on a cache miss
+    /// (cache at [`ModuleCache::default_location`]).
+    pub fn new(ordinal: usize) -> Result<Self, KernelError> {
+        Self::with_cache(ordinal, ModuleCache::default_location())
+    }
+
+    /// [`Device::new`] with an explicit module cache.
+    pub fn with_cache(ordinal: usize, cache: ModuleCache) -> Result<Self, KernelError> {
+        const OP: &str = "cuda_device";
+        check_libraries()?;
+        let count = CudaContext::device_count().map_err(dev_err(OP))?;
+        if ordinal >= usize::try_from(count).unwrap_or(0) {
+            return Err(KernelError::Device { op: OP, detail: format!("GPU {ordinal} asked for, {count} present") });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(dev_err(OP))?;
+        // One stream orders everything: cudarc's per-buffer event tracking is pure overhead.
+        // SAFETY: no other stream of this context touches our buffers.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(dev_err(OP))?;
+        let name = ctx.name().map_err(dev_err(OP))?;
+        let (major, minor) = ctx.compute_capability().map_err(dev_err(OP))?;
+        let arch = Arch::for_compute_capability(major.max(0) as u32, minor.max(0) as u32);
+
+        let compiler = nvrtc::version()?;
+        let mut modules: Vec<(&'static str, Arc<CudaModule>)> = Vec::new();
+        let mut reports = Vec::new();
+        for &(module, body) in sources::MODULES {
+            let source = sources::full_source(body);
+            let (image, report) = nvrtc::compile_cached(&cache, module, &source, arch, &compiler)?;
+            let loaded = ctx.load_module(Ptx::from_binary(image)).map_err(dev_err("cuda_load_module"))?;
+            modules.push((module, loaded));
+            reports.push(report);
+        }
+        let f = |module: &str, func: &str| -> Result<CudaFunction, KernelError> {
+            let m = modules.iter().find(|(n, _)| *n == module).map(|(_, m)| m).ok_or_else(|| {
+                KernelError::Device { op: "cuda_load_function", detail: format!("no module {module}") }
+            })?;
+            m.load_function(func).map_err(|e| KernelError::Device {
+                op: "cuda_load_function",
+                detail: format!("{module}.{func}: {e:?}"),
+            })
+        };
+        let kernels = Kernels {
+            rms_norm_block: f("norm", "rms_norm_block")?,
+            rms_norm_warp: f("norm", "rms_norm_warp")?,
+            add_rms_norm_block: f("norm", "add_rms_norm_block")?,
+            add_rms_norm_warp: f("norm", "add_rms_norm_warp")?,
+            silu_mul: f("activation", "silu_mul")?,
+            silu_mul_vec8: f("activation", "silu_mul_vec8")?,
+            embedding: f("embedding", "embedding")?,
+            rope: f("rope", "rope")?,
+        };
+        let gemm = super::gemm::Gemm::new(&stream)?;
+        Ok(Device { ctx, stream, kernels, gemm, ordinal, name, arch, reports })
+    }
+
+    /// Number of CUDA devices, or an error when the driver is missing.
+    pub fn count() -> Result<usize, KernelError> {
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(missing("libcuda (the NVIDIA driver)"));
+        }
+        let n = CudaContext::device_count().map_err(dev_err("cuda_device_count"))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The marketing name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The arch the kernels were compiled for.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// How each kernel module was obtained (cache hit or compile, and the time it took).
+    pub fn module_reports(&self) -> &[ModuleReport] {
+        &self.reports
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory_info(&self) -> Result<(usize, usize), KernelError> {
+        self.ctx.mem_get_info().map_err(dev_err("cuda_mem_info"))
+    }
+
+    /// A zero-filled buffer of `len` elements.
+    pub fn alloc<T: Elem>(&self, len: usize) -> Result<Buf<T>, KernelError> {
+        Ok(Buf { inner: self.stream.alloc_zeros::<T>(len).map_err(dev_err("cuda_alloc"))? })
+    }
+
+    /// A new buffer holding a copy of `host`.
+    pub fn upload<T: Elem>(&self, host: &[T]) -> Result<Buf<T>, KernelError> {
+        Ok(Buf { inner: self.stream.clone_htod(host).map_err(dev_err("cuda_upload"))? })
+    }
+
+    /// Overwrites `dst` with `host` (same length).
+    pub fn write<T: Elem>(&self, dst: &mut Buf<T>, host: &[T]) -> Result<(), KernelError> {
+        crate::error::check(dst.len() == host.len(), "cuda_write", || {
+            format!("buffer has {} elements, host slice {}", dst.len(), host.len())
+        })?;
+        self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err("cuda_write"))
+    }
+
+    /// Waits for the queued work, then copies `src` to the host. Errors of earlier
+    /// asynchronous launches surface here.
+    pub fn download<T: Elem>(&self, src: &Buf<T>) -> Result<Vec<T>, KernelError> {
+        let v = self.stream.clone_dtoh(&src.inner).map_err(dev_err("cuda_download"))?;
+        self.synchronize()?;
+        Ok(v)
+    }
+
+    /// Blocks until every queued op has finished; reports any asynchronous error.
+    pub fn synchronize(&self) -> Result<(), KernelError> {
+        self.stream.synchronize().map_err(dev_err("cuda_synchronize"))
+    }
+
+    /// Milliseconds per call of `f`, timed with CUDA events around `reps` back-to-back calls
+    /// on the device's stream (the caller warms up first).
+    pub fn time_ms(&self, reps: usize, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+        use cudarc::driver::sys::CUevent_flags;
+        let start = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(dev_err("cuda_event"))?;
+        for _ in 0..reps {
+            f()?;
+        }
+        let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(dev_err("cuda_event"))?;
+        let ms = start.elapsed_ms(&end).map_err(dev_err("cuda_event"))?;
+        Ok(f64::from(ms) / reps.max(1) as f64)
+    }
+}
+
+fn missing(what: &str) -> KernelError {
+    KernelError::Device { op: "cuda_device", detail: format!("{what} could not be loaded; is this a CUDA machine?") }
+}
+
+/// Checks the shared libraries are there before cudarc touches them (it panics otherwise).
+fn check_libraries() -> Result<(), KernelError> {
+    // SAFETY: each call only tries to dlopen the library.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            return Err(missing("libcuda (the NVIDIA driver)"));
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return Err(missing("libnvrtc"));
+        }
+        if !cudarc::cublaslt::sys::is_culib_present() {
+            return Err(missing("libcublasLt"));
+        }
+    }
+    Ok(())
+}
+
+/// A worker hands its device to other threads (the engine loop, a sampler thread).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Device>();
+    send_sync::<Buf<half::bf16>>();
+    send_sync::<RopeCache>();
+};

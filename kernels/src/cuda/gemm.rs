@@ -1,0 +1,233 @@
+//! bf16 GEMM through cuBLASLt: `out = x · Wᵀ` with `x` `[m, cols]`, `W` `[rows, cols]`
+//! (the layout weights are stored in: one output feature per row), `out` `[m, rows]`, all
+//! row-major bf16, f32 accumulation.
+//!
+//! cuBLASLt is column-major. A row-major `[r, c]` matrix is the column-major `[c, r]`
+//! one, so `out` (row-major `[m, rows]`) is column-major `outᵀ = W · xᵀ`: cuBLAS's
+//! `D[rows, m] = op(A)[rows, cols] · B[cols, m]` with `A` = W seen as column-major
+//! `[cols, rows]`, transposed, and `B` = x seen as column-major `[cols, m]`.
+//!
+//! The descriptors and the heuristic's algorithm are made once per (m, rows, cols) and
+//! kept: asking the heuristic costs tens of µs of CPU, more than a decode GEMM takes on
+//! the GPU. A model has a handful of shapes per batch size, so the map stays small.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::{result, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::device::{dev_err, Buf, Device};
+use crate::error::check;
+use crate::KernelError;
+use half::bf16;
+
+/// cuBLASLt's recommended workspace on Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Descriptors and chosen algorithm of one GEMM shape.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the descriptors are immutable after creation and only read by cublasLtMatmul,
+// which cuBLAS documents as thread-safe for distinct calls.
+unsafe impl Send for Plan {}
+unsafe impl Sync for Plan {}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: created in Plan::new and destroyed only here.
+        unsafe {
+            let _ = result::destroy_matrix_layout(self.a);
+            let _ = result::destroy_matrix_layout(self.b);
+            let _ = result::destroy_matrix_layout(self.d);
+            let _ = result::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// Creates the layouts one by one, so a failure part-way destroys what exists.
+struct Partial {
+    desc: Option<sys::cublasLtMatmulDesc_t>,
+    layouts: Vec<sys::cublasLtMatrixLayout_t>,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created here and not handed on.
+        unsafe {
+            for l in self.layouts.drain(..) {
+                let _ = result::destroy_matrix_layout(l);
+            }
+            if let Some(d) = self.desc.take() {
+                let _ = result::destroy_matmul_desc(d);
+            }
+        }
+    }
+}
+
+impl Plan {
+    fn new(handle: sys::cublasLtHandle_t, m: u64, rows: u64, cols: u64) -> Result<Self, result::CublasError> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        let mut p = Partial { desc: None, layouts: Vec::new() };
+        let desc = result::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )?;
+        p.desc = Some(desc);
+        // cublasOperation_t: CUBLAS_OP_T = 1 (cuBLASLt's sys module does not re-export the enum).
+        let trans_a: i32 = 1;
+        // SAFETY: the attribute value is a live i32 of the size given.
+        unsafe {
+            result::set_matmul_desc_attribute(
+                desc,
+                D::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&trans_a as *const i32).cast(),
+                std::mem::size_of::<i32>(),
+            )?;
+        }
+        // A: W as column-major [cols, rows] (transposed by TRANSA); B: x as [cols, m];
+        // D: out as [rows, m].
+        for (r, c, ld) in [(cols, rows, cols), (cols, m, cols), (rows, m, rows)] {
+            let ld = i64::try_from(ld).unwrap_or(i64::MAX);
+            p.layouts.push(result::create_matrix_layout(bf, r, c, ld)?);
+        }
+        let pref = result::create_matmul_pref()?;
+        let ws = WORKSPACE_BYTES;
+        // SAFETY: pref is live; the value is a usize of the size given.
+        let heuristic = unsafe {
+            let r = result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const usize).cast(),
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|()| {
+                result::get_matmul_algo_heuristic(handle, desc, p.layouts[0], p.layouts[1], p.layouts[2], p.layouts[2], pref)
+            });
+            let _ = result::destroy_matmul_pref(pref);
+            r?
+        };
+        let (a, b, d) = (p.layouts[0], p.layouts[1], p.layouts[2]);
+        p.layouts.clear();
+        p.desc = None;
+        Ok(Plan { desc, a, b, d, algo: heuristic.algo })
+    }
+}
+
+/// The cuBLASLt handle, its workspace and the plans made so far.
+pub(crate) struct Gemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: Mutex<HashMap<(usize, usize, usize), Arc<Plan>>>,
+}
+
+// SAFETY: the handle is used only through &self methods that serialise plan creation with
+// the mutex; cublasLtMatmul on one handle from several threads is allowed by cuBLAS.
+unsafe impl Send for Gemm {}
+unsafe impl Sync for Gemm {}
+
+impl Drop for Gemm {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.lock() {
+            plans.clear();
+        }
+        // SAFETY: created in Gemm::new; plans using it were dropped above.
+        let _ = unsafe { result::destroy_handle(self.handle) };
+    }
+}
+
+impl Gemm {
+    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self, KernelError> {
+        let handle = result::create_handle().map_err(dev_err("cublaslt_init"))?;
+        let workspace = match stream.alloc_zeros::<u8>(WORKSPACE_BYTES) {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: just created, not shared.
+                let _ = unsafe { result::destroy_handle(handle) };
+                return Err(dev_err("cublaslt_init")(e));
+            }
+        };
+        Ok(Gemm { handle, workspace, plans: Mutex::new(HashMap::new()) })
+    }
+
+    fn plan(&self, m: usize, rows: usize, cols: usize) -> Result<Arc<Plan>, KernelError> {
+        let mut plans = self.plans.lock().map_err(|_| KernelError::Device {
+            op: "cuda_matmul",
+            detail: "GEMM plan cache poisoned by a panic".into(),
+        })?;
+        if let Some(p) = plans.get(&(m, rows, cols)) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(Plan::new(self.handle, m as u64, rows as u64, cols as u64).map_err(|e| {
+            KernelError::Device { op: "cuda_matmul", detail: format!("no cuBLASLt plan for m={m} {rows}x{cols}: {e:?}") }
+        })?);
+        plans.insert((m, rows, cols), p.clone());
+        Ok(p)
+    }
+}
+
+impl Device {
+    /// `out = x · Wᵀ`; `x` `[m, cols]`, `w` `[rows, cols]`, `out` `[m, rows]`.
+    pub fn matmul(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_matmul";
+        check(rows > 0 && cols > 0, OP, || format!("weight {rows}x{cols} is empty"))?;
+        check(rows.checked_mul(cols) == Some(w.len()), OP, || {
+            format!("weight has {} values, expected {rows}x{cols}", w.len())
+        })?;
+        check(m.checked_mul(cols) == Some(x.len()), OP, || {
+            format!("x has {} values, expected m={m} x cols={cols}", x.len())
+        })?;
+        check(m.checked_mul(rows) == Some(out.len()), OP, || {
+            format!("out has {} values, expected m={m} x rows={rows}", out.len())
+        })?;
+        if m == 0 {
+            return Ok(());
+        }
+        let plan = self.gemm.plan(m, rows, cols)?;
+        let s = &self.stream;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (wp, _g1) = w.inner.device_ptr(s);
+        let (xp, _g2) = x.inner.device_ptr(s);
+        let (op, _g3) = out.inner.device_ptr_mut(s);
+        let (ws, _g4) = self.gemm.workspace.device_ptr(s);
+        // SAFETY: the plan was made for exactly these shapes; the buffers' lengths were
+        // checked against them; beta = 0 so C (aliased to D) is not read.
+        unsafe {
+            result::matmul(
+                self.gemm.handle,
+                plan.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                wp as *const c_void,
+                plan.a,
+                xp as *const c_void,
+                plan.b,
+                op as *const c_void,
+                plan.d,
+                op as *mut c_void,
+                plan.d,
+                &plan.algo,
+                ws as *mut c_void,
+                WORKSPACE_BYTES,
+                s.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(dev_err(OP))
+    }
+}

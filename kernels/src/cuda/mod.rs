@@ -1,0 +1,75 @@
+//! The CUDA platform: CUDA C kernels (`kernels/cuda/*.cu`) compiled at start by NVRTC for
+//! the device's exact arch (`sm_90a` on Hopper) and cached on disk, cuBLASLt for GEMMs.
+//! Storage is bf16, arithmetic f32; every op is checked against [`crate::cpu`].
+//!
+//! The API is the same whether or not the `cuda` feature is compiled in, so callers never
+//! write `#[cfg]`: without it [`Device::new`] returns [`KernelError::NotCompiled`] and the
+//! other types cannot be constructed. With it, the CUDA libraries are loaded at run time
+//! (cudarc's dynamic loading): the binary builds and starts on machines without a toolkit,
+//! and `Device::new` there is a clear error, not a crash.
+//!
+//! Submodules: `arch` and `module_cache` (pure, always built and tested); with the feature,
+//! `sources` (the embedded .cu text), `nvrtc` (compile + cache), `device` (context, stream,
+//! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt); without it, `stub`.
+//!
+//! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
+
+pub mod arch;
+pub mod module_cache;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod gemm;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+#[cfg(feature = "cuda")]
+mod ops;
+#[cfg(feature = "cuda")]
+mod sources;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+pub use arch::Arch;
+#[cfg(feature = "cuda")]
+pub use device::{Buf, Device, RopeCache};
+pub use module_cache::{ModuleCache, ModuleReport};
+#[cfg(not(feature = "cuda"))]
+pub use stub::{Buf, Device, RopeCache};
+
+/// `bf16` as the CUDA platform stores activations and weights.
+pub use half::bf16;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f32 {}
+    impl Sealed for u32 {}
+}
+
+/// Element types a device buffer can hold: `bf16` tensors, `f32` tables, `u32` ids and
+/// positions.
+#[cfg(feature = "cuda")]
+pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {}
+/// Element types a device buffer can hold: `bf16` tensors, `f32` tables, `u32` ids and
+/// positions.
+#[cfg(not(feature = "cuda"))]
+pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {}
+
+impl Elem for half::bf16 {}
+impl Elem for f32 {}
+impl Elem for u32 {}
+
+#[cfg(test)]
+mod tests {
+    /// Without the feature the backend reports itself as not compiled, by name.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn device_new_without_feature_is_not_compiled() {
+        match super::Device::new(0) {
+            Err(crate::KernelError::NotCompiled(name)) => assert_eq!(name, "cuda"),
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("a device without the cuda feature"),
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Host launchers of the CUDA C kernels: shape checks (the same rules as the CPU ops, an
+//! error naming the op rather than an out-of-bounds access on the device), launch geometry,
+//! and the launch on the device's stream. All tensors are bf16 `[rows, cols]` row-major.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::device::{dev_err, Buf, Device, RopeCache};
+use crate::cpu::rope::{RopeParams, RopeStyle};
+use crate::error::check;
+use crate::KernelError;
+use half::bf16;
+
+/// Threads per block of the row and gather kernels.
+const BLOCK: u32 = 256;
+/// Rows at most this long get a warp each instead of a block.
+const WARP_ROW_MAX: usize = 1024;
+/// Grid cap of the grid-stride elementwise kernels (enough to fill 132 SMs many times).
+const MAX_GRID: usize = 1 << 16;
+
+fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, KernelError> {
+    u32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds u32") })
+}
+
+fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, KernelError> {
+    i32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds i32") })
+}
+
+fn grid(n: u32, block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Checks `x` is `[n_rows, dim]` with `dim = w.len() > 0` and `eps` usable; returns dim.
+fn norm_shape(op: &'static str, x_len: usize, w_len: usize, n_rows: usize, eps: f32) -> Result<usize, KernelError> {
+    check(w_len > 0, op, || "weight is empty".to_string())?;
+    check(n_rows.checked_mul(w_len) == Some(x_len), op, || {
+        format!("x has {x_len} values, expected {n_rows} rows x {w_len} (weight length)")
+    })?;
+    check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} must be finite and >= 0"))?;
+    Ok(w_len)
+}
+
+impl Device {
+    /// `out[r] = rms_norm(x[r]) * w` for each of `n_rows` rows; `x`, `out`: `[n_rows, dim]`,
+    /// `w`: `[dim]`.
+    pub fn rms_norm(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, w: &Buf<bf16>, n_rows: usize, eps: f32) -> Result<(), KernelError> {
+        const OP: &str = "cuda_rms_norm";
+        let dim = norm_shape(OP, x.len(), w.len(), n_rows, eps)?;
+        check(out.len() == x.len(), OP, || format!("out has {} values, x has {}", out.len(), x.len()))?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let (rows, dim_i) = (to_i32(OP, "n_rows", n_rows)?, to_i32(OP, "dim", dim)?);
+        let (func, cfg) = if dim <= WARP_ROW_MAX {
+            (&self.kernels.rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
+        } else {
+            (&self.kernels.rms_norm_block, grid(to_u32(OP, "n_rows", n_rows)?, BLOCK))
+        };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut out.inner).arg(&x.inner).arg(&w.inner).arg(&rows).arg(&dim_i).arg(&eps);
+        // SAFETY: argument types and order match the kernel; lengths were checked above.
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+
+    /// The pre-norm residual add of a llama block, fused: `residual = bf16(residual + x)`,
+    /// then `out = rms_norm(residual) * w` on the rounded sum (so it equals
+    /// add-then-[`Device::rms_norm`] bit for bit). All `[n_rows, dim]` but `w`: `[dim]`.
+    pub fn add_rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        w: &Buf<bf16>,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_add_rms_norm";
+        let dim = norm_shape(OP, x.len(), w.len(), n_rows, eps)?;
+        check(out.len() == x.len() && residual.len() == x.len(), OP, || {
+            format!("out has {} values, residual {}, x {}", out.len(), residual.len(), x.len())
+        })?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let (rows, dim_i) = (to_i32(OP, "n_rows", n_rows)?, to_i32(OP, "dim", dim)?);
+        let (func, cfg) = if dim <= WARP_ROW_MAX {
+            (&self.kernels.add_rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
+        } else {
+            (&self.kernels.add_rms_norm_block, grid(to_u32(OP, "n_rows", n_rows)?, BLOCK))
+        };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut out.inner).arg(&mut residual.inner).arg(&x.inner).arg(&w.inner).arg(&rows).arg(&dim_i).arg(&eps);
+        // SAFETY: as in rms_norm.
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+
+    /// SwiGLU on separate buffers: `out[i] = silu(gate[i]) * up[i]`, all the same length.
+    pub fn silu_mul(&self, out: &mut Buf<bf16>, gate: &Buf<bf16>, up: &Buf<bf16>) -> Result<(), KernelError> {
+        const OP: &str = "cuda_silu_mul";
+        check(gate.len() == up.len() && out.len() == gate.len(), OP, || {
+            format!("lengths differ: out {}, gate {}, up {}", out.len(), gate.len(), up.len())
+        })?;
+        // One row as long as the buffer (the kernel's columns are u32: at most 4G values).
+        let n = out.len();
+        to_u32(OP, "length", n)?;
+        let (gv, uv) = (gate.inner.slice(..), up.inner.slice(..));
+        self.launch_silu_mul(OP, out, &gv, &uv, 1, n, n)
+    }
+
+    /// SwiGLU on a packed gate|up GEMM output: `gate_up` `[n_rows, 2 * ffn]` (gate in the
+    /// first half of each row), `out` `[n_rows, ffn]`.
+    pub fn silu_mul_packed(&self, out: &mut Buf<bf16>, gate_up: &Buf<bf16>, n_rows: usize) -> Result<(), KernelError> {
+        const OP: &str = "cuda_silu_mul_packed";
+        check(n_rows > 0 && out.len() % n_rows == 0, OP, || format!("out has {} values, not {n_rows} rows", out.len()))?;
+        let ffn = out.len() / n_rows;
+        check(gate_up.len() == 2 * out.len(), OP, || {
+            format!("gate_up has {} values, expected {n_rows} x 2 x {ffn}", gate_up.len())
+        })?;
+        let (gv, uv) = (gate_up.inner.slice(..), gate_up.inner.slice(ffn..));
+        self.launch_silu_mul(OP, out, &gv, &uv, n_rows, ffn, 2 * ffn)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_silu_mul(
+        &self,
+        op: &'static str,
+        out: &mut Buf<bf16>,
+        gate: &cudarc::driver::CudaView<'_, bf16>,
+        up: &cudarc::driver::CudaView<'_, bf16>,
+        n_rows: usize,
+        cols: usize,
+        in_stride: usize,
+    ) -> Result<(), KernelError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let vec = cols % 8 == 0 && in_stride % 8 == 0;
+        let units = if vec { out.len() / 8 } else { out.len() };
+        let blocks = to_u32(op, "blocks", units.div_ceil(BLOCK as usize).min(MAX_GRID))?;
+        let func = if vec { &self.kernels.silu_mul_vec8 } else { &self.kernels.silu_mul };
+        let (rows, cols, stride) = (n_rows as u64, to_u32(op, "cols", cols)?, in_stride as u64);
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut out.inner).arg(gate).arg(up).arg(&rows).arg(&cols).arg(&stride);
+        // SAFETY: gate/up views cover n_rows rows of in_stride (checked by the callers).
+        unsafe { b.launch(grid(blocks, BLOCK)) }.map(drop).map_err(dev_err(op))
+    }
+
+    /// Embedding gather: `out[t] = table[ids[t]]`; `table` `[vocab, dim]`, `out`
+    /// `[ids.len(), dim]`. An id `>= vocab` yields a NaN row (ids are on the device, so
+    /// they cannot be checked here; the caller validates them where they enter).
+    pub fn embedding(&self, out: &mut Buf<bf16>, table: &Buf<bf16>, ids: &Buf<u32>, dim: usize) -> Result<(), KernelError> {
+        const OP: &str = "cuda_embedding";
+        check(dim > 0 && table.len() % dim == 0, OP, || {
+            format!("table has {} values, not a whole number of rows of {dim}", table.len())
+        })?;
+        check(ids.len().checked_mul(dim) == Some(out.len()), OP, || {
+            format!("out has {} values, expected {} ids x {dim}", out.len(), ids.len())
+        })?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let (n, vocab, d) = (to_u32(OP, "n_tokens", ids.len())?, to_u32(OP, "vocab", table.len() / dim)?, to_u32(OP, "dim", dim)?);
+        let mut b = self.stream.launch_builder(&self.kernels.embedding);
+        b.arg(&mut out.inner).arg(&table.inner).arg(&ids.inner).arg(&n).arg(&vocab).arg(&d);
+        // SAFETY: the kernel bounds every read by vocab and every write by n x dim.
+        unsafe { b.launch(grid(n, BLOCK)) }.map(drop).map_err(dev_err(OP))
+    }
+
+    /// The (cos, sin) table of `params` for positions `0..max_positions`, computed on the
+    /// host from the f64 angle exactly as the CPU reference does, then uploaded.
+    pub fn rope_cache(&self, params: &RopeParams, max_positions: usize) -> Result<RopeCache, KernelError> {
+        const OP: &str = "cuda_rope_cache";
+        check(max_positions > 0, OP, || "max_positions must be > 0".to_string())?;
+        to_u32(OP, "max_positions", max_positions)?;
+        let inv = params.inv_freq();
+        let mut host = Vec::with_capacity(max_positions * inv.len() * 2);
+        for p in 0..max_positions {
+            for &f in inv {
+                let (s, c) = (p as f64 * f).sin_cos();
+                host.push(c as f32);
+                host.push(s as f32);
+            }
+        }
+        Ok(RopeCache { table: self.upload(&host)?, rope_dim: params.rope_dim(), max_positions })
+    }
+
+    /// Rotates `x` (`[n_tokens, n_heads * head_dim]`) in place; token `t` is at position
+    /// `positions[t]`. The first `cache.rope_dim()` dims of each head rotate; a position
+    /// `>= cache.max_positions()` turns that token's rotated dims into NaN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        x: &mut Buf<bf16>,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &Buf<u32>,
+        cache: &RopeCache,
+        style: RopeStyle,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_rope";
+        check(n_heads > 0 && head_dim > 0, OP, || format!("n_heads {n_heads} and head_dim {head_dim} must be > 0"))?;
+        check(cache.rope_dim <= head_dim, OP, || format!("rope dim {} exceeds head_dim {head_dim}", cache.rope_dim))?;
+        let row = n_heads * head_dim;
+        check(n_tokens.checked_mul(row) == Some(x.len()), OP, || {
+            format!("x has {} values, expected {n_tokens} tokens x {n_heads} heads x {head_dim}", x.len())
+        })?;
+        check(positions.len() == n_tokens, OP, || format!("{} positions for {n_tokens} tokens", positions.len()))?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let half = cache.rope_dim / 2;
+        let pairs = n_heads * half;
+        let block = to_u32(OP, "threads", pairs.div_ceil(32).clamp(1, 8) * 32)?;
+        let (nt, nh, hd, hr) = (
+            to_u32(OP, "n_tokens", n_tokens)?,
+            to_u32(OP, "n_heads", n_heads)?,
+            to_u32(OP, "head_dim", head_dim)?,
+            to_u32(OP, "rope_dim/2", half)?,
+        );
+        let (stride, max_pos) = (row as u64, to_u32(OP, "max_positions", cache.max_positions)?);
+        let neox: i32 = matches!(style, RopeStyle::Neox).into();
+        let mut b = self.stream.launch_builder(&self.kernels.rope);
+        b.arg(&mut x.inner)
+            .arg(&positions.inner)
+            .arg(&cache.table.inner)
+            .arg(&nt)
+            .arg(&nh)
+            .arg(&hd)
+            .arg(&hr)
+            .arg(&stride)
+            .arg(&max_pos)
+            .arg(&neox);
+        // SAFETY: table reads are bounded by max_pos; x accesses by the checked shape.
+        unsafe { b.launch(grid(nt, block)) }.map(drop).map_err(dev_err(OP))
+    }
+}

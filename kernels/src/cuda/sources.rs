@@ -1,0 +1,22 @@
+//! The CUDA C sources, embedded in the binary at build time so a deployed worker needs no
+//! source tree. Each module is `common.cuh` followed by one `.cu` file; the concatenation is
+//! what NVRTC compiles and what the cache key hashes.
+
+const COMMON: &str = include_str!("../../cuda/common.cuh");
+
+/// (module name, source body) of every module, in load order.
+pub const MODULES: &[(&str, &str)] = &[
+    ("norm", include_str!("../../cuda/norm.cu")),
+    ("activation", include_str!("../../cuda/activation.cu")),
+    ("embedding", include_str!("../../cuda/embedding.cu")),
+    ("rope", include_str!("../../cuda/rope.cu")),
+];
+
+/// The full text NVRTC compiles for a module body.
+pub fn full_source(body: &str) -> String {
+    let mut s = String::with_capacity(COMMON.len() + body.len() + 1);
+    s.push_str(COMMON);
+    s.push('\n');
+    s.push_str(body);
+    s
+}

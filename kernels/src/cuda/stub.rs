@@ -1,0 +1,138 @@
+//! The CUDA API when the `cuda` feature is not compiled in: the same names and signatures,
+//! so callers need no `#[cfg]`. [`Device::new`] returns `NotCompiled("cuda")`; no value of
+//! these types can exist, so every other method is statically unreachable.
+
+use std::convert::Infallible;
+use std::marker::PhantomData;
+
+use super::arch::Arch;
+use super::module_cache::{ModuleCache, ModuleReport};
+use super::Elem;
+use crate::cpu::rope::{RopeParams, RopeStyle};
+use crate::KernelError;
+use half::bf16;
+
+/// A typed device allocation (never constructed without the `cuda` feature).
+pub struct Buf<T> {
+    never: Infallible,
+    _elem: PhantomData<T>,
+}
+
+impl<T> Buf<T> {
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+}
+
+/// Per-position (cos, sin) table of one model's RoPE on the device.
+pub struct RopeCache {
+    never: Infallible,
+}
+
+impl RopeCache {
+    pub fn rope_dim(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn max_positions(&self) -> usize {
+        match self.never {}
+    }
+}
+
+/// A CUDA device (never constructed without the `cuda` feature).
+pub struct Device {
+    never: Infallible,
+}
+
+const NOT: KernelError = KernelError::NotCompiled("cuda");
+
+#[allow(unused_variables, clippy::too_many_arguments)]
+impl Device {
+    pub fn new(ordinal: usize) -> Result<Self, KernelError> {
+        Err(NOT)
+    }
+    pub fn with_cache(ordinal: usize, cache: ModuleCache) -> Result<Self, KernelError> {
+        Err(NOT)
+    }
+    pub fn count() -> Result<usize, KernelError> {
+        Err(NOT)
+    }
+    pub fn ordinal(&self) -> usize {
+        match self.never {}
+    }
+    pub fn name(&self) -> &str {
+        match self.never {}
+    }
+    pub fn arch(&self) -> Arch {
+        match self.never {}
+    }
+    pub fn module_reports(&self) -> &[ModuleReport] {
+        match self.never {}
+    }
+    pub fn memory_info(&self) -> Result<(usize, usize), KernelError> {
+        match self.never {}
+    }
+    pub fn alloc<T: Elem>(&self, len: usize) -> Result<Buf<T>, KernelError> {
+        match self.never {}
+    }
+    pub fn upload<T: Elem>(&self, host: &[T]) -> Result<Buf<T>, KernelError> {
+        match self.never {}
+    }
+    pub fn write<T: Elem>(&self, dst: &mut Buf<T>, host: &[T]) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn download<T: Elem>(&self, src: &Buf<T>) -> Result<Vec<T>, KernelError> {
+        match self.never {}
+    }
+    pub fn synchronize(&self) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn time_ms(&self, reps: usize, f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+        match self.never {}
+    }
+    pub fn rms_norm(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, w: &Buf<bf16>, n_rows: usize, eps: f32) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn add_rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        w: &Buf<bf16>,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn silu_mul(&self, out: &mut Buf<bf16>, gate: &Buf<bf16>, up: &Buf<bf16>) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn silu_mul_packed(&self, out: &mut Buf<bf16>, gate_up: &Buf<bf16>, n_rows: usize) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn embedding(&self, out: &mut Buf<bf16>, table: &Buf<bf16>, ids: &Buf<u32>, dim: usize) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn rope_cache(&self, params: &RopeParams, max_positions: usize) -> Result<RopeCache, KernelError> {
+        match self.never {}
+    }
+    pub fn rope(
+        &self,
+        x: &mut Buf<bf16>,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        positions: &Buf<u32>,
+        cache: &RopeCache,
+        style: RopeStyle,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn matmul(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, m: usize, w: &Buf<bf16>, rows: usize, cols: usize) -> Result<(), KernelError> {
+        match self.never {}
+    }
+}
