@@ -63,10 +63,11 @@ mod scalar;
 pub const TOKEN_TILE: usize = 64;
 
 /// Below this many weight bytes × tokens a call stays on the calling thread. Waking
-/// rayon's sleeping workers costs microseconds per call; at decode (n = 1) SmolLM2's
-/// q/k/v/o matrices (69–207 KB) ran slower split over 2 threads than on one
-/// (2 threads: 86 tok/s at 64 KB, 102–127 at 256 KB, on the 2-core dev machine).
-const PAR_MIN_WORK: usize = 256 * 1024;
+/// rayon's sleeping workers costs microseconds per call, so at decode (n = 1) only the
+/// LM head (30 MB for SmolLM2) is worth splitting; every layer matrix (69–553 KB) runs
+/// faster on one thread. Measured on the 2-core dev machine, 2 threads, tg128:
+/// 64 KB 86 tok/s, 256 KB 111, 1 MB 122 (1 thread: 121). Prefill (n >= 2 here) still splits.
+const PAR_MIN_WORK: usize = 1024 * 1024;
 
 /// Which instruction set the kernels use. Constructed only when the CPU supports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
