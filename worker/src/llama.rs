@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use tessera_kernels::cpu::{activation, attention, matmul, norm, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
@@ -197,36 +199,42 @@ impl LlamaModel {
             rope::rope(&mut q, t_total, c.num_heads, hd, &positions, &self.rope, self.rope_style)?;
             rope::rope(&mut k, t_total, c.num_kv_heads, hd, &positions, &self.rope, self.rope_style)?;
 
+            let cache = attention::PagedKv { block_size: kv.block_size, n_kv_heads: c.num_kv_heads, head_dim: hd };
+            // K/V of every chunk go into the cache first (each chunk writes only its own
+            // new positions; shared prefix blocks are full and never written).
             let mut row = 0;
             for s in chunks {
                 let n = s.tokens.len();
-                let (r0, r1) = (row, row + n);
-                let cache = attention::PagedKv {
-                    block_size: kv.block_size,
-                    n_kv_heads: c.num_kv_heads,
-                    head_dim: hd,
-                };
                 let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
-                attention::write_kv(
-                    &cache,
-                    &mut kv.k[li],
-                    &mut kv.v[li],
-                    &k[r0 * kv_dim..r1 * kv_dim],
-                    &v[r0 * kv_dim..r1 * kv_dim],
-                    &seq,
-                )?;
-                attention::attention(
-                    &cache,
-                    &kv.k[li],
-                    &kv.v[li],
-                    &mut attn[r0 * q_dim..r1 * q_dim],
-                    &q[r0 * q_dim..r1 * q_dim],
-                    &seq,
-                    c.num_heads,
-                    1.0 / (hd as f32).sqrt(),
-                )?;
-                row = r1;
+                let (kr, vr) = (&k[row * kv_dim..(row + n) * kv_dim], &v[row * kv_dim..(row + n) * kv_dim]);
+                attention::write_kv(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
+                row += n;
             }
+            // Then attention for all chunks in one parallel region: one region per
+            // sequence cost more in waking threads than the work at decode batch sizes.
+            let mut outs: Vec<&mut [f32]> = Vec::with_capacity(chunks.len());
+            let mut rest: &mut [f32] = &mut attn;
+            for s in chunks {
+                let (head, tail) = rest.split_at_mut(s.tokens.len() * q_dim);
+                outs.push(head);
+                rest = tail;
+            }
+            let starts: Vec<usize> = chunks
+                .iter()
+                .scan(0, |acc, s| {
+                    let r = *acc;
+                    *acc += s.tokens.len();
+                    Some(r)
+                })
+                .collect();
+            let (k_cache, v_cache) = (&kv.k[li], &kv.v[li]);
+            let scale = 1.0 / (hd as f32).sqrt();
+            outs.into_par_iter().zip(chunks.par_iter().zip(starts.par_iter())).try_for_each(|(out, (s, &r0))| {
+                let n = s.tokens.len();
+                let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
+                let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
+                attention::attention(&cache, k_cache, v_cache, out, qs, &seq, c.num_heads, scale)
+            })?;
             matmul::matmul(&mut o, &attn, t_total, &sa.o_proj.weight())?;
             activation::add_inplace(&mut x, &o)?;
 
