@@ -46,12 +46,51 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
+/// Weights whose outputs are computed together: one stacked matrix when the parts share
+/// a type (one pass over the input, one activation quantisation), else the parts.
+enum Stacked {
+    /// `[sum of the parts' rows, hidden]`; the parts' row counts.
+    Fused(Linear, Vec<usize>),
+    Separate(Vec<Linear>),
+}
+
+impl Stacked {
+    fn new(parts: Vec<Linear>) -> Self {
+        let refs: Vec<&Linear> = parts.iter().collect();
+        match Linear::fuse(&refs) {
+            Some(f) => Stacked::Fused(f, parts.iter().map(|p| p.rows).collect()),
+            None => Stacked::Separate(parts),
+        }
+    }
+
+    /// `x` is `[n, cols]`; writes part `i`'s output `[n, rows_i]` into `outs[i]`.
+    /// `scratch` holds the fused output.
+    fn forward(&self, x: &[f32], n: usize, outs: &mut [&mut [f32]], scratch: &mut Vec<f32>) -> Result<(), WorkerError> {
+        match self {
+            Stacked::Separate(parts) => {
+                for (w, out) in parts.iter().zip(outs.iter_mut()) {
+                    matmul::matmul(out, x, n, &w.weight())?;
+                }
+            }
+            Stacked::Fused(w, rows) => {
+                scratch.resize(n * w.rows, 0.0);
+                matmul::matmul(scratch, x, n, &w.weight())?;
+                for (t, row) in scratch.chunks_exact(w.rows).enumerate() {
+                    let mut c0 = 0;
+                    for (out, &r) in outs.iter_mut().zip(rows) {
+                        out[t * r..(t + 1) * r].copy_from_slice(&row[c0..c0 + r]);
+                        c0 += r;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 struct SelfAttention {
-    /// `[n_heads * head_dim, hidden]`.
-    q_proj: Linear,
-    /// `[n_kv_heads * head_dim, hidden]`.
-    k_proj: Linear,
-    v_proj: Linear,
+    /// q `[n_heads * head_dim, hidden]`, k and v `[n_kv_heads * head_dim, hidden]`.
+    qkv_proj: Stacked,
     /// `[hidden, n_heads * head_dim]`.
     o_proj: Linear,
     /// Qwen2: biases of q, k, v.
@@ -61,9 +100,8 @@ struct SelfAttention {
 }
 
 struct Mlp {
-    /// `[intermediate, hidden]`.
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// gate and up, `[intermediate, hidden]` each.
+    gate_up_proj: Stacked,
     /// `[hidden, intermediate]`.
     down_proj: Linear,
 }
@@ -78,7 +116,8 @@ impl LlamaModel {
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
         let embed_tokens = w.linear("token_embd.weight", c.vocab_size, h)?;
-        let lm_head = if w.has("output.weight") { w.linear("output.weight", c.vocab_size, h)? } else { embed_tokens };
+        let lm_head =
+            if w.has("output.weight") { w.linear("output.weight", c.vocab_size, h)? } else { embed_tokens.clone() };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -99,17 +138,21 @@ impl LlamaModel {
             layers.push(DecoderLayer {
                 input_layernorm: w.vector(&n("attn_norm.weight"), h)?,
                 self_attn: SelfAttention {
-                    q_proj: w.linear(&n("attn_q.weight"), q_dim, h)?,
-                    k_proj: w.linear(&n("attn_k.weight"), kv_dim, h)?,
-                    v_proj: w.linear(&n("attn_v.weight"), kv_dim, h)?,
+                    qkv_proj: Stacked::new(vec![
+                        w.linear(&n("attn_q.weight"), q_dim, h)?,
+                        w.linear(&n("attn_k.weight"), kv_dim, h)?,
+                        w.linear(&n("attn_v.weight"), kv_dim, h)?,
+                    ]),
                     o_proj: w.linear(&n("attn_output.weight"), h, q_dim)?,
                     bias,
                     qk_norm,
                 },
                 post_attention_layernorm: w.vector(&n("ffn_norm.weight"), h)?,
                 mlp: Mlp {
-                    gate_proj: w.linear(&n("ffn_gate.weight"), c.intermediate_size, h)?,
-                    up_proj: w.linear(&n("ffn_up.weight"), c.intermediate_size, h)?,
+                    gate_up_proj: Stacked::new(vec![
+                        w.linear(&n("ffn_gate.weight"), c.intermediate_size, h)?,
+                        w.linear(&n("ffn_up.weight"), c.intermediate_size, h)?,
+                    ]),
                     down_proj: w.linear(&n("ffn_down.weight"), h, c.intermediate_size)?,
                 },
             });
@@ -180,13 +223,13 @@ impl LlamaModel {
         let mut o = vec![0.0f32; t_total * h];
         let mut gate = vec![0.0f32; t_total * ffn];
         let mut up = vec![0.0f32; t_total * ffn];
+        // Output of a fused projection before it is split, `[T, sum of parts]`.
+        let mut fused = Vec::new();
 
         for (li, layer) in self.layers.iter().enumerate() {
             let sa = &layer.self_attn;
             norm::rms_norm(&mut xn, &x, &layer.input_layernorm, t_total, c.rms_norm_eps)?;
-            matmul::matmul(&mut q, &xn, t_total, &sa.q_proj.weight())?;
-            matmul::matmul(&mut k, &xn, t_total, &sa.k_proj.weight())?;
-            matmul::matmul(&mut v, &xn, t_total, &sa.v_proj.weight())?;
+            sa.qkv_proj.forward(&xn, t_total, &mut [&mut q, &mut k, &mut v], &mut fused)?;
             if let Some([bq, bk, bv]) = &sa.bias {
                 activation::add_row_bias(&mut q, bq)?;
                 activation::add_row_bias(&mut k, bk)?;
@@ -239,8 +282,7 @@ impl LlamaModel {
             activation::add_inplace(&mut x, &o)?;
 
             norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)?;
-            matmul::matmul(&mut gate, &xn, t_total, &layer.mlp.gate_proj.weight())?;
-            matmul::matmul(&mut up, &xn, t_total, &layer.mlp.up_proj.weight())?;
+            layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)?;
             activation::silu_mul_inplace(&mut gate, &up)?;
             matmul::matmul(&mut o, &gate, t_total, &layer.mlp.down_proj.weight())?;
             activation::add_inplace(&mut x, &o)?;

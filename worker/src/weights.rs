@@ -13,19 +13,51 @@ use tessera_model::weights::{ModelFiles, TensorView};
 
 use crate::error::WorkerError;
 
+/// Where a weight's bytes live: in the model file, or in a buffer built at load time
+/// (fused projections).
+#[derive(Clone)]
+enum Storage {
+    Mapped(&'static [u8]),
+    Owned(Arc<[u8]>),
+}
+
 /// A 2-D weight, `[rows, cols]` row-major in its stored type.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Linear {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    data: &'static [u8],
+    data: Storage,
 }
 
 impl Linear {
     /// The kernel-facing view.
     pub fn weight(&self) -> Weight<'_> {
-        Weight { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data }
+        let data = match &self.data {
+            Storage::Mapped(s) => s,
+            Storage::Owned(a) => &a[..],
+        };
+        Weight { ty: self.ty, rows: self.rows, cols: self.cols, data }
+    }
+
+    /// The matrices stacked row-wise into one (`[sum of rows, cols]`), so one matmul
+    /// computes all their outputs; `None` unless all share the type and row length
+    /// (quantised files often store `v` in a different type than `q` and `k`).
+    pub fn fuse(parts: &[&Linear]) -> Option<Linear> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.ty != first.ty || p.cols != first.cols) {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.weight().data.len()).sum());
+        for p in parts {
+            bytes.extend_from_slice(p.weight().data);
+        }
+        Some(Linear {
+            ty: first.ty,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            data: Storage::Owned(bytes.into()),
+        })
     }
 }
 
@@ -68,7 +100,7 @@ impl WeightLoader {
                 found: format!("[{}, {}]", v.rows, v.cols),
             });
         }
-        Ok(Linear { ty, rows, cols, data: v.data })
+        Ok(Linear { ty, rows, cols, data: Storage::Mapped(v.data) })
     }
 
     /// A 1-D tensor of `len` values, converted to f32 (norm weights, biases, rope factors).

@@ -54,6 +54,20 @@ fn q8_0_weights_match_reference_within_activation_quantisation() {
 }
 
 #[test]
+fn mixed_weight_types_run_unfused_and_match_reference() {
+    // v in F32, q/k in Q8_0: the q/k/v projections cannot be stacked into one matrix.
+    let (files, reference) = synthetic::build_with_v_type(Family::Llama, &TINY, GgmlType::Q8_0, GgmlType::F32, 5);
+    let model = LlamaModel::load(files).expect("load");
+    let toks = synthetic::tokens(TINY.vocab, 20, 4);
+    let want = reference.forward(&toks);
+    let got = Session::new(&model, 32).feed(&toks, true).expect("forward");
+    for (i, row) in want.iter().enumerate() {
+        let e = rel_err(&got[i * TINY.vocab..(i + 1) * TINY.vocab], row);
+        assert!(e < 5e-2, "position {i}: relative error {e:.2e}");
+    }
+}
+
+#[test]
 fn chunked_prefill_equals_whole_prefill() {
     let (files, _) = synthetic::build(Family::Qwen3, &TINY, GgmlType::Q8_0, 3);
     let model = LlamaModel::load(files).expect("load");

@@ -70,6 +70,18 @@ fn q8_0_row(row: &[f32]) -> (Vec<u8>, Vec<f32>) {
 /// Writes a model of `shape`; 2-D weights stored as `ty` (F32 or Q8_0). Returns the files
 /// and the reference model holding exactly the values the file decodes to.
 pub fn build(family: Family, shape: &Shape, ty: GgmlType, seed: u64) -> (Arc<ModelFiles>, RefModel) {
+    build_with_v_type(family, shape, ty, ty, seed)
+}
+
+/// As [`build`], with `attn_v` stored as `v_ty` (quantised files mix types, e.g. Q4_K_M
+/// keeps v in Q6_K), which stops the engine from fusing q/k/v.
+pub fn build_with_v_type(
+    family: Family,
+    shape: &Shape,
+    ty: GgmlType,
+    v_ty: GgmlType,
+    seed: u64,
+) -> (Arc<ModelFiles>, RefModel) {
     let mut g = Gen(ChaCha8Rng::seed_from_u64(seed));
     let arch = match family {
         Family::Llama => "llama",
@@ -93,6 +105,7 @@ pub fn build(family: Family, shape: &Shape, ty: GgmlType, seed: u64) -> (Arc<Mod
 
     let add_mat = |w: &mut GgufWriter, name: String, m: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
         let (rows, cols) = (m.len(), m[0].len());
+        let ty = if name.ends_with("attn_v.weight") { v_ty } else { ty };
         match ty {
             GgmlType::Q8_0 => {
                 let mut bytes = Vec::new();
