@@ -224,6 +224,7 @@ impl Engine {
                         sampling: self.clients.get(&n.seq_id).map(|c| c.sampling.clone()),
                         block_table: n.block_table.clone(),
                         cached_tokens: cached.to_vec(),
+                        num_generated: n.prior_output.len() as u32,
                     }
                 })
                 .collect(),

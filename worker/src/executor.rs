@@ -22,6 +22,8 @@ pub struct NewSequence {
     pub block_table: Vec<u32>,
     /// Tokens already in its KV blocks before its first run (prefix-cache hit).
     pub cached_tokens: Vec<u32>,
+    /// Tokens it generated before this (re-)admission; its sampler resumes after them.
+    pub num_generated: u64,
 }
 
 /// One sequence's work in a step.
@@ -100,7 +102,8 @@ impl Executor {
             if self.seqs.contains_key(&s.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
             }
-            let sampler = Sampler::new(s.params)?;
+            let mut sampler = Sampler::new(s.params)?;
+            sampler.resume_at(s.num_generated);
             self.seqs.insert(s.seq_id, SeqState { block_table: s.block_table, sampler, history: s.cached_tokens });
         }
         for (id, blocks) in input.appends {

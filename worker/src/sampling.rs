@@ -186,6 +186,16 @@ impl Sampler {
         &self.params
     }
 
+    /// Continues the random stream after `draws` earlier samples, as if this sampler had
+    /// made them: a sequence preempted (or migrated) and re-created elsewhere keeps the
+    /// tokens its seed gives. Every non-greedy `sample` consumes exactly one 64-bit draw
+    /// (two ChaCha words); greedy sampling draws nothing.
+    pub fn resume_at(&mut self, draws: u64) {
+        if !self.params.is_greedy() {
+            self.rng.set_word_pos(2 * u128::from(draws));
+        }
+    }
+
     /// Picks the next token from `logits` (`[vocab]`; finite or -inf), given the
     /// sequence's `history` (prompt + generated so far; read only when a penalty is on).
     /// On return `logits` holds the biased and penalised values (before temperature).

@@ -109,6 +109,7 @@ fn step_input(req: pb::StepRequest) -> StepInput {
                 params: params_from(s.sampling),
                 block_table: s.block_table,
                 cached_tokens: s.cached_tokens,
+                num_generated: u64::from(s.num_generated),
             })
             .collect(),
         appends: req.appends.into_iter().map(|a| (a.seq_id, a.block_ids)).collect(),

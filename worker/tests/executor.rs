@@ -29,7 +29,7 @@ fn greedy_alone(m: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 fn new_seq(id: u64, table: Vec<u32>, cached: Vec<u32>) -> NewSequence {
-    NewSequence { seq_id: id, params: SamplingParams::greedy(), block_table: table, cached_tokens: cached }
+    NewSequence { seq_id: id, params: SamplingParams::greedy(), block_table: table, cached_tokens: cached, num_generated: 0 }
 }
 
 #[test]
@@ -118,6 +118,7 @@ fn malformed_steps_are_errors_and_leave_others_working() {
         params: SamplingParams { temperature: 9.0, ..SamplingParams::greedy() },
         block_table: vec![3],
         cached_tokens: vec![],
+        num_generated: 0,
     };
     assert!(ex.step(StepInput { new_sequences: vec![bad_params], ..Default::default() }).is_err(), "bad sampling");
     // The good sequence still runs.

@@ -415,3 +415,21 @@ fn bad_inputs_are_errors() {
         assert_eq!(s.sample(&mut masked.clone(), &[]).unwrap().token, 6);
     }
 }
+
+#[test]
+fn a_resumed_sampler_continues_the_seeded_stream() {
+    // A preempted sequence is re-created with a fresh sampler told how many tokens it
+    // had drawn; its next draws must be the ones the original would have made.
+    let logits: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32) * 0.2).collect();
+    let params = SamplingParams { temperature: 1.0, seed: Some(7), ..SamplingParams::default() };
+    let mut original = Sampler::new(params.clone()).expect("sampler");
+    let first: Vec<u32> = (0..12).map(|_| original.sample(&mut logits.clone(), &[]).expect("sample").token).collect();
+    let mut resumed = Sampler::new(params.clone()).expect("sampler");
+    resumed.resume_at(5);
+    let rest: Vec<u32> = (0..7).map(|_| resumed.sample(&mut logits.clone(), &[]).expect("sample").token).collect();
+    assert_eq!(rest, first[5..]);
+    // Not resumed, it would repeat the start instead (so the test can tell the two apart).
+    let mut fresh = Sampler::new(params).expect("sampler");
+    let again: Vec<u32> = (0..7).map(|_| fresh.sample(&mut logits.clone(), &[]).expect("sample").token).collect();
+    assert_ne!(again, first[5..]);
+}
