@@ -4,7 +4,8 @@
 //! weights, more than the caches hold) to bound tokens/s from the matmuls alone.
 //!
 //! Run: `cargo run -p tessera-kernels --release --example matmul_bench [-- --types --scalar]`
-//! (`--types`: the other quantised types too; `--scalar`: the portable kernels too)
+//! (`--types`: the other quantised types too; `--scalar`: the portable kernels too;
+//! `--vnni`: only AVX2 against AVX512-VNNI at n = 1, 4, 16, 64 on 1 and 2 threads)
 //! (threads come from local rayon pools of 1 and 2 threads, the same as RAYON_NUM_THREADS).
 
 use std::time::{Duration, Instant};
@@ -61,6 +62,7 @@ fn bench_shape(
     rows: usize,
     cols: usize,
     threads: usize,
+    ns: &[usize],
     rng: &mut ChaCha8Rng,
 ) {
     let data = random_blocks(ty, rows, cols, rng);
@@ -69,7 +71,7 @@ fn bench_shape(
         .num_threads(threads)
         .build()
         .expect("thread pool");
-    for n in [1usize, 64] {
+    for &n in ns {
         let x = random_x(n * cols, rng);
         let mut out = vec![0.0f32; n * rows];
         let s =
@@ -146,14 +148,29 @@ fn bench_model_step(isa: Isa, threads: usize, rng: &mut ChaCha8Rng) {
 
 fn main() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
+    if std::env::args().any(|a| a == "--vnni") {
+        let Some(vnni) = Isa::vnni() else {
+            println!("this CPU lacks AVX512-VNNI");
+            return;
+        };
+        for threads in [1, 2] {
+            for isa in Isa::avx2().into_iter().chain([vnni]) {
+                let q41 = [1, 4, 16, 64];
+                bench_shape(isa, GgmlType::Q4_1, 576, 1536, threads, &q41, &mut rng);
+                bench_shape(isa, GgmlType::Q4_1, 1536, 576, threads, &q41, &mut rng);
+                bench_shape(isa, GgmlType::Q8_0, 49152, 576, threads, &[1, 16], &mut rng);
+            }
+        }
+        return;
+    }
     let mut isas = vec![Isa::best()];
     if std::env::args().any(|a| a == "--scalar") {
         isas.push(Isa::scalar());
     }
     for isa in isas {
         for threads in [1, 2] {
-            bench_shape(isa, GgmlType::Q4_1, 576, 1536, threads, &mut rng);
-            bench_shape(isa, GgmlType::Q4_1, 1536, 576, threads, &mut rng);
+            bench_shape(isa, GgmlType::Q4_1, 576, 1536, threads, &[1, 64], &mut rng);
+            bench_shape(isa, GgmlType::Q4_1, 1536, 576, threads, &[1, 64], &mut rng);
         }
         if std::env::args().any(|a| a == "--types") {
             for ty in [
@@ -163,7 +180,7 @@ fn main() {
                 GgmlType::Q5K,
                 GgmlType::Q6K,
             ] {
-                bench_shape(isa, ty, 576, 1536, 1, &mut rng);
+                bench_shape(isa, ty, 576, 1536, 1, &[1, 64], &mut rng);
             }
         }
         for threads in [1, 2] {

@@ -1,5 +1,6 @@
 //! CPU matmul against straightforward references, for every weight type, several shapes,
-//! both kernel paths (scalar and AVX2), plus shape errors and `dequantize_rows`.
+//! every kernel path (scalar, AVX2, AVX512-VNNI where the CPU has them), plus shape errors
+//! and `dequantize_rows`.
 //!
 //! Weights are random blocks (random quant bytes, random f16 scales of sane size) or
 //! random floats; activations are random with a different scale per token.
@@ -244,6 +245,7 @@ fn cols_for(ty: GgmlType) -> &'static [usize] {
 fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::scalar()];
     v.extend(Isa::avx2());
+    v.extend(Isa::vnni());
     v
 }
 
@@ -317,6 +319,56 @@ fn scalar_and_avx2_agree() {
                     assert!(
                         (s - v).abs() <= 2e-6 * abs_sum,
                         "{ty} cols={cols} r={r} t={t}: scalar {s} avx2 {v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The VNNI kernels compute the same i32 block dots as the AVX2 ones and the same f32
+/// steps in the same order, so they must agree bit for bit on every tile shape (n = 1..5
+/// covers each micro-kernel, 17 and 70 mixed tiles and two token tiles); every other type
+/// shares the AVX2 kernels. Each token is also computed alone: batch invariance.
+#[test]
+fn vnni_equals_avx2_bit_for_bit() {
+    let (Some(avx2), Some(vnni)) = (Isa::avx2(), Isa::vnni()) else {
+        eprintln!("no AVX512-VNNI on this CPU: nothing to compare");
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for ty in ALL {
+        for &cols in cols_for(ty) {
+            for &(rows, n) in &[
+                (37usize, 1usize),
+                (8, 2),
+                (9, 3),
+                (37, 4),
+                (5, 5),
+                (37, 17),
+                (3, 70),
+            ] {
+                let data = random_weight(ty, rows, cols, &mut rng);
+                let x = random_x(n, cols, &mut rng);
+                let w = Weight::new(ty, rows, cols, &data).unwrap();
+                let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                matmul_with(avx2, &mut a, &x, n, &w).unwrap();
+                matmul_with(vnni, &mut b, &x, n, &w).unwrap();
+                for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                    assert!(
+                        p.to_bits() == q.to_bits(),
+                        "{ty} {rows}x{cols} n={n} out[{i}]: avx2 {p} vnni {q}"
+                    );
+                }
+                let mut one = vec![0.0f32; rows];
+                for t in 0..n {
+                    matmul_with(vnni, &mut one, &x[t * cols..(t + 1) * cols], 1, &w).unwrap();
+                    let batched = &b[t * rows..(t + 1) * rows];
+                    assert!(
+                        one.iter()
+                            .zip(batched)
+                            .all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{ty} {rows}x{cols} n={n} token {t}: alone {one:?} batched {batched:?}"
                     );
                 }
             }

@@ -55,7 +55,7 @@ pub(crate) unsafe fn f16_load(p: *const u8) -> f32 {
 /// 16 bytes of nibble pairs at `p` as 32 bytes: values 0-15 (low nibbles) then 16-31.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     // Broadcast-load (no shuffle), then shift only the upper half right by 4.
     let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
     let q = _mm256_srlv_epi32(q, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0));
@@ -74,11 +74,11 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
 /// once for all `R` rows, with `K` accumulator sets taking alternate blocks (K = 2 hides
 /// the FMA latency when R·N = 1). `$unpack(blk)` gives (32 quant bytes, d, offset
 /// coefficient); the block adds `coef · s_x` when `$offset`; `$mul(w, x)` gives the i32
-/// lanes of the block's integer dot.
+/// lanes of the block's integer dot; `$feat` the target features it is compiled for.
 macro_rules! q8_kernel {
-    ($name:ident, $bytes:expr, $offset:expr, |$blk:ident| $unpack:block, |$wv:ident, $xv:ident| $mul:block) => {
+    ($feat:literal, $name:ident, $bytes:expr, $offset:expr, |$blk:ident| $unpack:block, |$wv:ident, $xv:ident| $mul:block) => {
         /// `w`: `R` rows of `row_bytes` from `w`; writes `out[r * stride + t]` for token `t0 + t`.
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $feat)]
         unsafe fn $name<const R: usize, const N: usize, const K: usize>(
             w: *const u8,
             row_bytes: usize,
@@ -139,9 +139,11 @@ macro_rules! q8_kernel {
         }
     };
 }
+pub(crate) use q8_kernel;
 
 // Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
 q8_kernel!(
+    "avx2,fma,f16c",
     q4_0_rn,
     18,
     true,
@@ -154,6 +156,7 @@ q8_kernel!(
 
 // Q4_1: value d·q + m.
 q8_kernel!(
+    "avx2,fma,f16c",
     q4_1_rn,
     20,
     true,
@@ -166,6 +169,7 @@ q8_kernel!(
 
 // Q8_0: both sides signed, so move w's sign onto x: |w| · sign(w)·x.
 q8_kernel!(
+    "avx2,fma,f16c",
     q8_0_rn,
     34,
     false,
@@ -178,7 +182,7 @@ q8_kernel!(
 
 /// Checks the lengths the raw-pointer micro-kernels rely on; returns the row count.
 #[allow(clippy::too_many_arguments)]
-fn check_q8(
+pub(crate) fn check_q8(
     w: &[u8],
     row_bytes: usize,
     block_bytes: usize,
@@ -275,6 +279,8 @@ macro_rules! tiled {
         }
     };
 }
+
+pub(crate) use tiled;
 
 tiled!(row_q4_0, q4_0_rn, 18);
 tiled!(row_q4_1, q4_1_rn, 20);
