@@ -50,6 +50,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ((z ^ (z >> 31)) % vocab) as u32
         })
         .collect();
+    // Warm-up, untimed (as llama-bench does): the first pass faults the memory-mapped
+    // weights in and starts the thread pool.
+    Session::new(&model, 16).feed(&[0; 16], false)?;
     let reps = args.repetitions.max(1);
     let mut pp = Vec::new();
     let mut tg = Vec::new();
