@@ -65,6 +65,7 @@ pub(crate) struct Kernels {
     pub silu_mul_vec8: CudaFunction,
     pub embedding: CudaFunction,
     pub rope: CudaFunction,
+    pub attention: super::attention::AttentionKernels,
 }
 
 /// A CUDA device with Tessera's kernels loaded.
@@ -74,6 +75,8 @@ pub struct Device {
     pub(crate) kernels: Kernels,
     pub(crate) gemm: super::gemm::Gemm,
     ordinal: usize,
+    /// Multiprocessors, for grid sizing (split-KV decode).
+    pub(crate) sm_count: usize,
     name: String,
     arch: Arch,
     reports: Vec<ModuleReport>,
@@ -102,6 +105,10 @@ impl Device {
         let name = ctx.name().map_err(dev_err(OP))?;
         let (major, minor) = ctx.compute_capability().map_err(dev_err(OP))?;
         let arch = Arch::for_compute_capability(major.max(0) as u32, minor.max(0) as u32);
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(dev_err(OP))?;
+        let sm_count = usize::try_from(sms).unwrap_or(1).max(1);
 
         let compiler = nvrtc::version()?;
         let mut modules: Vec<(&'static str, Arc<CudaModule>)> = Vec::new();
@@ -131,9 +138,10 @@ impl Device {
             silu_mul_vec8: f("activation", "silu_mul_vec8")?,
             embedding: f("embedding", "embedding")?,
             rope: f("rope", "rope")?,
+            attention: super::attention::AttentionKernels::load(&f)?,
         };
         let gemm = super::gemm::Gemm::new(&stream)?;
-        Ok(Device { ctx, stream, kernels, gemm, ordinal, name, arch, reports })
+        Ok(Device { ctx, stream, kernels, gemm, ordinal, sm_count, name, arch, reports })
     }
 
     /// Number of CUDA devices, or an error when the driver is missing.

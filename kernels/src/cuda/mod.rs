@@ -10,13 +10,18 @@
 //!
 //! Submodules: `arch` and `module_cache` (pure, always built and tested); with the feature,
 //! `sources` (the embedded .cu text), `nvrtc` (compile + cache), `device` (context, stream,
-//! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt); without it, `stub`.
+//! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `attention` (paged
+//! attention launchers); without it, `stub`. `paged` (the attention batch description and
+//! split planning) is always built.
 //!
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
 
 pub mod arch;
 pub mod module_cache;
+pub mod paged;
 
+#[cfg(feature = "cuda")]
+mod attention;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -32,10 +37,13 @@ mod stub;
 
 pub use arch::Arch;
 #[cfg(feature = "cuda")]
+pub use attention::DecodeWorkspace;
+#[cfg(feature = "cuda")]
 pub use device::{Buf, Device, RopeCache};
 pub use module_cache::{ModuleCache, ModuleReport};
+pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
 #[cfg(not(feature = "cuda"))]
-pub use stub::{Buf, Device, RopeCache};
+pub use stub::{Buf, DecodeWorkspace, Device, RopeCache};
 
 /// `bf16` as the CUDA platform stores activations and weights.
 pub use half::bf16;

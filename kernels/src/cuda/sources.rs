@@ -10,6 +10,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("activation", include_str!("../../cuda/activation.cu")),
     ("embedding", include_str!("../../cuda/embedding.cu")),
     ("rope", include_str!("../../cuda/rope.cu")),
+    ("attention", include_str!("../../cuda/attention.cu")),
 ];
 
 /// The full text NVRTC compiles for a module body.

@@ -7,7 +7,9 @@ use std::marker::PhantomData;
 
 use super::arch::Arch;
 use super::module_cache::{ModuleCache, ModuleReport};
+use super::paged::{DecodePlan, PagedBatch};
 use super::Elem;
+use crate::cpu::attention::PagedKv;
 use crate::cpu::rope::{RopeParams, RopeStyle};
 use crate::KernelError;
 use half::bf16;
@@ -39,6 +41,17 @@ impl RopeCache {
     }
 
     pub fn max_positions(&self) -> usize {
+        match self.never {}
+    }
+}
+
+/// Scratch of split-KV decode (never constructed without the `cuda` feature).
+pub struct DecodeWorkspace {
+    never: Infallible,
+}
+
+impl DecodeWorkspace {
+    pub fn rows(&self) -> usize {
         match self.never {}
     }
 }
@@ -133,6 +146,45 @@ impl Device {
         match self.never {}
     }
     pub fn matmul(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, m: usize, w: &Buf<bf16>, rows: usize, cols: usize) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn write_kv(
+        &self,
+        cache: &PagedKv,
+        k_cache: &mut Buf<bf16>,
+        v_cache: &mut Buf<bf16>,
+        k: &Buf<bf16>,
+        v: &Buf<bf16>,
+        slots: &Buf<u32>,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn decode_workspace(&self, max_seqs: usize, n_heads: usize, head_dim: usize, max_splits: usize) -> Result<DecodeWorkspace, KernelError> {
+        match self.never {}
+    }
+    pub fn paged_decode_attention(
+        &self,
+        out: &mut Buf<bf16>,
+        q: &Buf<bf16>,
+        batch: &PagedBatch,
+        n_heads: usize,
+        scale: f32,
+        max_context: usize,
+        split_len: Option<usize>,
+        workspace: Option<&mut DecodeWorkspace>,
+    ) -> Result<DecodePlan, KernelError> {
+        match self.never {}
+    }
+    pub fn paged_prefill_attention(
+        &self,
+        out: &mut Buf<bf16>,
+        q: &Buf<bf16>,
+        batch: &PagedBatch,
+        cu_q: &Buf<u32>,
+        max_q_len: usize,
+        n_heads: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
         match self.never {}
     }
 }

@@ -1,0 +1,363 @@
+//! Host launchers of the paged-attention kernels (`kernels/cuda/attention.cu`): the K/V
+//! cache write, decode attention (split-KV with a reduction when the grid would otherwise
+//! leave SMs idle) and causal prefill attention over a batch of sequences.
+//!
+//! Layout and semantics are those of [`crate::cpu::attention`], with bf16 storage: one
+//! layer's K and V caches are `[num_blocks, block_size, n_kv_heads, head_dim]`, a sequence's
+//! block table maps position `p` to block `table[p / block_size]`, slot `p % block_size`,
+//! and query head `h` reads kv head `h / (n_heads / n_kv_heads)`. Shapes are checked here;
+//! device-side indices (slots, block ids, lengths) cannot be, so the kernels never read
+//! outside the cache for bad ones: they produce NaN rows instead (see the .cu file).
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+
+use super::device::{dev_err, Buf, Device};
+use super::paged::{plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS, PF_ROWS};
+use crate::cpu::attention::PagedKv;
+use crate::error::check;
+use crate::KernelError;
+use half::bf16;
+
+/// Query heads one decode CTA serves at most (its registers hold q and the accumulators of
+/// each); larger GQA groups are split into chunks of at most this many heads.
+const DECODE_MAX_GROUP: usize = 8;
+/// Threads of a decode CTA (must match DEC_THREADS in the .cu).
+const DECODE_THREADS: u32 = 128;
+/// Threads of a prefill CTA (must match PF_THREADS in the .cu).
+const PF_THREADS: u32 = 256;
+/// Threads of a write_kv block.
+const WRITE_THREADS: u32 = 128;
+
+/// `log2(e)`: scores are exponentiated with `exp2`, so the scale folds this in.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// The attention kernels, resolved at device start.
+pub(crate) struct AttentionKernels {
+    write_kv: CudaFunction,
+    decode_reduce: CudaFunction,
+    /// `[head_dim index][log2 of the group bound]`: `paged_decode_hd{64,128}_g{1,2,4,8}`.
+    decode: [[CudaFunction; 4]; 2],
+    /// `paged_prefill_hd{64,128}`.
+    prefill: [CudaFunction; 2],
+}
+
+impl AttentionKernels {
+    /// Resolves the kernels of module `attention` through `f(module, function)` and raises
+    /// the prefill kernels' dynamic shared-memory limit.
+    pub(crate) fn load(f: &dyn Fn(&str, &str) -> Result<CudaFunction, KernelError>) -> Result<Self, KernelError> {
+        let m = "attention";
+        let dec = |hd: usize| -> Result<[CudaFunction; 4], KernelError> {
+            Ok([
+                f(m, &format!("paged_decode_hd{hd}_g1"))?,
+                f(m, &format!("paged_decode_hd{hd}_g2"))?,
+                f(m, &format!("paged_decode_hd{hd}_g4"))?,
+                f(m, &format!("paged_decode_hd{hd}_g8"))?,
+            ])
+        };
+        let prefill = [f(m, "paged_prefill_hd64")?, f(m, "paged_prefill_hd128")?];
+        for (func, hd) in prefill.iter().zip(HEAD_DIMS) {
+            let bytes = i32::try_from(prefill_smem_bytes(hd)).unwrap_or(i32::MAX);
+            func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
+                .map_err(dev_err("cuda_attention_smem_limit"))?;
+        }
+        Ok(AttentionKernels {
+            write_kv: f(m, "write_kv")?,
+            decode_reduce: f(m, "decode_reduce")?,
+            decode: [dec(64)?, dec(128)?],
+            prefill,
+        })
+    }
+}
+
+/// Scratch of split-KV decode: per (sequence, head, split) the normalised partial output
+/// (`head_dim` f32) and its log2 softmax mass. Made once ([`Device::decode_workspace`]) and
+/// reused every step, so a decode step allocates nothing.
+pub struct DecodeWorkspace {
+    part_o: Buf<f32>,
+    part_lse: Buf<f32>,
+    head_dim: usize,
+}
+
+impl DecodeWorkspace {
+    /// (sequence, head, split) rows it holds.
+    pub fn rows(&self) -> usize {
+        self.part_lse.len()
+    }
+}
+
+/// Validated geometry shared by the decode and prefill launchers.
+struct Geometry {
+    num_seqs: usize,
+    num_blocks: usize,
+    hd_index: usize,
+    group: usize,
+    /// Query heads per CTA and the number of such chunks per kv head.
+    gt: usize,
+    hchunks: usize,
+}
+
+fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, KernelError> {
+    u32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds u32") })
+}
+
+fn check_batch(op: &'static str, b: &PagedBatch, n_heads: usize, scale: f32, max_gt: usize) -> Result<Geometry, KernelError> {
+    let c = &b.cache;
+    check(c.block_size > 0 && c.n_kv_heads > 0, op, || format!("block_size and n_kv_heads must be > 0, got {c:?}"))?;
+    let hd_index = HEAD_DIMS.iter().position(|&d| d == c.head_dim).ok_or_else(|| KernelError::Unsupported {
+        op,
+        ty: format!("head_dim {} (compiled: {HEAD_DIMS:?})", c.head_dim),
+    })?;
+    let block = c.n_kv_heads.checked_mul(c.head_dim).and_then(|r| r.checked_mul(c.block_size));
+    let num_blocks = match block {
+        Some(bl) if b.k_cache.len() == b.v_cache.len() && b.k_cache.len() % bl == 0 => b.k_cache.len() / bl,
+        _ => {
+            return Err(KernelError::Shape {
+                op,
+                detail: format!(
+                    "k cache {} / v cache {} values: not equal whole numbers of blocks of {c:?}",
+                    b.k_cache.len(),
+                    b.v_cache.len()
+                ),
+            })
+        }
+    };
+    // Slots (block * block_size + offset) are u32 on the device, the top two values markers.
+    check(num_blocks.checked_mul(c.block_size).is_some_and(|n| n <= 0xffff_fffd), op, || {
+        format!("{num_blocks} blocks x block_size {}: more slots than u32 ids allow", c.block_size)
+    })?;
+    let num_seqs = b.context_lens.len();
+    check(b.max_blocks.checked_mul(num_seqs) == Some(b.block_tables.len()), op, || {
+        format!("block tables have {} ids, expected {num_seqs} sequences x {} max_blocks", b.block_tables.len(), b.max_blocks)
+    })?;
+    to_u32(op, "max_blocks", b.max_blocks)?;
+    check(n_heads > 0 && n_heads % c.n_kv_heads == 0, op, || {
+        format!("n_heads {n_heads} is not a positive multiple of n_kv_heads {}", c.n_kv_heads)
+    })?;
+    check(scale.is_finite(), op, || format!("scale {scale} is not finite"))?;
+    let group = n_heads / c.n_kv_heads;
+    let hchunks = group.div_ceil(max_gt);
+    let gt = group.div_ceil(hchunks);
+    check(c.n_kv_heads * hchunks <= 65535, op, || format!("{} kv heads x {hchunks} chunks exceed the grid", c.n_kv_heads))?;
+    Ok(Geometry { num_seqs, num_blocks, hd_index, group, gt, hchunks })
+}
+
+impl Device {
+    /// Stores new tokens' keys and values: `k`, `v` `[n_tokens, n_kv_heads * head_dim]`,
+    /// token `t` into slot `slots[t]` (`block * block_size + offset`) of `k_cache` /
+    /// `v_cache`. A slot `>= num_blocks * block_size` (`u32::MAX` for padding tokens) is
+    /// skipped. `head_dim` must be a multiple of 8 (16-byte copies).
+    pub fn write_kv(
+        &self,
+        cache: &PagedKv,
+        k_cache: &mut Buf<bf16>,
+        v_cache: &mut Buf<bf16>,
+        k: &Buf<bf16>,
+        v: &Buf<bf16>,
+        slots: &Buf<u32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_write_kv";
+        check(cache.block_size > 0 && cache.n_kv_heads > 0 && cache.head_dim > 0 && cache.head_dim % 8 == 0, OP, || {
+            format!("block_size, n_kv_heads must be > 0 and head_dim a positive multiple of 8, got {cache:?}")
+        })?;
+        let (row, block) = match cache.n_kv_heads.checked_mul(cache.head_dim) {
+            Some(r) => (r, r.checked_mul(cache.block_size).unwrap_or(0)),
+            None => (0, 0),
+        };
+        check(block > 0 && k_cache.len() == v_cache.len() && k_cache.len() % block == 0, OP, || {
+            format!("k cache {} / v cache {} values: not equal whole numbers of {block}-value blocks", k_cache.len(), v_cache.len())
+        })?;
+        let n = slots.len();
+        check(k.len() == v.len() && n.checked_mul(row) == Some(k.len()), OP, || {
+            format!("k {} / v {} values, expected {n} tokens (slots) x {row}", k.len(), v.len())
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n_slots = (k_cache.len() / row) as u64;
+        let (nt, vecs) = (to_u32(OP, "n_tokens", n)?, to_u32(OP, "row vectors", row / 8)?);
+        let cfg = LaunchConfig { grid_dim: (nt, 1, 1), block_dim: (WRITE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.kernels.attention.write_kv);
+        b.arg(&mut k_cache.inner).arg(&mut v_cache.inner).arg(&k.inner).arg(&v.inner).arg(&slots.inner).arg(&nt).arg(&vecs).arg(&n_slots);
+        // SAFETY: argument order matches the kernel; sources cover n x row values; a slot is
+        // used only when below n_slots, so writes stay inside the caches.
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+
+    /// Scratch for split-KV decode of up to `max_seqs` sequences x `n_heads` heads x
+    /// `max_splits` splits. Calls with more sequences use fewer splits.
+    pub fn decode_workspace(&self, max_seqs: usize, n_heads: usize, head_dim: usize, max_splits: usize) -> Result<DecodeWorkspace, KernelError> {
+        const OP: &str = "cuda_decode_workspace";
+        let rows = max_seqs.checked_mul(n_heads).and_then(|r| r.checked_mul(max_splits));
+        let rows = rows.filter(|&r| r > 0).ok_or_else(|| KernelError::Shape {
+            op: OP,
+            detail: format!("{max_seqs} sequences x {n_heads} heads x {max_splits} splits: empty or overflowing"),
+        })?;
+        let o_len = rows.checked_mul(head_dim).filter(|_| head_dim > 0).ok_or_else(|| KernelError::Shape {
+            op: OP,
+            detail: format!("{rows} rows x head_dim {head_dim}: empty or overflowing"),
+        })?;
+        Ok(DecodeWorkspace { part_o: self.alloc(o_len)?, part_lse: self.alloc(rows)?, head_dim })
+    }
+
+    /// Decode attention: one query per sequence, `q`, `out` `[num_seqs, n_heads, head_dim]`,
+    /// the query at position `context_lens[s] - 1` attending to positions
+    /// `0..context_lens[s]`; scores `scale * q.k`, softmax and sums in f32.
+    ///
+    /// `max_context` (the longest context in the batch) sizes the split-KV grid; a longer
+    /// context is still handled correctly, by its last split. `split_len` forces positions
+    /// per split (`None`: chosen to fill the GPU). Without a `workspace`, or with one too
+    /// small for two splits, each CTA covers a whole context. Returns the plan used.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_decode_attention(
+        &self,
+        out: &mut Buf<bf16>,
+        q: &Buf<bf16>,
+        batch: &PagedBatch,
+        n_heads: usize,
+        scale: f32,
+        max_context: usize,
+        split_len: Option<usize>,
+        workspace: Option<&mut DecodeWorkspace>,
+    ) -> Result<DecodePlan, KernelError> {
+        const OP: &str = "cuda_paged_decode_attention";
+        let g = check_batch(OP, batch, n_heads, scale, DECODE_MAX_GROUP)?;
+        let hd = batch.cache.head_dim;
+        check(g.num_seqs.checked_mul(n_heads * hd) == Some(q.len()) && out.len() == q.len(), OP, || {
+            format!("q {} / out {} values, expected {} sequences x {n_heads} heads x {hd}", q.len(), out.len(), g.num_seqs)
+        })?;
+        check(split_len != Some(0), OP, || "split_len must be > 0".to_string())?;
+        if g.num_seqs == 0 {
+            return Ok(DecodePlan { n_splits: 1, split_len: max_context.max(1) });
+        }
+        let capacity = match &workspace {
+            Some(ws) => {
+                check(ws.head_dim == hd, OP, || format!("workspace head_dim {} != {hd}", ws.head_dim))?;
+                ws.rows() / (g.num_seqs * n_heads)
+            }
+            None => 1,
+        };
+        let ctas = g.num_seqs * batch.cache.n_kv_heads * g.hchunks;
+        let plan = plan_splits(ctas, max_context, split_len, capacity, self.sm_count);
+
+        let gm_index = match g.gt {
+            1 => 0,
+            2 => 1,
+            3 | 4 => 2,
+            _ => 3,
+        };
+        let func = &self.kernels.attention.decode[g.hd_index][gm_index];
+        let u = |what: &str, v: usize| to_u32(OP, what, v);
+        let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
+        let (n_splits, split) = (u("n_splits", plan.n_splits)?, u("split_len", plan.split_len)?);
+        let (max_blocks, num_blocks, block_size) = (u("max_blocks", batch.max_blocks)?, u("num_blocks", g.num_blocks)?, u("block_size", batch.cache.block_size)?);
+        let (nh, nkv, group, gt) = (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
+        let scale_log2 = scale * LOG2_E;
+        let cfg = LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let null = 0u64;
+        let mut ws = workspace.filter(|_| plan.n_splits > 1);
+        {
+            let mut b = self.stream.launch_builder(func);
+            b.arg(&mut out.inner);
+            match ws.as_deref_mut() {
+                Some(w) => {
+                    b.arg(&mut w.part_o.inner).arg(&mut w.part_lse.inner);
+                }
+                None => {
+                    b.arg(&null).arg(&null);
+                }
+            }
+            b.arg(&q.inner)
+                .arg(&batch.k_cache.inner)
+                .arg(&batch.v_cache.inner)
+                .arg(&batch.block_tables.inner)
+                .arg(&max_blocks)
+                .arg(&batch.context_lens.inner)
+                .arg(&num_blocks)
+                .arg(&block_size)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&group)
+                .arg(&gt)
+                .arg(&split)
+                .arg(&n_splits)
+                .arg(&scale_log2);
+            // SAFETY: argument order matches the kernel; q/out/table/cache lengths were
+            // checked; partials are written only with n_splits > 1, where the workspace holds
+            // num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by it).
+            unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
+        }
+        if let Some(w) = ws {
+            let hd32 = u("head_dim", hd)?;
+            let cfg = LaunchConfig { grid_dim: (seqs, nh, 1), block_dim: (hd32, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(&self.kernels.attention.decode_reduce);
+            b.arg(&mut out.inner).arg(&w.part_o.inner).arg(&w.part_lse.inner).arg(&batch.context_lens.inner).arg(&nh).arg(&hd32).arg(&split).arg(&n_splits);
+            // SAFETY: as above; the reduction reads only rows the first kernel wrote.
+            unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
+        }
+        Ok(plan)
+    }
+
+    /// Causal prefill attention over a batch: sequence `s` has query tokens
+    /// `cu_q[s]..cu_q[s + 1]` of `q` / `out` (`[total_tokens, n_heads, head_dim]`), at
+    /// positions `context_lens[s] - n_q ..` (a chunk may start mid-context; its own K/V are
+    /// already in the cache); query `i` attends to positions `0..=first_pos + i`.
+    /// `max_q_len` (the longest chunk) sizes the grid; longer chunks are still covered.
+    /// A sequence whose chunk is longer than its context gets NaN rows; one whose `cu_q`
+    /// range leaves `q` is skipped (its rows are not written).
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_prefill_attention(
+        &self,
+        out: &mut Buf<bf16>,
+        q: &Buf<bf16>,
+        batch: &PagedBatch,
+        cu_q: &Buf<u32>,
+        max_q_len: usize,
+        n_heads: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_paged_prefill_attention";
+        let g = check_batch(OP, batch, n_heads, scale, PF_ROWS)?;
+        let hd = batch.cache.head_dim;
+        let row = n_heads * hd;
+        check(q.len() % row == 0 && out.len() == q.len(), OP, || {
+            format!("q {} / out {} values: not equal whole numbers of {n_heads} heads x {hd}", q.len(), out.len())
+        })?;
+        check(cu_q.len() == g.num_seqs + 1, OP, || format!("cu_q has {} offsets for {} sequences", cu_q.len(), g.num_seqs))?;
+        if g.num_seqs == 0 || q.is_empty() {
+            return Ok(());
+        }
+        let u = |what: &str, v: usize| to_u32(OP, what, v);
+        let total = u("total tokens", q.len() / row)?;
+        let bq = PF_ROWS / g.gt;
+        let tiles = u("q tiles", max_q_len.max(1).div_ceil(bq).min(65535 * 32))?;
+        let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
+        check(seqs <= 65535, OP, || format!("{seqs} sequences exceed the grid's z (65535)"))?;
+        let (max_blocks, num_blocks, block_size) = (u("max_blocks", batch.max_blocks)?, u("num_blocks", g.num_blocks)?, u("block_size", batch.cache.block_size)?);
+        let (nh, nkv, group, gt) = (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
+        let scale_log2 = scale * LOG2_E;
+        let smem = u("shared memory", prefill_smem_bytes(hd))?;
+        let cfg = LaunchConfig { grid_dim: (tiles, ykv, seqs), block_dim: (PF_THREADS, 1, 1), shared_mem_bytes: smem };
+        let mut b = self.stream.launch_builder(&self.kernels.attention.prefill[g.hd_index]);
+        b.arg(&mut out.inner)
+            .arg(&q.inner)
+            .arg(&batch.k_cache.inner)
+            .arg(&batch.v_cache.inner)
+            .arg(&batch.block_tables.inner)
+            .arg(&max_blocks)
+            .arg(&batch.context_lens.inner)
+            .arg(&cu_q.inner)
+            .arg(&total)
+            .arg(&num_blocks)
+            .arg(&block_size)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&group)
+            .arg(&gt)
+            .arg(&scale_log2);
+        // SAFETY: argument order matches the kernel; q/out rows are bounded on the device by
+        // `total`, cache reads by num_blocks and max_blocks.
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+}
+

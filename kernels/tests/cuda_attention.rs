@@ -1,0 +1,539 @@
+//! The CUDA paged-attention kernels (K/V cache write, split-KV decode, causal prefill)
+//! against the CPU reference `tessera_kernels::cpu::attention`, run on f32 copies of the
+//! same bf16 data, plus micro-benchmarks at Llama-3.1-8B shapes.
+//!
+//! Inputs are random (q in [-3, 3) so the softmax is far from flat, K/V in [-1, 1)), the
+//! whole cache is random (a wrong slot reads plausible junk, not zeros), block tables are
+//! shuffled and padded with out-of-range ids (reading past the context would give NaN), and
+//! every output starts as NaN. Shapes: GQA ratios 1, 3, 4, 8 and 12, head_dim 64 and 128,
+//! block size 16, contexts 1, 17, 500, 4096, batches of 1 and 33 sequences of different
+//! lengths, prefill chunks starting at 0 and mid-context; decode with the automatic split,
+//! a forced split of 64 positions (many splits + the reduction) and no split at all.
+//!
+//! Tolerances: the cache write is bit-exact. Attention outputs are bf16 of an f32
+//! computation on identical inputs: `|gpu - ref| <= 2^-7 |ref| + 1e-4` per element (the
+//! output's bf16 rounding, with room for f32 reordering and exp2 vs exp to flip it; 1e-4
+//! covers outputs that average out near zero, V being in [-1, 1)), and relative L2 error
+//! <= 4e-3 over the whole output. NaN never passes.
+//!
+//! Needs a GPU: tests run only with `TESSERA_GPU_TESTS=1`, benchmarks with
+//! `TESSERA_GPU_BENCH=1` (`bench/gpu/run.sh` runs both on the device machine).
+#![cfg(feature = "cuda")]
+
+use half::bf16;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+use tessera_kernels::cpu::attention::{self as cpu, PagedKv, SeqSlice};
+use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch};
+use tessera_kernels::KernelError;
+
+// ---------------------------------------------------------------- harness
+
+fn gpu(test: &str) -> Option<Device> {
+    if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped {test}: set TESSERA_GPU_TESTS=1 on a machine with a CUDA GPU");
+        return None;
+    }
+    match Device::new(0) {
+        Ok(d) => Some(d),
+        Err(e) => panic!("TESSERA_GPU_TESTS=1 but no CUDA device: {e}"),
+    }
+}
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn unif(r: &mut ChaCha8Rng, lo: f32, hi: f32) -> f32 {
+    lo + (hi - lo) * ((r.next_u32() >> 8) as f32 / (1u32 << 24) as f32)
+}
+
+fn rand_bf16(r: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Vec<bf16> {
+    (0..n).map(|_| bf16::from_f32(unif(r, lo, hi))).collect()
+}
+
+fn to_f32(v: &[bf16]) -> Vec<f32> {
+    v.iter().map(|b| b.to_f32()).collect()
+}
+
+fn poisoned(dev: &Device, n: usize) -> Buf<bf16> {
+    dev.upload(&vec![bf16::NAN; n]).unwrap()
+}
+
+const RTOL: f32 = 1.0 / 128.0;
+const ATOL: f32 = 1e-4;
+const MAX_REL_L2: f64 = 4e-3;
+
+/// Per-element bound and relative L2 error; NaN never passes.
+fn assert_close(what: &str, got: &[bf16], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut e2, mut r2, mut worst) = (0f64, 0f64, 0f32);
+    for (i, (g, &w)) in got.iter().zip(want).enumerate() {
+        let g = g.to_f32();
+        let err = (g - w).abs();
+        assert!(err <= ATOL + RTOL * w.abs(), "{what}[{i}]: got {g}, want {w} (err {err:e})");
+        e2 += f64::from(err) * f64::from(err);
+        r2 += f64::from(w) * f64::from(w);
+        worst = worst.max(err);
+    }
+    let rel = (e2 / r2.max(1e-30)).sqrt();
+    assert!(rel <= MAX_REL_L2, "{what}: relative L2 error {rel:e}");
+    eprintln!("{what}: ok, {} values, max abs err {worst:.2e}, rel L2 {rel:.2e}", got.len());
+}
+
+// ---------------------------------------------------------------- cases
+
+/// One test batch: model geometry and, per sequence, (first_pos, new tokens).
+struct Case {
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    seqs: Vec<(usize, usize)>,
+    scale: f32,
+}
+
+const BS: usize = 16;
+
+/// Host and device state of a case after the new tokens' K/V were written by the GPU.
+struct Setup {
+    cache: PagedKv,
+    tables: Vec<Vec<u32>>,
+    max_blocks: usize,
+    /// f32 copies of the caches after the CPU reference's write.
+    kc: Vec<f32>,
+    vc: Vec<f32>,
+    q: Vec<bf16>,
+    kd: Buf<bf16>,
+    vd: Buf<bf16>,
+    tables_d: Buf<u32>,
+    ctx_d: Buf<u32>,
+    q_d: Buf<bf16>,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        let lens: Vec<usize> = self.seqs.iter().map(|&(f, n)| f + n).collect();
+        let shown = if lens.len() > 4 { format!("{} seqs, ctx {}..{}", lens.len(), lens.iter().min().unwrap(), lens.iter().max().unwrap()) } else { format!("ctx {lens:?}") };
+        format!("{}q/{}kv hd{} {shown}", self.n_heads, self.n_kv, self.hd)
+    }
+
+    fn new_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.1).sum()
+    }
+
+    /// Builds the cache (random, shuffled tables), writes the new K/V on the GPU and checks
+    /// the result bit for bit against the CPU write.
+    fn setup(&self, dev: &Device, r: &mut ChaCha8Rng) -> Setup {
+        let cache = PagedKv { block_size: BS, n_kv_heads: self.n_kv, head_dim: self.hd };
+        let stride = self.n_kv * self.hd;
+        let needed: Vec<usize> = self.seqs.iter().map(|&(f, n)| (f + n).div_ceil(BS)).collect();
+        let num_blocks = needed.iter().sum::<usize>() + 3;
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, r.next_u32() as usize % (i + 1));
+        }
+        let mut next = 0;
+        let tables: Vec<Vec<u32>> = needed
+            .iter()
+            .map(|&n| {
+                next += n;
+                ids[next - n..next].to_vec()
+            })
+            .collect();
+        // Padding entries point past the cache: a kernel reading them produces NaN.
+        let max_blocks = needed.iter().max().copied().unwrap_or(0) + 1;
+        let mut flat = vec![num_blocks as u32 + 1000; self.seqs.len() * max_blocks];
+        for (row, t) in flat.chunks_mut(max_blocks).zip(&tables) {
+            row[..t.len()].copy_from_slice(t);
+        }
+
+        let k0 = rand_bf16(r, num_blocks * BS * stride, -1.0, 1.0);
+        let v0 = rand_bf16(r, num_blocks * BS * stride, -1.0, 1.0);
+        let n_new = self.new_tokens();
+        let k_new = rand_bf16(r, n_new * stride, -1.0, 1.0);
+        let v_new = rand_bf16(r, n_new * stride, -1.0, 1.0);
+        let mut slots = Vec::with_capacity(n_new);
+        for (&(f, n), t) in self.seqs.iter().zip(&tables) {
+            slots.extend((f..f + n).map(|p| t[p / BS] * BS as u32 + (p % BS) as u32));
+        }
+
+        let (mut kc, mut vc) = (to_f32(&k0), to_f32(&v0));
+        let (kn, vn) = (to_f32(&k_new), to_f32(&v_new));
+        let mut t0 = 0;
+        for (&(f, n), t) in self.seqs.iter().zip(&tables) {
+            let seq = SeqSlice { block_table: t, first_pos: f, n_tokens: n };
+            cpu::write_kv(&cache, &mut kc, &mut vc, &kn[t0 * stride..(t0 + n) * stride], &vn[t0 * stride..(t0 + n) * stride], &seq).unwrap();
+            t0 += n;
+        }
+
+        let (mut kd, mut vd) = (dev.upload(&k0).unwrap(), dev.upload(&v0).unwrap());
+        let (knd, vnd, sd) = (dev.upload(&k_new).unwrap(), dev.upload(&v_new).unwrap(), dev.upload(&slots).unwrap());
+        dev.write_kv(&cache, &mut kd, &mut vd, &knd, &vnd, &sd).unwrap();
+        let (kg, vg) = (dev.download(&kd).unwrap(), dev.download(&vd).unwrap());
+        assert!(kg.iter().zip(&kc).all(|(g, &w)| g.to_f32().to_bits() == w.to_bits()), "{}: k cache after write_kv", self.name());
+        assert!(vg.iter().zip(&vc).all(|(g, &w)| g.to_f32().to_bits() == w.to_bits()), "{}: v cache after write_kv", self.name());
+
+        let ctx: Vec<u32> = self.seqs.iter().map(|&(f, n)| (f + n) as u32).collect();
+        let q = rand_bf16(r, n_new * self.n_heads * self.hd, -3.0, 3.0);
+        Setup {
+            cache,
+            tables,
+            max_blocks,
+            kc,
+            vc,
+            q_d: dev.upload(&q).unwrap(),
+            q,
+            kd,
+            vd,
+            tables_d: dev.upload(&flat).unwrap(),
+            ctx_d: dev.upload(&ctx).unwrap(),
+        }
+    }
+
+    /// The CPU reference output, `[new tokens, n_heads, hd]`.
+    fn reference(&self, s: &Setup) -> Vec<f32> {
+        let row = self.n_heads * self.hd;
+        let q = to_f32(&s.q);
+        let mut out = vec![f32::NAN; q.len()];
+        let mut t0 = 0;
+        for (&(f, n), t) in self.seqs.iter().zip(&s.tables) {
+            let seq = SeqSlice { block_table: t, first_pos: f, n_tokens: n };
+            let (a, b) = (t0 * row, (t0 + n) * row);
+            cpu::attention(&s.cache, &s.kc, &s.vc, &mut out[a..b], &q[a..b], &seq, self.n_heads, self.scale).unwrap();
+            t0 += n;
+        }
+        out
+    }
+}
+
+impl Setup {
+    fn batch(&self) -> PagedBatch<'_> {
+        PagedBatch {
+            cache: self.cache,
+            k_cache: &self.kd,
+            v_cache: &self.vd,
+            block_tables: &self.tables_d,
+            max_blocks: self.max_blocks,
+            context_lens: &self.ctx_d,
+        }
+    }
+}
+
+/// Context lengths of a 33-sequence batch: the named edge lengths plus random ones.
+fn mixed_lengths(r: &mut ChaCha8Rng, edge: &[usize]) -> Vec<usize> {
+    let mut v: Vec<usize> = edge.to_vec();
+    while v.len() < 33 {
+        v.push(1 + r.next_u32() as usize % 1500);
+    }
+    v
+}
+
+fn decode_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
+    let one = |n_heads, n_kv, hd, ctx: &[usize], scale| Case { n_heads, n_kv, hd, seqs: ctx.iter().map(|&c| (c - 1, 1)).collect(), scale };
+    let s = |hd: usize| 1.0 / (hd as f32).sqrt();
+    let mixed = mixed_lengths(r, &[1, 17, 500, 4096, 16, 32]);
+    let mixed2 = mixed_lengths(r, &[1, 2, 17, 500, 1024]);
+    let mixed3 = mixed_lengths(r, &[1, 17, 300]);
+    vec![
+        one(8, 8, 64, &[1], s(64)),
+        one(32, 8, 128, &[17], s(128)),
+        one(32, 4, 128, &[500], s(128)),
+        one(32, 8, 128, &[4096], s(128)),
+        one(8, 8, 128, &[4096], 0.5), // MHA, peaky softmax
+        one(16, 4, 64, &mixed, s(64)),
+        one(32, 4, 128, &mixed2, s(128)),
+        one(9, 3, 64, &mixed3, s(64)),  // SmolLM2: group 3
+        one(24, 2, 128, &[1, 700, 33], s(128)), // group 12: two head chunks per kv head
+    ]
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn decode_matches_cpu() {
+    let Some(dev) = gpu("decode_matches_cpu") else { return };
+    let mut r = rng(41);
+    for case in decode_cases(&mut r) {
+        let s = case.setup(&dev, &mut r);
+        let want = case.reference(&s);
+        let batch = s.batch();
+        let max_ctx = case.seqs.iter().map(|&(f, n)| f + n).max().unwrap();
+        let n = s.q.len();
+        let mut ws = dev.decode_workspace(case.seqs.len(), case.n_heads, case.hd, 128).unwrap();
+        for (label, split, use_ws) in [("auto", None, true), ("split 64", Some(64), true), ("one split", None, false)] {
+            let mut out = poisoned(&dev, n);
+            let plan = dev
+                .paged_decode_attention(&mut out, &s.q_d, &batch, case.n_heads, case.scale, max_ctx, split, use_ws.then_some(&mut ws))
+                .unwrap();
+            let what = format!("decode {} [{label}: {} splits of {}]", case.name(), plan.n_splits, plan.split_len);
+            assert_close(&what, &dev.download(&out).unwrap(), &want);
+        }
+    }
+}
+
+#[test]
+fn decode_with_understated_max_context_is_still_right() {
+    // The last split runs to the real context: a stale max_context costs speed, not results.
+    let Some(dev) = gpu("decode_with_understated_max_context_is_still_right") else { return };
+    let mut r = rng(42);
+    let case = Case { n_heads: 32, n_kv: 8, hd: 128, seqs: vec![(999, 1), (16, 1)], scale: 0.09 };
+    let s = case.setup(&dev, &mut r);
+    let want = case.reference(&s);
+    let mut ws = dev.decode_workspace(2, 32, 128, 16).unwrap();
+    let mut out = poisoned(&dev, s.q.len());
+    let plan = dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, Some(100), Some(&mut ws)).unwrap();
+    assert_eq!(plan.n_splits, 3);
+    assert_close("decode, max_context 300 for a 1000-position context", &dev.download(&out).unwrap(), &want);
+}
+
+fn prefill_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
+    let s = |hd: usize| 1.0 / (hd as f32).sqrt();
+    let mut mixed: Vec<(usize, usize)> = vec![(0, 1), (16, 17), (1000, 64), (4000, 96), (0, 300), (499, 1), (3, 29)];
+    while mixed.len() < 33 {
+        mixed.push((r.next_u32() as usize % 600, 1 + r.next_u32() as usize % 80));
+    }
+    vec![
+        Case { n_heads: 32, n_kv: 8, hd: 128, seqs: vec![(0, 100)], scale: s(128) },
+        Case { n_heads: 32, n_kv: 4, hd: 128, seqs: vec![(300, 77)], scale: s(128) }, // mid-context, group 8
+        Case { n_heads: 8, n_kv: 8, hd: 64, seqs: mixed.clone(), scale: s(64) },
+        Case { n_heads: 9, n_kv: 3, hd: 64, seqs: mixed[..7].to_vec(), scale: s(64) },
+        Case { n_heads: 16, n_kv: 4, hd: 128, seqs: mixed[..12].to_vec(), scale: 0.4 },
+        Case { n_heads: 8, n_kv: 2, hd: 128, seqs: vec![(2048, 2048)], scale: s(128) }, // 4096 positions
+        Case { n_heads: 24, n_kv: 2, hd: 64, seqs: vec![(17, 40), (0, 5)], scale: s(64) }, // group 12
+    ]
+}
+
+#[test]
+fn prefill_matches_cpu() {
+    let Some(dev) = gpu("prefill_matches_cpu") else { return };
+    let mut r = rng(43);
+    for case in prefill_cases(&mut r) {
+        let s = case.setup(&dev, &mut r);
+        let want = case.reference(&s);
+        let mut cu = vec![0u32];
+        for &(_, n) in &case.seqs {
+            cu.push(cu.last().unwrap() + n as u32);
+        }
+        let cu_d = dev.upload(&cu).unwrap();
+        let max_q = case.seqs.iter().map(|s| s.1).max().unwrap();
+        // The grid hint at its real value, and far too small (blocks stride over tiles).
+        for (label, hint) in [("", max_q), (", grid hint 1", 1)] {
+            let mut out = poisoned(&dev, s.q.len());
+            dev.paged_prefill_attention(&mut out, &s.q_d, &s.batch(), &cu_d, hint, case.n_heads, case.scale).unwrap();
+            let what = format!("prefill {} chunks {:?}{label}", case.name(), &case.seqs[..case.seqs.len().min(3)]);
+            assert_close(&what, &dev.download(&out).unwrap(), &want);
+        }
+    }
+}
+
+#[test]
+fn write_kv_skips_padding_slots() {
+    let Some(dev) = gpu("write_kv_skips_padding_slots") else { return };
+    let mut r = rng(44);
+    let cache = PagedKv { block_size: BS, n_kv_heads: 2, head_dim: 64 };
+    let stride = 128;
+    let num_blocks = 4;
+    let k0 = rand_bf16(&mut r, num_blocks * BS * stride, -1.0, 1.0);
+    let v0 = rand_bf16(&mut r, num_blocks * BS * stride, -1.0, 1.0);
+    let kn = rand_bf16(&mut r, 3 * stride, -1.0, 1.0);
+    let vn = rand_bf16(&mut r, 3 * stride, -1.0, 1.0);
+    let slots = [37u32, u32::MAX, 5];
+    let (mut kd, mut vd) = (dev.upload(&k0).unwrap(), dev.upload(&v0).unwrap());
+    let (knd, vnd, sd) = (dev.upload(&kn).unwrap(), dev.upload(&vn).unwrap(), dev.upload(&slots).unwrap());
+    dev.write_kv(&cache, &mut kd, &mut vd, &knd, &vnd, &sd).unwrap();
+    let (mut kw, mut vw) = (k0.clone(), v0.clone());
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot != u32::MAX {
+            let o = slot as usize * stride;
+            kw[o..o + stride].copy_from_slice(&kn[t * stride..(t + 1) * stride]);
+            vw[o..o + stride].copy_from_slice(&vn[t * stride..(t + 1) * stride]);
+        }
+    }
+    let bits = |v: &[bf16]| v.iter().map(|b| b.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&dev.download(&kd).unwrap()), bits(&kw));
+    assert_eq!(bits(&dev.download(&vd).unwrap()), bits(&vw));
+    // Shape errors name the op.
+    let short = dev.upload(&kn[..stride]).unwrap();
+    assert!(matches!(dev.write_kv(&cache, &mut kd, &mut vd, &short, &vnd, &sd), Err(KernelError::Shape { .. })));
+}
+
+#[test]
+fn bad_rows_are_nan_or_zero_and_stay_contained() {
+    let Some(dev) = gpu("bad_rows_are_nan_or_zero_and_stay_contained") else { return };
+    let mut r = rng(45);
+    let case = Case { n_heads: 8, n_kv: 2, hd: 64, seqs: vec![(40, 1), (20, 1), (30, 1)], scale: 0.125 };
+    let s = case.setup(&dev, &mut r);
+    let want = case.reference(&s);
+    // Sequence 1: an unmapped block id; sequence 2: context 0 (a padding row).
+    let mut flat = vec![0u32; 3 * s.max_blocks];
+    for (row, t) in flat.chunks_mut(s.max_blocks).zip(&s.tables) {
+        row.fill(u32::MAX);
+        row[..t.len()].copy_from_slice(t);
+    }
+    flat[s.max_blocks] = 1 << 30;
+    let tables = dev.upload(&flat).unwrap();
+    let ctx = dev.upload(&[41u32, 21, 0]).unwrap();
+    let batch = PagedBatch { block_tables: &tables, context_lens: &ctx, ..s.batch() };
+    let row = 8 * 64;
+    let mut ws: DecodeWorkspace = dev.decode_workspace(3, 8, 64, 8).unwrap();
+    for split in [None, Some(16)] {
+        let mut out = poisoned(&dev, s.q.len());
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, split, Some(&mut ws)).unwrap();
+        let got = dev.download(&out).unwrap();
+        assert_close("decode next to bad rows", &got[..row], &want[..row]);
+        assert!(got[row..2 * row].iter().all(|v| v.is_nan()), "unmapped block must give NaN");
+        assert!(got[2 * row..].iter().all(|v| v.to_f32() == 0.0), "context 0 must give zeros");
+    }
+    // Shapes are checked on the host.
+    let mut out = poisoned(&dev, s.q.len() - 1);
+    assert!(matches!(dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, None, None), Err(KernelError::Shape { .. })));
+    let mut out = poisoned(&dev, s.q.len());
+    assert!(matches!(dev.paged_decode_attention(&mut out, &s.q_d, &batch, 6, 0.125, 41, None, None), Err(KernelError::Shape { .. })));
+    let hd96 = PagedBatch { cache: PagedKv { head_dim: 96, ..s.cache }, ..s.batch() };
+    assert!(matches!(dev.paged_decode_attention(&mut out, &s.q_d, &hd96, 8, 0.125, 41, None, None), Err(KernelError::Unsupported { .. })));
+}
+
+// ---------------------------------------------------------------- benchmarks
+
+fn bench_enabled(name: &str) -> Option<Device> {
+    if std::env::var("TESSERA_GPU_BENCH").as_deref() != Ok("1") {
+        eprintln!("skipped {name}: set TESSERA_GPU_BENCH=1 on a machine with a CUDA GPU");
+        return None;
+    }
+    Some(Device::new(0).expect("TESSERA_GPU_BENCH=1 but no CUDA device"))
+}
+
+/// Median over `trials` of the mean time per call over `reps` calls, after a warm-up.
+fn median_ms(dev: &Device, trials: usize, reps: usize, mut f: impl FnMut(usize) -> Result<(), KernelError>) -> f64 {
+    for i in 0..2 {
+        f(i).unwrap();
+    }
+    dev.synchronize().unwrap();
+    let mut call = 0usize;
+    let mut t: Vec<f64> = (0..trials)
+        .map(|_| {
+            dev.time_ms(reps, || {
+                call += 1;
+                f(call)
+            })
+            .unwrap()
+        })
+        .collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    t[t.len() / 2]
+}
+
+fn fast_rand_bf16(n: usize, seed: u64) -> Vec<bf16> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect()
+}
+
+/// A cache of `num_blocks` blocks filled on the GPU (write_kv from a 64k-token random pool),
+/// so tens of GB need no host upload.
+fn filled_cache(dev: &Device, cache: &PagedKv, num_blocks: usize) -> (Buf<bf16>, Buf<bf16>) {
+    let stride = cache.n_kv_heads * cache.head_dim;
+    let slots_total = num_blocks * cache.block_size;
+    let pool = 65536usize.min(slots_total);
+    let (kp, vp) = (dev.upload(&fast_rand_bf16(pool * stride, 11)).unwrap(), dev.upload(&fast_rand_bf16(pool * stride, 12)).unwrap());
+    let (mut kc, mut vc) = (dev.alloc::<bf16>(slots_total * stride).unwrap(), dev.alloc::<bf16>(slots_total * stride).unwrap());
+    let mut slots = dev.alloc::<u32>(pool).unwrap();
+    for start in (0..slots_total).step_by(pool) {
+        // The last chunk may overlap the previous one: slots past the end would be skipped anyway.
+        let s0 = start.min(slots_total - pool) as u32;
+        dev.write(&mut slots, &(s0..s0 + pool as u32).collect::<Vec<_>>()).unwrap();
+        dev.write_kv(cache, &mut kc, &mut vc, &kp, &vp, &slots).unwrap();
+    }
+    dev.synchronize().unwrap();
+    (kc, vc)
+}
+
+/// Shuffled, disjoint block tables: `copies` sets of `batch` sequences x `blocks` blocks.
+fn shuffled_tables(dev: &Device, copies: usize, batch: usize, blocks: usize) -> Vec<Buf<u32>> {
+    let n = copies * batch * blocks;
+    let mut ids: Vec<u32> = (0..n as u32).collect();
+    let mut s = 0x9e3779b97f4a7c15u64;
+    for i in (1..n).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ids.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    ids.chunks(batch * blocks).map(|c| dev.upload(c).unwrap()).collect()
+}
+
+#[test]
+fn bench_decode_attention_llama8b() {
+    let Some(dev) = bench_enabled("bench_decode_attention_llama8b") else { return };
+    let (n_heads, n_kv, hd) = (32usize, 8usize, 128usize);
+    let cache = PagedKv { block_size: 16, n_kv_heads: n_kv, head_dim: hd };
+    let scale = 1.0 / (hd as f32).sqrt();
+    let token_bytes = n_kv * hd * 2 * 2; // K + V, bf16
+    let mut ws = dev.decode_workspace(256, n_heads, hd, 128).unwrap();
+    for batch in [1usize, 64, 256] {
+        for ctx in [512usize, 4096, 32768] {
+            let blocks = ctx.div_ceil(16);
+            let bytes = batch * ctx * token_bytes;
+            // Rotate over enough disjoint tables that one timing loop reads well over L2.
+            let copies = (512usize << 20).div_ceil(bytes).clamp(1, 64);
+            let (kc, vc) = filled_cache(&dev, &cache, copies * batch * blocks);
+            let tables = shuffled_tables(&dev, copies, batch, blocks);
+            let ctx_d = dev.upload(&vec![ctx as u32; batch]).unwrap();
+            let q = dev.upload(&fast_rand_bf16(batch * n_heads * hd, 13)).unwrap();
+            let mut out = dev.alloc::<bf16>(batch * n_heads * hd).unwrap();
+            let reps = if bytes > (1 << 30) { 3 } else { 20 };
+            let b = |i: usize| PagedBatch { cache, k_cache: &kc, v_cache: &vc, block_tables: &tables[i % copies], max_blocks: blocks, context_lens: &ctx_d };
+            let p = dev.paged_decode_attention(&mut out, &q, &b(0), n_heads, scale, ctx, None, Some(&mut ws)).unwrap();
+            let ms = median_ms(&dev, 5, reps, |i| dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, Some(&mut ws)).map(drop));
+            let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "BENCH | decode attention | batch {batch} ctx {ctx} ({} split{} of {}) | {:.1} us | - | {gbs:.0} GB/s KV read ({:.0}% of 4300)",
+                p.n_splits,
+                if p.n_splits == 1 { "" } else { "s" },
+                p.split_len,
+                ms * 1e3,
+                gbs / 43.0
+            );
+            if batch == 1 && ctx >= 4096 {
+                // The same call without split-KV: what flash-decoding buys at batch 1.
+                let ms1 = median_ms(&dev, 5, reps, |i| dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, None).map(drop));
+                let g1 = bytes as f64 / (ms1 * 1e-3) / 1e9;
+                println!("BENCH | decode attention, no split | batch {batch} ctx {ctx} | {:.1} us | - | {g1:.0} GB/s KV read", ms1 * 1e3);
+            }
+        }
+    }
+}
+
+#[test]
+fn bench_prefill_and_write_kv_llama8b() {
+    let Some(dev) = bench_enabled("bench_prefill_and_write_kv_llama8b") else { return };
+    let (n_heads, n_kv, hd) = (32usize, 8usize, 128usize);
+    let cache = PagedKv { block_size: 16, n_kv_heads: n_kv, head_dim: hd };
+    for tokens in [512usize, 4096] {
+        let blocks = tokens.div_ceil(16);
+        let (mut kc, mut vc) = filled_cache(&dev, &cache, blocks);
+        let tables = shuffled_tables(&dev, 1, 1, blocks);
+        let ctx_d = dev.upload(&[tokens as u32]).unwrap();
+        let cu = dev.upload(&[0u32, tokens as u32]).unwrap();
+        let q = dev.upload(&fast_rand_bf16(tokens * n_heads * hd, 14)).unwrap();
+        let mut out = dev.alloc::<bf16>(tokens * n_heads * hd).unwrap();
+        let b = PagedBatch { cache, k_cache: &kc, v_cache: &vc, block_tables: &tables[0], max_blocks: blocks, context_lens: &ctx_d };
+        let ms = median_ms(&dev, 5, 3, |_| dev.paged_prefill_attention(&mut out, &q, &b, &cu, tokens, n_heads, 0.088));
+        // Causal: query i sees i + 1 keys; 2 flops per multiply-add, QK and PV.
+        let flops = 4.0 * (n_heads * hd) as f64 * (tokens * (tokens + 1) / 2) as f64;
+        println!("BENCH | prefill attention (CUDA cores) | 1 x {tokens} tokens, 32q/8kv hd128 | {:.1} us | {:.1} TFLOP/s | -", ms * 1e3, flops / (ms * 1e-3) / 1e12);
+
+        let kn = dev.upload(&fast_rand_bf16(tokens * n_kv * hd, 15)).unwrap();
+        let vn = dev.upload(&fast_rand_bf16(tokens * n_kv * hd, 16)).unwrap();
+        let slots = dev.upload(&(0..tokens as u32).map(|i| (i * 7) % (tokens as u32)).collect::<Vec<_>>()).unwrap();
+        let ms = median_ms(&dev, 5, 20, |_| dev.write_kv(&cache, &mut kc, &mut vc, &kn, &vn, &slots));
+        let bytes = 4 * tokens * n_kv * hd * 2;
+        println!("BENCH | write_kv | {tokens} tokens x 8 kv x 128 | {:.2} us | - | {:.0} GB/s (read k, v; write cache)", ms * 1e3, bytes as f64 / (ms * 1e-3) / 1e9);
+    }
+}
