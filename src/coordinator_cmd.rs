@@ -54,6 +54,7 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
     rt.block_on(async move {
         let mut handles = Vec::new();
         let mut served_len = usize::MAX;
+        let mut vocab = usize::MAX;
         for addr in &args.workers {
             let load = pb::LoadRequest {
                 model_path: args.model.display().to_string(),
@@ -67,6 +68,7 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
                 .with_context(|| format!("setting up worker {addr}"))?;
             let max_len = args.max_model_len.unwrap_or(info.max_model_len as usize).min(info.max_model_len as usize);
             served_len = served_len.min(max_len);
+            vocab = vocab.min(info.vocab_size as usize);
             let cfg = SchedulerConfig {
                 max_num_seqs: args.max_num_seqs,
                 max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
@@ -89,7 +91,7 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
             bail!("no workers given");
         }
         let name = args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let service = CoordinatorService::new(handles, name, served_len);
+        let service = CoordinatorService::new(handles, name, served_len, vocab);
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;

@@ -16,6 +16,7 @@ pub mod prefix_hash;
 pub mod scheduler;
 pub mod sequence;
 pub mod service;
+pub mod validate;
 pub mod worker_link;
 
 pub use batch::{BlockAppend, ChunkView, NewSeq, ScheduledBatch, SeqRun, TableMirror};

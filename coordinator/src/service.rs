@@ -22,11 +22,12 @@ pub struct CoordinatorService {
     replicas: Arc<Vec<EngineHandle>>,
     model: String,
     max_model_len: usize,
+    vocab_size: usize,
 }
 
 impl CoordinatorService {
-    pub fn new(replicas: Vec<EngineHandle>, model: String, max_model_len: usize) -> Self {
-        CoordinatorService { replicas: Arc::new(replicas), model, max_model_len }
+    pub fn new(replicas: Vec<EngineHandle>, model: String, max_model_len: usize, vocab_size: usize) -> Self {
+        CoordinatorService { replicas: Arc::new(replicas), model, max_model_len, vocab_size }
     }
 
     /// The healthy replica with the fewest running + waiting sequences.
@@ -56,6 +57,7 @@ impl cpb::coordinator_server::Coordinator for CoordinatorService {
 
     async fn generate(&self, req: Request<cpb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
         let req = req.into_inner();
+        crate::validate::validate(&req, self.vocab_size).map_err(|e| Status::invalid_argument(e.0))?;
         let replica = self.pick().ok_or_else(|| admission_status(AdmissionError::QueueFull { max_waiting: 0 }))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let sub = Submission {
