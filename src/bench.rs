@@ -87,7 +87,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-
 fn mean_sd(xs: &[f64]) -> String {
     let m = xs.iter().sum::<f64>() / xs.len() as f64;
     let var = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / xs.len() as f64;

@@ -92,9 +92,8 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
         }
         let name = args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let service = CoordinatorService::new(handles, name, served_len, vocab);
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         println!("tessera coordinator listening on {}", listener.local_addr()?);
         tonic::transport::Server::builder()
             .add_service(CoordinatorServer::new(service))

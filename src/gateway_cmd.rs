@@ -43,10 +43,7 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     let bundle = ModelBundle::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let config = bundle.files.config()?;
     let template = bundle.chat_template().ok();
-    let name = args
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| crate::default_model::served_name(&path));
+    let name = args.served_model_name.clone().unwrap_or_else(|| crate::default_model::served_name(&path));
     // One tokenizer per process, shared by every request for the process's lifetime.
     let tokenizer = Box::leak(Box::new(bundle.tokenizer));
     let codec = ModelCodec::new(&name, tokenizer, template);
@@ -59,7 +56,8 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let engine = GrpcEngine::new(&args.coordinator).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let listener = tokio::net::TcpListener::bind(gw.listen).await.with_context(|| format!("binding {}", gw.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(gw.listen).await.with_context(|| format!("binding {}", gw.listen))?;
         println!("tessera gateway listening on {}", listener.local_addr()?);
         let state = tessera_gateway::app::AppState::new(gw, Arc::new(engine), Arc::new(codec))?;
         tessera_gateway::serve::serve_on(listener, state, tessera_gateway::serve::shutdown_signal()).await?;

@@ -23,9 +23,8 @@ pub fn run(args: WorkerArgs) -> Result<()> {
     crate::threads::init(args.threads)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         // The bound address on one line, so a parent that asked for port 0 can read it.
         println!("tessera worker listening on {}", listener.local_addr()?);
         tonic::transport::Server::builder()

@@ -153,8 +153,7 @@ impl Engine {
                     let msg = e.to_string();
                     let mut ended = self.sched.postprocess(&[]);
                     ended.extend(self.sched.fail_all());
-                    let ids: Vec<u64> =
-                        ended.iter().map(|u| u.seq_id).chain(self.clients.keys().copied()).collect();
+                    let ids: Vec<u64> = ended.iter().map(|u| u.seq_id).chain(self.clients.keys().copied()).collect();
                     for id in ids {
                         self.finish_with_error(id, &msg);
                     }
@@ -265,7 +264,8 @@ impl Engine {
                 Some(s) => (s.logprob, s.top_ids.clone(), s.top_logprobs.clone()),
                 None => (0.0, Vec::new(), Vec::new()),
             };
-            let _ = send(c, cpb::generate_event::Event::Token(cpb::TokenEvent { id: t, logprob, top_ids, top_logprobs }));
+            let _ =
+                send(c, cpb::generate_event::Event::Token(cpb::TokenEvent { id: t, logprob, top_ids, top_logprobs }));
         }
         if let Some(reason) = u.finished {
             let reason = match reason {

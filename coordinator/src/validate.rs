@@ -34,7 +34,8 @@ pub fn validate(req: &cpb::GenerateRequest, vocab_size: usize) -> Result<(), Inv
     in_vocab("stop_token_ids", &req.stop_token_ids)?;
     let Some(s) = &req.sampling else { return Ok(()) };
     in_vocab("logit_bias", &s.logit_bias.keys().copied().collect::<Vec<_>>())?;
-    let range = |name: &str, v: f32, ok: bool| if ok { Ok(()) } else { bad(format!("sampling.{name} = {v} is out of range")) };
+    let range =
+        |name: &str, v: f32, ok: bool| if ok { Ok(()) } else { bad(format!("sampling.{name} = {v} is out of range")) };
     range("temperature", s.temperature, (0.0..=2.0).contains(&s.temperature))?;
     range("top_p", s.top_p, (0.0..=1.0).contains(&s.top_p))?;
     range("min_p", s.min_p, (0.0..=1.0).contains(&s.min_p))?;

@@ -35,7 +35,11 @@ pub struct WorkerLink {
 impl WorkerLink {
     /// Connects (retrying for up to `wait` while the worker starts), loads the model and
     /// opens the step stream. Returns the worker's state after loading.
-    pub async fn connect(addr: &str, load: pb::LoadRequest, wait: Duration) -> Result<(Self, pb::WorkerInfo), LinkError> {
+    pub async fn connect(
+        addr: &str,
+        load: pb::LoadRequest,
+        wait: Duration,
+    ) -> Result<(Self, pb::WorkerInfo), LinkError> {
         let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
         let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| LinkError::Connect { addr: addr.into(), source: e })?
@@ -52,7 +56,9 @@ impl WorkerLink {
             }
         };
         let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
-        let rpc = |what: &'static str| move |s: tonic::Status| LinkError::Rpc { addr: addr.into(), what, status: Box::new(s) };
+        let rpc = |what: &'static str| {
+            move |s: tonic::Status| LinkError::Rpc { addr: addr.into(), what, status: Box::new(s) }
+        };
         let reply = client.load(load).await.map_err(rpc("load"))?.into_inner();
         let info = reply.info.unwrap_or_default();
         let (tx, rx) = mpsc::channel(4);
@@ -91,10 +97,10 @@ impl WorkerLink {
     /// The worker's current state.
     pub async fn info(&mut self) -> Result<pb::WorkerInfo, LinkError> {
         let addr = self.addr.clone();
-        self.client
-            .info(pb::InfoRequest {})
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| LinkError::Rpc { addr, what: "info", status: Box::new(s) })
+        self.client.info(pb::InfoRequest {}).await.map(|r| r.into_inner()).map_err(|s| LinkError::Rpc {
+            addr,
+            what: "info",
+            status: Box::new(s),
+        })
     }
 }

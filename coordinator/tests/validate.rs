@@ -30,14 +30,38 @@ fn malformed_requests_are_refused_with_the_field_named() {
         ("prompt_ids", GenerateRequest { prompt_ids: vec![1, 100], ..req() }),
         ("stop_token_ids", GenerateRequest { stop_token_ids: vec![4000], ..req() }),
         ("max_tokens", GenerateRequest { max_tokens: 0, ..req() }),
-        ("temperature", GenerateRequest { sampling: Some(SamplingParams { temperature: 2.5, ..Default::default() }), ..req() }),
-        ("temperature", GenerateRequest { sampling: Some(SamplingParams { temperature: f32::NAN, ..Default::default() }), ..req() }),
+        (
+            "temperature",
+            GenerateRequest { sampling: Some(SamplingParams { temperature: 2.5, ..Default::default() }), ..req() },
+        ),
+        (
+            "temperature",
+            GenerateRequest { sampling: Some(SamplingParams { temperature: f32::NAN, ..Default::default() }), ..req() },
+        ),
         ("top_p", GenerateRequest { sampling: Some(SamplingParams { top_p: 1.5, ..Default::default() }), ..req() }),
         ("min_p", GenerateRequest { sampling: Some(SamplingParams { min_p: -0.1, ..Default::default() }), ..req() }),
-        ("repetition_penalty", GenerateRequest { sampling: Some(SamplingParams { repetition_penalty: -1.0, ..Default::default() }), ..req() }),
-        ("presence_penalty", GenerateRequest { sampling: Some(SamplingParams { presence_penalty: 3.0, ..Default::default() }), ..req() }),
-        ("frequency_penalty", GenerateRequest { sampling: Some(SamplingParams { frequency_penalty: -3.0, ..Default::default() }), ..req() }),
-        ("top_logprobs", GenerateRequest { sampling: Some(SamplingParams { top_logprobs: 21, ..Default::default() }), ..req() }),
+        (
+            "repetition_penalty",
+            GenerateRequest {
+                sampling: Some(SamplingParams { repetition_penalty: -1.0, ..Default::default() }),
+                ..req()
+            },
+        ),
+        (
+            "presence_penalty",
+            GenerateRequest { sampling: Some(SamplingParams { presence_penalty: 3.0, ..Default::default() }), ..req() },
+        ),
+        (
+            "frequency_penalty",
+            GenerateRequest {
+                sampling: Some(SamplingParams { frequency_penalty: -3.0, ..Default::default() }),
+                ..req()
+            },
+        ),
+        (
+            "top_logprobs",
+            GenerateRequest { sampling: Some(SamplingParams { top_logprobs: 21, ..Default::default() }), ..req() },
+        ),
         (
             "logit_bias",
             GenerateRequest {

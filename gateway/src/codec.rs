@@ -51,11 +51,7 @@ pub trait Codec: Send + Sync + 'static {
     /// Renders a conversation with the model's chat template, for `encode_prompt(text, true)`:
     /// when the tokenizer adds BOS itself, the text leaves the template's BOS out (as
     /// llama.cpp's server does), so the prompt has exactly one.
-    fn render_chat(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, CodecError>;
+    fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, CodecError>;
     /// Decodes a whole sequence; `skip_special` leaves control tokens out.
     fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, CodecError>;
     /// A fresh incremental decoder (special tokens skipped) for one generated sequence.

@@ -76,10 +76,9 @@ pub fn choice_stream(index: u32, rx: EventStream, assembler: ChoiceAssembler) ->
         let rx = st.rx.as_mut()?;
         let event = rx.recv().await;
         let items: Vec<ChoiceItem> = match st.assembler.on_event(event) {
-            Ok(pieces) => pieces
-                .into_iter()
-                .map(|piece| ChoiceItem { index, event: to_event(piece, &st.assembler) })
-                .collect(),
+            Ok(pieces) => {
+                pieces.into_iter().map(|piece| ChoiceItem { index, event: to_event(piece, &st.assembler) }).collect()
+            }
             Err(e) => vec![ChoiceItem { index, event: ChoiceEvent::Failed(e) }],
         };
         if st.assembler.is_done() {
@@ -199,8 +198,7 @@ pub async fn start(
     params: &CommonParams,
 ) -> Result<Vec<impl Stream<Item = ChoiceItem> + Send + 'static>, ApiError> {
     let requests = plan(response_id, prompts, params);
-    let assemblers: Vec<ChoiceAssembler> =
-        requests.iter().map(|r| assembler(state, r, &params.stop_strings)).collect();
+    let assemblers: Vec<ChoiceAssembler> = requests.iter().map(|r| assembler(state, r, &params.stop_strings)).collect();
     let receivers = admit(state, requests).await?;
     Ok(receivers
         .into_iter()

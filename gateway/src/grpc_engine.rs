@@ -96,12 +96,7 @@ fn to_proto(req: &GenerateRequest) -> cpb::GenerateRequest {
 }
 
 fn map_status(s: tonic::Status) -> EngineError {
-    let retry = s
-        .metadata()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let retry = s.metadata().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(1);
     match s.code() {
         Code::ResourceExhausted => EngineError::Overloaded { retry_after_s: retry },
         Code::Unavailable => EngineError::Unavailable { retry_after_s: retry },

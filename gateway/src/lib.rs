@@ -32,8 +32,8 @@ pub mod validate;
 pub use app::{app, AppState};
 pub use codec::{ChatMessage, Codec, CodecError, StreamDecoder};
 pub use config::{ConfigError, GatewayConfig};
-#[cfg(feature = "model")]
-pub use model_codec::ModelCodec;
 pub use engine::{Engine, EngineError, EngineEvent, EventStream, FinishReason, GenerateRequest, SamplingSpec};
 pub use error::ApiError;
+#[cfg(feature = "model")]
+pub use model_codec::ModelCodec;
 pub use serve::{serve, serve_on, shutdown_signal, ServeError};

@@ -124,9 +124,8 @@ mod tests {
     }
 
     fn random_cuts(rng: &mut ChaCha8Rng, text: &str) -> Vec<usize> {
-        let mut cuts: Vec<usize> = (1..text.len())
-            .filter(|&i| text.is_char_boundary(i) && rng.next_u32() & 3 == 0)
-            .collect();
+        let mut cuts: Vec<usize> =
+            (1..text.len()).filter(|&i| text.is_char_boundary(i) && rng.next_u32() & 3 == 0).collect();
         cuts.dedup();
         cuts
     }

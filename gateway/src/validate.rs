@@ -50,7 +50,9 @@ pub fn common(
     let n = int_in("n", f.n, 1, i64::from(state.config().max_choices))?.unwrap_or(1) as u32;
     let max_tokens = match max_tokens.1 {
         None => None,
-        Some(m) if m < 1 => return Err(ApiError::invalid(max_tokens.0, format!("{} must be at least 1, got {m}", max_tokens.0))),
+        Some(m) if m < 1 => {
+            return Err(ApiError::invalid(max_tokens.0, format!("{} must be at least 1, got {m}", max_tokens.0)))
+        }
         Some(m) => Some(u32::try_from(m).unwrap_or(u32::MAX)),
     };
     let ignore_eos = f.ignore_eos.unwrap_or(false);
@@ -62,7 +64,9 @@ pub fn common(
     stop_token_ids.dedup();
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => None,
-        Some(k) if k < -1 => return Err(ApiError::invalid("top_k", format!("top_k must be -1 (off) or at least 1, got {k}"))),
+        Some(k) if k < -1 => {
+            return Err(ApiError::invalid("top_k", format!("top_k must be -1 (off) or at least 1, got {k}")))
+        }
         Some(k) => Some(u32::try_from(k).unwrap_or(u32::MAX)),
     };
     let spec = SamplingSpec {
@@ -149,7 +153,12 @@ fn message_content(content: Option<&Value>, role: &str, param: &str) -> Result<S
 /// Completion tokens for a prompt of `prompt_len` tokens: the request's `max_tokens` if the
 /// total fits the context, else 400; without one, whatever fits (capped by the config).
 /// `param` names the prompt field (`messages` or `prompt`).
-pub fn resolve_max_tokens(state: &AppState, prompt_len: usize, requested: Option<u32>, param: &str) -> Result<u32, ApiError> {
+pub fn resolve_max_tokens(
+    state: &AppState,
+    prompt_len: usize,
+    requested: Option<u32>,
+    param: &str,
+) -> Result<u32, ApiError> {
     let config = state.config();
     if prompt_len == 0 {
         return Err(ApiError::invalid(param, "the prompt is empty"));
@@ -184,10 +193,9 @@ pub fn resolve_max_tokens(state: &AppState, prompt_len: usize, requested: Option
 pub fn token_ids(param: &str, ids: &[i64], vocab: u32) -> Result<Vec<u32>, ApiError> {
     ids.iter()
         .map(|&id| {
-            u32::try_from(id)
-                .ok()
-                .filter(|&id| id < vocab)
-                .ok_or_else(|| ApiError::invalid(param, format!("token id {id} is outside the vocabulary (0..{vocab})")))
+            u32::try_from(id).ok().filter(|&id| id < vocab).ok_or_else(|| {
+                ApiError::invalid(param, format!("token id {id} is outside the vocabulary (0..{vocab})"))
+            })
         })
         .collect()
 }
@@ -203,7 +211,10 @@ fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
         Some(_) => return Err(bad()),
     };
     if stops.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid("stop", format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", stops.len())));
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", stops.len()),
+        ));
     }
     if stops.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
@@ -216,13 +227,14 @@ fn logit_bias(f: &SamplingFields, vocab: u32) -> Result<Vec<(u32, f32)>, ApiErro
     let mut bias = map
         .iter()
         .map(|(key, &value)| {
-            let id = key
-                .parse::<u32>()
-                .ok()
-                .filter(|&id| id < vocab)
-                .ok_or_else(|| ApiError::invalid("logit_bias", format!("key {key:?} is not a token id in 0..{vocab}")))?;
+            let id = key.parse::<u32>().ok().filter(|&id| id < vocab).ok_or_else(|| {
+                ApiError::invalid("logit_bias", format!("key {key:?} is not a token id in 0..{vocab}"))
+            })?;
             if !(-100.0..=100.0).contains(&value) {
-                return Err(ApiError::invalid("logit_bias", format!("bias {value} for token {id} is outside [-100, 100]")));
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("bias {value} for token {id} is outside [-100, 100]"),
+                ));
             }
             Ok((id, value as f32))
         })

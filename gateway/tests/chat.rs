@@ -157,10 +157,12 @@ async fn n_two_streams_both_choices() {
     let body = json!({"messages": user("Hi"), "n": 2, "seed": 7, "stream": true});
     let events = post_json(&app, "/v1/chat/completions", &body).await.events();
     for i in 0..2u64 {
-        let role = events.iter().filter(|e| e["choices"][0]["index"] == i && e["choices"][0]["delta"]["role"] == "assistant");
+        let role =
+            events.iter().filter(|e| e["choices"][0]["index"] == i && e["choices"][0]["delta"]["role"] == "assistant");
         assert_eq!(role.count(), 1);
         assert_eq!(deltas(&events, i).concat(), format!("seed {}", 7 + i));
-        let finish = events.iter().filter(|e| e["choices"][0]["index"] == i && e["choices"][0]["finish_reason"] == "stop");
+        let finish =
+            events.iter().filter(|e| e["choices"][0]["index"] == i && e["choices"][0]["finish_reason"] == "stop");
         assert_eq!(finish.count(), 1);
     }
 }
@@ -185,7 +187,10 @@ async fn stop_string_split_over_tokens_is_cut() {
             } else {
                 let v = r.json();
                 let c = &v["choices"][0];
-                (c["message"]["content"].as_str().unwrap_or_default().to_owned(), c["finish_reason"].as_str().map(str::to_owned))
+                (
+                    c["message"]["content"].as_str().unwrap_or_default().to_owned(),
+                    c["finish_reason"].as_str().map(str::to_owned),
+                )
             };
             assert_eq!(content, want, "reply {reply:?} stops {stops:?} stream {stream}");
             assert_eq!(finish.as_deref(), Some("stop"));
@@ -304,6 +309,7 @@ async fn slow_tokens_still_stream_in_order() {
         Ok(steps)
     }));
     let app = router(config(), engine);
-    let events = post_json(&app, "/v1/chat/completions", &json!({"messages": user("q"), "stream": true})).await.events();
+    let events =
+        post_json(&app, "/v1/chat/completions", &json!({"messages": user("q"), "stream": true})).await.events();
     assert_eq!(deltas(&events, 0), vec!["s", "l", "o", "w"]);
 }

@@ -27,10 +27,7 @@ async fn string_prompt() {
     assert!(v["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["model"], MODEL);
-    assert_eq!(
-        v["choices"],
-        json!([{"index": 0, "text": "10:3", "logprobs": null, "finish_reason": "stop"}])
-    );
+    assert_eq!(v["choices"], json!([{"index": 0, "text": "10:3", "logprobs": null, "finish_reason": "stop"}]));
     assert_eq!(
         v["usage"],
         json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 1}})
@@ -52,7 +49,8 @@ async fn token_prompts_and_batches() {
     // Two prompts x n = 2: choice p*n + i, seeds seed + i, prompt tokens counted per prompt.
     let body = json!({"prompt": ["a", "bcd"], "n": 2, "seed": 100});
     let v = post_json(&app, "/v1/completions", &body).await.json();
-    let texts: Vec<&str> = v["choices"].as_array().into_iter().flatten().map(|c| c["text"].as_str().unwrap_or("")).collect();
+    let texts: Vec<&str> =
+        v["choices"].as_array().into_iter().flatten().map(|c| c["text"].as_str().unwrap_or("")).collect();
     assert_eq!(texts, vec!["2:100", "2:101", "4:100", "4:101"]);
     let indices: Vec<u64> = v["choices"].as_array().into_iter().flatten().filter_map(|c| c["index"].as_u64()).collect();
     assert_eq!(indices, vec![0, 1, 2, 3]);

@@ -65,8 +65,14 @@ async fn chat_validation_errors_name_their_param() {
         (chat(json!({"stream": "yes"})), "stream"),
         (chat(json!({"seed": 1.5})), "seed"),
         (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]}), "messages[1].content"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), "messages[0].content[0]"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]}),
+            "messages[1].content",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+            "messages[0].content[0]",
+        ),
         (json!({"messages": [{"role": "user"}]}), "messages[0].content"),
         (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
         // The byte codec's template refuses a conversation that opens with the assistant.

@@ -46,7 +46,10 @@ async fn models_tokenize_detokenize() {
     assert_eq!(v["max_model_len"], MAX_MODEL_LEN);
     assert_eq!(v["token_strs"], json!(["<|bos|>", "h", "\u{FFFD}", "\u{FFFD}", "<|eos|>"]));
 
-    let v = post_json(&app, "/tokenize", &json!({"model": "served-name", "messages": [{"role": "user", "content": "q"}]})).await.json();
+    let v =
+        post_json(&app, "/tokenize", &json!({"model": "served-name", "messages": [{"role": "user", "content": "q"}]}))
+            .await
+            .json();
     assert_eq!(v["tokens"], json!(chat_prompt("q")));
     assert_eq!(v["token_strs"], Value::Null);
 
@@ -108,7 +111,8 @@ async fn a_matched_stop_string_aborts_the_sequence() {
     let engine = endless_engine();
     let app = router(config(), engine.clone());
     let body = json!({"prompt": "q", "stop": ["bc"]});
-    let v = tokio::time::timeout(Duration::from_secs(5), post_json(&app, "/v1/completions", &body)).await.expect("in time");
+    let v =
+        tokio::time::timeout(Duration::from_secs(5), post_json(&app, "/v1/completions", &body)).await.expect("in time");
     assert_eq!(v.json()["choices"][0]["text"], "a");
     assert_eq!(v.json()["choices"][0]["finish_reason"], "stop");
     assert_eq!(v.json()["usage"]["completion_tokens"], 3);
@@ -136,7 +140,10 @@ async fn serves_on_loopback_and_shuts_down_gracefully() {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     stream.write_all(request.as_bytes()).await.expect("write");
     let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await.expect("in time").expect("read");
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .expect("in time")
+        .expect("read");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("\"text\":\"pong\""), "{response}");
 

@@ -35,9 +35,7 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -
 }
 
 fn random_x(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
-    (0..len)
-        .map(|_| (rng.next_u32() >> 8) as f32 / (1 << 23) as f32 - 1.0)
-        .collect()
+    (0..len).map(|_| (rng.next_u32() >> 8) as f32 / (1 << 23) as f32 - 1.0).collect()
 }
 
 /// Fastest seconds per call of `f` over at least 0.3 s (the machine is shared: the
@@ -56,26 +54,14 @@ fn time(mut f: impl FnMut()) -> f64 {
     samples.into_iter().fold(f64::INFINITY, f64::min)
 }
 
-fn bench_shape(
-    isa: Isa,
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    threads: usize,
-    ns: &[usize],
-    rng: &mut ChaCha8Rng,
-) {
+fn bench_shape(isa: Isa, ty: GgmlType, rows: usize, cols: usize, threads: usize, ns: &[usize], rng: &mut ChaCha8Rng) {
     let data = random_blocks(ty, rows, cols, rng);
     let w = Weight::new(ty, rows, cols, &data).expect("consistent weight");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("thread pool");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
     for &n in ns {
         let x = random_x(n * cols, rng);
         let mut out = vec![0.0f32; n * rows];
-        let s =
-            pool.install(|| time(|| matmul_with(isa, &mut out, &x, n, &w).expect("valid shapes")));
+        let s = pool.install(|| time(|| matmul_with(isa, &mut out, &x, n, &w).expect("valid shapes")));
         let gbs = data.len() as f64 / s / 1e9;
         let gflops = 2.0 * (rows * cols * n) as f64 / s / 1e9;
         println!(
@@ -90,39 +76,18 @@ fn bench_shape(
 /// All matmuls of one SmolLM2-135M Q4_1 decode step (30 layers + Q8_0 lm_head), n = 1.
 fn bench_model_step(isa: Isa, threads: usize, rng: &mut ChaCha8Rng) {
     let (h, kv, ffn, vocab, layers) = (576, 192, 1536, 49152, 30);
-    let layer_shapes = [
-        (h, h),
-        (kv, h),
-        (kv, h),
-        (h, h),
-        (ffn, h),
-        (ffn, h),
-        (h, ffn),
-    ];
+    let layer_shapes = [(h, h), (kv, h), (kv, h), (h, h), (ffn, h), (ffn, h), (h, ffn)];
     let mut mats: Vec<(GgmlType, usize, usize, Vec<u8>)> = Vec::new();
     for _ in 0..layers {
         for &(r, c) in &layer_shapes {
-            mats.push((
-                GgmlType::Q4_1,
-                r,
-                c,
-                random_blocks(GgmlType::Q4_1, r, c, rng),
-            ));
+            mats.push((GgmlType::Q4_1, r, c, random_blocks(GgmlType::Q4_1, r, c, rng)));
         }
     }
-    mats.push((
-        GgmlType::Q8_0,
-        vocab,
-        h,
-        random_blocks(GgmlType::Q8_0, vocab, h, rng),
-    ));
+    mats.push((GgmlType::Q8_0, vocab, h, random_blocks(GgmlType::Q8_0, vocab, h, rng)));
     let bytes: usize = mats.iter().map(|m| m.3.len()).sum();
     let x = random_x(ffn, rng);
     let mut out = vec![0.0f32; vocab];
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("thread pool");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
     let run = |mats: &[(GgmlType, usize, usize, Vec<u8>)], out: &mut [f32]| {
         for (ty, r, c, data) in mats {
             let w = Weight::new(*ty, *r, *c, data).expect("consistent weight");
@@ -173,13 +138,7 @@ fn main() {
             bench_shape(isa, GgmlType::Q4_1, 1536, 576, threads, &[1, 64], &mut rng);
         }
         if std::env::args().any(|a| a == "--types") {
-            for ty in [
-                GgmlType::Q4_0,
-                GgmlType::Q8_0,
-                GgmlType::Q4K,
-                GgmlType::Q5K,
-                GgmlType::Q6K,
-            ] {
+            for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
                 bench_shape(isa, ty, 576, 1536, 1, &[1, 64], &mut rng);
             }
         }

@@ -113,7 +113,11 @@ struct Setup {
 impl Case {
     fn name(&self) -> String {
         let lens: Vec<usize> = self.seqs.iter().map(|&(f, n)| f + n).collect();
-        let shown = if lens.len() > 4 { format!("{} seqs, ctx {}..{}", lens.len(), lens.iter().min().unwrap(), lens.iter().max().unwrap()) } else { format!("ctx {lens:?}") };
+        let shown = if lens.len() > 4 {
+            format!("{} seqs, ctx {}..{}", lens.len(), lens.iter().min().unwrap(), lens.iter().max().unwrap())
+        } else {
+            format!("ctx {lens:?}")
+        };
         format!("{}q/{}kv hd{} {shown}", self.n_heads, self.n_kv, self.hd)
     }
 
@@ -162,7 +166,15 @@ impl Case {
         let mut t0 = 0;
         for (&(f, n), t) in self.seqs.iter().zip(&tables) {
             let seq = SeqSlice { block_table: t, first_pos: f, n_tokens: n };
-            cpu::write_kv(&cache, &mut kc, &mut vc, &kn[t0 * stride..(t0 + n) * stride], &vn[t0 * stride..(t0 + n) * stride], &seq).unwrap();
+            cpu::write_kv(
+                &cache,
+                &mut kc,
+                &mut vc,
+                &kn[t0 * stride..(t0 + n) * stride],
+                &vn[t0 * stride..(t0 + n) * stride],
+                &seq,
+            )
+            .unwrap();
             t0 += n;
         }
 
@@ -170,8 +182,16 @@ impl Case {
         let (knd, vnd, sd) = (dev.upload(&k_new).unwrap(), dev.upload(&v_new).unwrap(), dev.upload(&slots).unwrap());
         dev.write_kv(&cache, &mut kd, &mut vd, &knd, &vnd, &sd).unwrap();
         let (kg, vg) = (dev.download(&kd).unwrap(), dev.download(&vd).unwrap());
-        assert!(kg.iter().zip(&kc).all(|(g, &w)| g.to_f32().to_bits() == w.to_bits()), "{}: k cache after write_kv", self.name());
-        assert!(vg.iter().zip(&vc).all(|(g, &w)| g.to_f32().to_bits() == w.to_bits()), "{}: v cache after write_kv", self.name());
+        assert!(
+            kg.iter().zip(&kc).all(|(g, &w)| g.to_f32().to_bits() == w.to_bits()),
+            "{}: k cache after write_kv",
+            self.name()
+        );
+        assert!(
+            vg.iter().zip(&vc).all(|(g, &w)| g.to_f32().to_bits() == w.to_bits()),
+            "{}: v cache after write_kv",
+            self.name()
+        );
 
         let ctx: Vec<u32> = self.seqs.iter().map(|&(f, n)| (f + n) as u32).collect();
         let q = rand_bf16(r, n_new * self.n_heads * self.hd, -3.0, 3.0);
@@ -229,7 +249,13 @@ fn mixed_lengths(r: &mut ChaCha8Rng, edge: &[usize]) -> Vec<usize> {
 }
 
 fn decode_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
-    let one = |n_heads, n_kv, hd, ctx: &[usize], scale| Case { n_heads, n_kv, hd, seqs: ctx.iter().map(|&c| (c - 1, 1)).collect(), scale };
+    let one = |n_heads, n_kv, hd, ctx: &[usize], scale| Case {
+        n_heads,
+        n_kv,
+        hd,
+        seqs: ctx.iter().map(|&c| (c - 1, 1)).collect(),
+        scale,
+    };
     let s = |hd: usize| 1.0 / (hd as f32).sqrt();
     let mixed = mixed_lengths(r, &[1, 17, 500, 4096, 16, 32]);
     let mixed2 = mixed_lengths(r, &[1, 2, 17, 500, 1024]);
@@ -242,7 +268,7 @@ fn decode_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
         one(8, 8, 128, &[4096], 0.5), // MHA, peaky softmax
         one(16, 4, 64, &mixed, s(64)),
         one(32, 4, 128, &mixed2, s(128)),
-        one(9, 3, 64, &mixed3, s(64)),  // SmolLM2: group 3
+        one(9, 3, 64, &mixed3, s(64)),          // SmolLM2: group 3
         one(24, 2, 128, &[1, 700, 33], s(128)), // group 12: two head chunks per kv head
     ]
 }
@@ -263,7 +289,16 @@ fn decode_matches_cpu() {
         for (label, split, use_ws) in [("auto", None, true), ("split 64", Some(64), true), ("one split", None, false)] {
             let mut out = poisoned(&dev, n);
             let plan = dev
-                .paged_decode_attention(&mut out, &s.q_d, &batch, case.n_heads, case.scale, max_ctx, split, use_ws.then_some(&mut ws))
+                .paged_decode_attention(
+                    &mut out,
+                    &s.q_d,
+                    &batch,
+                    case.n_heads,
+                    case.scale,
+                    max_ctx,
+                    split,
+                    use_ws.then_some(&mut ws),
+                )
                 .unwrap();
             let what = format!("decode {} [{label}: {} splits of {}]", case.name(), plan.n_splits, plan.split_len);
             assert_close(&what, &dev.download(&out).unwrap(), &want);
@@ -281,7 +316,8 @@ fn decode_with_understated_max_context_is_still_right() {
     let want = case.reference(&s);
     let mut ws = dev.decode_workspace(2, 32, 128, 16).unwrap();
     let mut out = poisoned(&dev, s.q.len());
-    let plan = dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, Some(100), Some(&mut ws)).unwrap();
+    let plan =
+        dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, Some(100), Some(&mut ws)).unwrap();
     assert_eq!(plan.n_splits, 3);
     assert_close("decode, max_context 300 for a 1000-position context", &dev.download(&out).unwrap(), &want);
 }
@@ -386,11 +422,20 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
     }
     // Shapes are checked on the host.
     let mut out = poisoned(&dev, s.q.len() - 1);
-    assert!(matches!(dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, None, None), Err(KernelError::Shape { .. })));
+    assert!(matches!(
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, None, None),
+        Err(KernelError::Shape { .. })
+    ));
     let mut out = poisoned(&dev, s.q.len());
-    assert!(matches!(dev.paged_decode_attention(&mut out, &s.q_d, &batch, 6, 0.125, 41, None, None), Err(KernelError::Shape { .. })));
+    assert!(matches!(
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 6, 0.125, 41, None, None),
+        Err(KernelError::Shape { .. })
+    ));
     let hd96 = PagedBatch { cache: PagedKv { head_dim: 96, ..s.cache }, ..s.batch() };
-    assert!(matches!(dev.paged_decode_attention(&mut out, &s.q_d, &hd96, 8, 0.125, 41, None, None), Err(KernelError::Unsupported { .. })));
+    assert!(matches!(
+        dev.paged_decode_attention(&mut out, &s.q_d, &hd96, 8, 0.125, 41, None, None),
+        Err(KernelError::Unsupported { .. })
+    ));
 }
 
 // ---------------------------------------------------------------- benchmarks
@@ -441,8 +486,12 @@ fn filled_cache(dev: &Device, cache: &PagedKv, num_blocks: usize) -> (Buf<bf16>,
     let stride = cache.n_kv_heads * cache.head_dim;
     let slots_total = num_blocks * cache.block_size;
     let pool = 65536usize.min(slots_total);
-    let (kp, vp) = (dev.upload(&fast_rand_bf16(pool * stride, 11)).unwrap(), dev.upload(&fast_rand_bf16(pool * stride, 12)).unwrap());
-    let (mut kc, mut vc) = (dev.alloc::<bf16>(slots_total * stride).unwrap(), dev.alloc::<bf16>(slots_total * stride).unwrap());
+    let (kp, vp) = (
+        dev.upload(&fast_rand_bf16(pool * stride, 11)).unwrap(),
+        dev.upload(&fast_rand_bf16(pool * stride, 12)).unwrap(),
+    );
+    let (mut kc, mut vc) =
+        (dev.alloc::<bf16>(slots_total * stride).unwrap(), dev.alloc::<bf16>(slots_total * stride).unwrap());
     let mut slots = dev.alloc::<u32>(pool).unwrap();
     for start in (0..slots_total).step_by(pool) {
         // The last chunk may overlap the previous one: slots past the end would be skipped anyway.
@@ -488,9 +537,18 @@ fn bench_decode_attention_llama8b() {
             let q = dev.upload(&fast_rand_bf16(batch * n_heads * hd, 13)).unwrap();
             let mut out = dev.alloc::<bf16>(batch * n_heads * hd).unwrap();
             let reps = if bytes > (1 << 30) { 3 } else { 20 };
-            let b = |i: usize| PagedBatch { cache, k_cache: &kc, v_cache: &vc, block_tables: &tables[i % copies], max_blocks: blocks, context_lens: &ctx_d };
+            let b = |i: usize| PagedBatch {
+                cache,
+                k_cache: &kc,
+                v_cache: &vc,
+                block_tables: &tables[i % copies],
+                max_blocks: blocks,
+                context_lens: &ctx_d,
+            };
             let p = dev.paged_decode_attention(&mut out, &q, &b(0), n_heads, scale, ctx, None, Some(&mut ws)).unwrap();
-            let ms = median_ms(&dev, 5, reps, |i| dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, Some(&mut ws)).map(drop));
+            let ms = median_ms(&dev, 5, reps, |i| {
+                dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, Some(&mut ws)).map(drop)
+            });
             let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
             println!(
                 "BENCH | decode attention | batch {batch} ctx {ctx} ({} split{} of {}) | {:.1} us | - | {gbs:.0} GB/s KV read ({:.0}% of 4300)",
@@ -502,7 +560,9 @@ fn bench_decode_attention_llama8b() {
             );
             if batch == 1 && ctx >= 4096 {
                 // The same call without split-KV: what flash-decoding buys at batch 1.
-                let ms1 = median_ms(&dev, 5, reps, |i| dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, None).map(drop));
+                let ms1 = median_ms(&dev, 5, reps, |i| {
+                    dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, None).map(drop)
+                });
                 let g1 = bytes as f64 / (ms1 * 1e-3) / 1e9;
                 println!("BENCH | decode attention, no split | batch {batch} ctx {ctx} | {:.1} us | - | {g1:.0} GB/s KV read", ms1 * 1e3);
             }
@@ -523,7 +583,14 @@ fn bench_prefill_and_write_kv_llama8b() {
         let cu = dev.upload(&[0u32, tokens as u32]).unwrap();
         let q = dev.upload(&fast_rand_bf16(tokens * n_heads * hd, 14)).unwrap();
         let mut out = dev.alloc::<bf16>(tokens * n_heads * hd).unwrap();
-        let b = PagedBatch { cache, k_cache: &kc, v_cache: &vc, block_tables: &tables[0], max_blocks: blocks, context_lens: &ctx_d };
+        let b = PagedBatch {
+            cache,
+            k_cache: &kc,
+            v_cache: &vc,
+            block_tables: &tables[0],
+            max_blocks: blocks,
+            context_lens: &ctx_d,
+        };
         let ms = median_ms(&dev, 5, 3, |_| dev.paged_prefill_attention(&mut out, &q, &b, &cu, tokens, n_heads, 0.088));
         // Causal: query i sees i + 1 keys; 2 flops per multiply-add, QK and PV.
         let flops = 4.0 * (n_heads * hd) as f64 * (tokens * (tokens + 1) / 2) as f64;
@@ -534,6 +601,10 @@ fn bench_prefill_and_write_kv_llama8b() {
         let slots = dev.upload(&(0..tokens as u32).map(|i| (i * 7) % (tokens as u32)).collect::<Vec<_>>()).unwrap();
         let ms = median_ms(&dev, 5, 20, |_| dev.write_kv(&cache, &mut kc, &mut vc, &kn, &vn, &slots));
         let bytes = 4 * tokens * n_kv * hd * 2;
-        println!("BENCH | write_kv | {tokens} tokens x 8 kv x 128 | {:.2} us | - | {:.0} GB/s (read k, v; write cache)", ms * 1e3, bytes as f64 / (ms * 1e-3) / 1e9);
+        println!(
+            "BENCH | write_kv | {tokens} tokens x 8 kv x 128 | {:.2} us | - | {:.0} GB/s (read k, v; write cache)",
+            ms * 1e3,
+            bytes as f64 / (ms * 1e-3) / 1e9
+        );
     }
 }

@@ -107,7 +107,16 @@ fn rms_norm_matches_cpu() {
     // per-head norm (dim 64, warp path), a long row over the warp limit (block path), and
     // dims not a multiple of 8 (scalar paths) on both launch shapes, and a row too long to
     // stay in registers (16384).
-    for (rows, dim, eps) in [(1, 4096, 1e-5f32), (7, 4096, 1e-5), (33, 576, 1e-5), (45, 64, 1e-6), (3, 7, 0.5), (5, 1030, 1e-6), (2, 8192, 1e-5), (2, 16384, 1e-5)] {
+    for (rows, dim, eps) in [
+        (1, 4096, 1e-5f32),
+        (7, 4096, 1e-5),
+        (33, 576, 1e-5),
+        (45, 64, 1e-6),
+        (3, 7, 0.5),
+        (5, 1030, 1e-6),
+        (2, 8192, 1e-5),
+        (2, 16384, 1e-5),
+    ] {
         let x = rand_bf16(&mut r, rows * dim, -3.0, 3.0);
         let w = rand_bf16(&mut r, dim, -2.0, 2.0);
         let mut want = vec![f32::NAN; x.len()];
@@ -236,7 +245,8 @@ fn embedding_copies_table_rows() {
 fn rope_matches_cpu() {
     let Some(dev) = gpu("rope_matches_cpu") else { return };
     let mut r = rng(15);
-    let llama3 = Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 };
+    let llama3 =
+        Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 };
     // (tokens, heads, head_dim, rope_dim, theta, llama3 scaling)
     let cases = [
         (5usize, 32usize, 128usize, 128usize, 500_000f32, Some(llama3)),
@@ -262,7 +272,10 @@ fn rope_matches_cpu() {
             let what = format!("rope {style:?} {tokens}x{heads}x{hd} rope_dim {rd}");
             assert_close(&what, &got, &want, ATOL, RTOL);
             for (g, x0) in got.chunks(hd).zip(x.chunks(hd)) {
-                assert!(g[rd..].iter().zip(&x0[rd..]).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: pass-through dims changed");
+                assert!(
+                    g[rd..].iter().zip(&x0[rd..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: pass-through dims changed"
+                );
             }
         }
     }
@@ -305,7 +318,9 @@ fn matmul_matches_f64_reference() {
     let mut r = rng(16);
     // (m, rows, cols): decode and small-batch Llama-8B-like shapes, SmolLM2's FFN, and an
     // odd shape whose leading dimensions are not 16-byte multiples.
-    for (m, rows, cols) in [(1, 4096, 4096), (16, 1536, 576), (5, 6144, 4096), (64, 2048, 4096), (512, 512, 1024), (3, 17, 24)] {
+    for (m, rows, cols) in
+        [(1, 4096, 4096), (16, 1536, 576), (5, 6144, 4096), (64, 2048, 4096), (512, 512, 1024), (3, 17, 24)]
+    {
         let x = rand_bf16(&mut r, m * cols, -1.0, 1.0);
         let w = rand_bf16(&mut r, rows * cols, -0.05, 0.05);
         let (want, mag) = matmul_ref(&to_f32(&x), &to_f32(&w), m, rows, cols);
@@ -341,10 +356,7 @@ fn module_cache_hits_on_second_start() {
     let first = Device::with_cache(0, ModuleCache::new(&dir)).unwrap();
     let second = Device::with_cache(0, ModuleCache::new(&dir)).unwrap();
     for (a, b) in first.module_reports().iter().zip(second.module_reports()) {
-        eprintln!(
-            "module {}: compiled in {:.1} ms, then loaded from cache in {:.2} ms",
-            a.module, a.millis, b.millis
-        );
+        eprintln!("module {}: compiled in {:.1} ms, then loaded from cache in {:.2} ms", a.module, a.millis, b.millis);
         assert!(!a.cache_hit && a.store_error.is_none(), "first start must compile and store {}", a.module);
         assert!(b.cache_hit, "second start must hit the cache for {}", b.module);
     }
@@ -418,9 +430,17 @@ fn bench_memory_bound_ops() {
     let gb = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
 
     let ms = median_ms(&dev, 7, 10, |_| dev.rms_norm(&mut out, &x, &w, rows, 1e-5));
-    println!("BENCH | rms_norm | {rows}x{dim} bf16 | {:.1} us | - | {:.0} GB/s (read x, write out)", ms * 1e3, gb(2 * n * 2, ms));
+    println!(
+        "BENCH | rms_norm | {rows}x{dim} bf16 | {:.1} us | - | {:.0} GB/s (read x, write out)",
+        ms * 1e3,
+        gb(2 * n * 2, ms)
+    );
     let ms = median_ms(&dev, 7, 10, |_| dev.add_rms_norm(&mut out, &mut res, &x, &w, rows, 1e-5));
-    println!("BENCH | add_rms_norm | {rows}x{dim} bf16 | {:.1} us | - | {:.0} GB/s (read x, res; write res, out)", ms * 1e3, gb(4 * n * 2, ms));
+    println!(
+        "BENCH | add_rms_norm | {rows}x{dim} bf16 | {:.1} us | - | {:.0} GB/s (read x, res; write res, out)",
+        ms * 1e3,
+        gb(4 * n * 2, ms)
+    );
     let x1 = dev.upload(&fast_rand_bf16(dim, 9)).unwrap();
     let mut out1 = dev.alloc::<bf16>(dim).unwrap();
     let ms = median_ms(&dev, 7, 200, |_| dev.rms_norm(&mut out1, &x1, &w, 1, 1e-5));
@@ -438,13 +458,21 @@ fn bench_memory_bound_ops() {
     let mut q = dev.upload(&fast_rand_bf16(tok * heads * 128, 5)).unwrap();
     let pos = dev.upload(&(0..tok as u32).collect::<Vec<_>>()).unwrap();
     let ms = median_ms(&dev, 7, 10, |_| dev.rope(&mut q, tok, heads, 128, &pos, &cache, RopeStyle::Neox));
-    println!("BENCH | rope neox | {tok}x{heads}x128 bf16 | {:.1} us | - | {:.0} GB/s", ms * 1e3, gb(2 * tok * heads * 128 * 2, ms));
+    println!(
+        "BENCH | rope neox | {tok}x{heads}x128 bf16 | {:.1} us | - | {:.0} GB/s",
+        ms * 1e3,
+        gb(2 * tok * heads * 128 * 2, ms)
+    );
 
     let table = dev.upload(&fast_rand_bf16(128_256 * dim, 6)).unwrap();
     let ids = dev.upload(&(0..8192u32).map(|i| (i * 7919) % 128_256).collect::<Vec<_>>()).unwrap();
     let mut emb = dev.alloc::<bf16>(8192 * dim).unwrap();
     let ms = median_ms(&dev, 7, 10, |_| dev.embedding(&mut emb, &table, &ids, dim));
-    println!("BENCH | embedding | 8192 ids x {dim} bf16 | {:.1} us | - | {:.0} GB/s", ms * 1e3, gb(2 * 8192 * dim * 2, ms));
+    println!(
+        "BENCH | embedding | 8192 ids x {dim} bf16 | {:.1} us | - | {:.0} GB/s",
+        ms * 1e3,
+        gb(2 * 8192 * dim * 2, ms)
+    );
 }
 
 #[test]

@@ -51,12 +51,8 @@ fn random_weight(ty: GgmlType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -
     let n = rows * cols;
     match ty {
         GgmlType::F32 => (0..n).flat_map(|_| uniform(rng).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n)
-            .flat_map(|_| f16::from_f32(uniform(rng)).to_bits().to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => (0..n)
-            .flat_map(|_| ((uniform(rng).to_bits() >> 16) as u16).to_le_bytes())
-            .collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(uniform(rng)).to_bits().to_le_bytes()).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| ((uniform(rng).to_bits() >> 16) as u16).to_le_bytes()).collect(),
         _ => {
             let bb = ty.block_bytes();
             let mut data = vec![0u8; ty.bytes_for(n).unwrap()];
@@ -114,11 +110,7 @@ struct QuantX {
 }
 
 fn quantised_x(x: &[f32], block: usize) -> QuantX {
-    let mut qx = QuantX {
-        xq: Vec::new(),
-        err: Vec::new(),
-        s_err: Vec::new(),
-    };
+    let mut qx = QuantX { xq: Vec::new(), err: Vec::new(), s_err: Vec::new() };
     let f16_round = |v: f32| {
         if block == 32 && Q8_SCALES_F16 {
             f16::from_f32(v).to_f32()
@@ -133,12 +125,10 @@ fn quantised_x(x: &[f32], block: usize) -> QuantX {
         let q: Vec<f32> = b.iter().map(|&v| (v * id).round_ties_even()).collect();
         let d16 = f16_round(d) as f64;
         let qsum: f32 = q.iter().sum();
-        qx.s_err
-            .push(f16_round(d * qsum) as f64 - d16 * qsum as f64);
+        qx.s_err.push(f16_round(d * qsum) as f64 - d16 * qsum as f64);
         for &qv in &q {
             qx.xq.push(qv as f64 * d16);
-            qx.err
-                .push(d as f64 / 2.0 + (qv as f64).abs() * (d16 - d as f64).abs());
+            qx.err.push(d as f64 / 2.0 + (qv as f64).abs() * (d16 - d as f64).abs());
         }
     }
     qx
@@ -147,8 +137,7 @@ fn quantised_x(x: &[f32], block: usize) -> QuantX {
 /// The offset term of each 32-value block of a Q4_0/Q4_1 row (the weight value at
 /// quant 0: `-8·d` or `m`), which the kernels multiply by the activation sum `s16`.
 fn block_offsets(ty: GgmlType, row: &[u8]) -> Vec<f64> {
-    let f16_at =
-        |b: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
+    let f16_at = |b: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
     match ty {
         GgmlType::Q4_0 => row.chunks_exact(18).map(|b| -8.0 * f16_at(b, 0)).collect(),
         GgmlType::Q4_1 => row.chunks_exact(20).map(|b| f16_at(b, 2)).collect(),
@@ -175,47 +164,22 @@ fn check_case(isa: Isa, ty: GgmlType, rows: usize, cols: usize, n: usize, seed: 
         for t in 0..n {
             let xt = &x[t * cols..(t + 1) * cols];
             let got = out[t * rows + r] as f64;
-            let exact: f64 = wrow
-                .iter()
-                .zip(xt)
-                .map(|(&a, &b)| a as f64 * b as f64)
-                .sum();
-            let abs_sum: f64 = wrow
-                .iter()
-                .zip(xt)
-                .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                .sum();
+            let exact: f64 = wrow.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let abs_sum: f64 = wrow.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
             let (quant_ref, bound, q_abs_sum) = match act_block(ty) {
                 None => (exact, 0.0, abs_sum),
                 Some(block) => {
                     let qx = quantised_x(xt, block);
                     let offsets = block_offsets(ty, &data[r * row_bytes..(r + 1) * row_bytes]);
                     let s_term: f64 = offsets.iter().zip(&qx.s_err).map(|(m, e)| m * e).sum();
-                    let s_bound: f64 = offsets
-                        .iter()
-                        .zip(&qx.s_err)
-                        .map(|(m, e)| (m * e).abs())
-                        .sum();
+                    let s_bound: f64 = offsets.iter().zip(&qx.s_err).map(|(m, e)| (m * e).abs()).sum();
                     let q: f64 = wrow.iter().zip(&qx.xq).map(|(&a, &b)| a as f64 * b).sum();
-                    let qa: f64 = wrow
-                        .iter()
-                        .zip(&qx.xq)
-                        .map(|(&a, &b)| (a as f64 * b).abs())
-                        .sum();
-                    let bound: f64 = wrow
-                        .iter()
-                        .zip(&qx.err)
-                        .map(|(&a, &e)| (a as f64).abs() * e)
-                        .sum();
+                    let qa: f64 = wrow.iter().zip(&qx.xq).map(|(&a, &b)| (a as f64 * b).abs()).sum();
+                    let bound: f64 = wrow.iter().zip(&qx.err).map(|(&a, &e)| (a as f64).abs() * e).sum();
                     (q + s_term, bound + s_bound, qa)
                 }
             };
-            let ctx = || {
-                format!(
-                    "{} {ty} rows={rows} cols={cols} n={n} r={r} t={t}",
-                    isa.name()
-                )
-            };
+            let ctx = || format!("{} {ty} rows={rows} cols={cols} n={n} r={r} t={t}", isa.name());
             let err = (got - exact).abs();
             assert!(
                 err <= bound + 1e-5 * abs_sum,
@@ -223,11 +187,7 @@ fn check_case(isa: Isa, ty: GgmlType, rows: usize, cols: usize, n: usize, seed: 
                 ctx()
             );
             let qerr = (got - quant_ref).abs();
-            assert!(
-                qerr <= 2e-5 * q_abs_sum,
-                "{}: got {got}, quantised-x ref {quant_ref}, err {qerr:e}",
-                ctx()
-            );
+            assert!(qerr <= 2e-5 * q_abs_sum, "{}: got {got}, quantised-x ref {quant_ref}, err {qerr:e}", ctx());
             let xnorm = xt.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
             worst = worst.max(err / (wnorm * xnorm).max(1e-30));
         }
@@ -264,15 +224,8 @@ fn every_type_matches_reference() {
                 }
             }
             // The activation quantisation error, relative to ‖W_r‖·‖x_t‖, stays small.
-            assert!(
-                worst < 1e-2,
-                "{} {ty}: relative error {worst:e}",
-                isa.name()
-            );
-            println!(
-                "{:6} {ty:5}: worst |err| / (‖W_r‖·‖x_t‖) = {worst:.2e}",
-                isa.name()
-            );
+            assert!(worst < 1e-2, "{} {ty}: relative error {worst:e}", isa.name());
+            println!("{:6} {ty:5}: worst |err| / (‖W_r‖·‖x_t‖) = {worst:.2e}", isa.name());
         }
     }
 }
@@ -309,17 +262,10 @@ fn scalar_and_avx2_agree() {
             for r in 0..rows {
                 dequantize_row(ty, &data[r * row_bytes..(r + 1) * row_bytes], &mut wrow).unwrap();
                 for t in 0..n {
-                    let abs_sum: f32 = wrow
-                        .iter()
-                        .zip(&x[t * cols..(t + 1) * cols])
-                        .map(|(p, q)| (p * q).abs())
-                        .sum();
+                    let abs_sum: f32 = wrow.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(p, q)| (p * q).abs()).sum();
                     let (s, v) = (a[t * rows + r], b[t * rows + r]);
                     // Same integer block sums; only the f32 summation order differs.
-                    assert!(
-                        (s - v).abs() <= 2e-6 * abs_sum,
-                        "{ty} cols={cols} r={r} t={t}: scalar {s} avx2 {v}"
-                    );
+                    assert!((s - v).abs() <= 2e-6 * abs_sum, "{ty} cols={cols} r={r} t={t}: scalar {s} avx2 {v}");
                 }
             }
         }
@@ -339,15 +285,7 @@ fn vnni_equals_avx2_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for ty in ALL {
         for &cols in cols_for(ty) {
-            for &(rows, n) in &[
-                (37usize, 1usize),
-                (8, 2),
-                (9, 3),
-                (37, 4),
-                (5, 5),
-                (37, 17),
-                (3, 70),
-            ] {
+            for &(rows, n) in &[(37usize, 1usize), (8, 2), (9, 3), (37, 4), (5, 5), (37, 17), (3, 70)] {
                 let data = random_weight(ty, rows, cols, &mut rng);
                 let x = random_x(n, cols, &mut rng);
                 let w = Weight::new(ty, rows, cols, &data).unwrap();
@@ -355,19 +293,14 @@ fn vnni_equals_avx2_bit_for_bit() {
                 matmul_with(avx2, &mut a, &x, n, &w).unwrap();
                 matmul_with(vnni, &mut b, &x, n, &w).unwrap();
                 for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-                    assert!(
-                        p.to_bits() == q.to_bits(),
-                        "{ty} {rows}x{cols} n={n} out[{i}]: avx2 {p} vnni {q}"
-                    );
+                    assert!(p.to_bits() == q.to_bits(), "{ty} {rows}x{cols} n={n} out[{i}]: avx2 {p} vnni {q}");
                 }
                 let mut one = vec![0.0f32; rows];
                 for t in 0..n {
                     matmul_with(vnni, &mut one, &x[t * cols..(t + 1) * cols], 1, &w).unwrap();
                     let batched = &b[t * rows..(t + 1) * rows];
                     assert!(
-                        one.iter()
-                            .zip(batched)
-                            .all(|(p, q)| p.to_bits() == q.to_bits()),
+                        one.iter().zip(batched).all(|(p, q)| p.to_bits() == q.to_bits()),
                         "{ty} {rows}x{cols} n={n} token {t}: alone {one:?} batched {batched:?}"
                     );
                 }
@@ -392,12 +325,7 @@ fn default_path_is_the_best_isa() {
 fn bad_lengths_are_errors() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let data = random_weight(GgmlType::Q4_1, 8, 64, &mut rng); // 8 rows x 40 bytes
-    let w = Weight {
-        ty: GgmlType::Q4_1,
-        rows: 8,
-        cols: 64,
-        data: &data,
-    };
+    let w = Weight { ty: GgmlType::Q4_1, rows: 8, cols: 64, data: &data };
     let x = random_x(2, 64, &mut rng);
     let mut out = vec![0.0f32; 16];
     assert!(matmul(&mut out, &x, 2, &w).is_ok());
@@ -405,33 +333,15 @@ fn bad_lengths_are_errors() {
     assert!(matmul(&mut out[..15], &x, 2, &w).is_err(), "short out");
     assert!(matmul(&mut out, &x, 3, &w).is_err(), "n disagrees with x");
     assert!(matmul(&mut out, &x, usize::MAX, &w).is_err(), "n overflows");
-    let short = Weight {
-        data: &data[..319],
-        ..w
-    };
-    assert!(
-        matmul(&mut out, &x, 2, &short).is_err(),
-        "short weight data"
-    );
+    let short = Weight { data: &data[..319], ..w };
+    assert!(matmul(&mut out, &x, 2, &short).is_err(), "short weight data");
     let long_rows = Weight { rows: 9, ..w };
-    assert!(
-        matmul(&mut [0.0; 18], &x, 2, &long_rows).is_err(),
-        "rows disagree with data"
-    );
+    assert!(matmul(&mut [0.0; 18], &x, 2, &long_rows).is_err(), "rows disagree with data");
     let odd_cols = Weight { cols: 48, ..w };
-    assert!(
-        matmul(&mut out, &x[..96], 2, &odd_cols).is_err(),
-        "cols not whole blocks"
-    );
-    assert!(
-        Weight::new(GgmlType::Q4K, 1, 64, &data[..144]).is_err(),
-        "K type needs 256 columns"
-    );
+    assert!(matmul(&mut out, &x[..96], 2, &odd_cols).is_err(), "cols not whole blocks");
+    assert!(Weight::new(GgmlType::Q4K, 1, 64, &data[..144]).is_err(), "K type needs 256 columns");
     let err = matmul(&mut out, &x[..127], 2, &w).unwrap_err().to_string();
-    assert!(
-        err.contains("matmul") && err.contains("127"),
-        "error names the op and the length: {err}"
-    );
+    assert!(err.contains("matmul") && err.contains("127"), "error names the op and the length: {err}");
 }
 
 #[test]
@@ -447,31 +357,12 @@ fn dequantize_rows_matches_dequantize_row() {
         dequantize_rows(&w, 5, &mut got).unwrap();
         for k in 0..3 {
             let mut want = vec![0.0f32; cols];
-            dequantize_row(
-                ty,
-                &data[(5 + k) * row_bytes..(6 + k) * row_bytes],
-                &mut want,
-            )
-            .unwrap();
-            assert_eq!(
-                &got[k * cols..(k + 1) * cols],
-                &want[..],
-                "{ty} row {}",
-                5 + k
-            );
+            dequantize_row(ty, &data[(5 + k) * row_bytes..(6 + k) * row_bytes], &mut want).unwrap();
+            assert_eq!(&got[k * cols..(k + 1) * cols], &want[..], "{ty} row {}", 5 + k);
         }
-        assert!(
-            dequantize_rows(&w, 7, &mut got).is_err(),
-            "{ty}: rows 7..10 of 9"
-        );
-        assert!(
-            dequantize_rows(&w, 9, &mut got[..cols]).is_err(),
-            "{ty}: row 9 of 9"
-        );
-        assert!(
-            dequantize_rows(&w, 0, &mut got[..cols + 1]).is_err(),
-            "{ty}: partial row"
-        );
+        assert!(dequantize_rows(&w, 7, &mut got).is_err(), "{ty}: rows 7..10 of 9");
+        assert!(dequantize_rows(&w, 9, &mut got[..cols]).is_err(), "{ty}: row 9 of 9");
+        assert!(dequantize_rows(&w, 0, &mut got[..cols + 1]).is_err(), "{ty}: partial row");
         assert!(dequantize_rows(&w, 8, &mut got[..cols]).is_ok());
     }
 }

@@ -21,28 +21,18 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 }
 
 fn load(name: &str) -> Fixture {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/quant")
-        .join(format!("{name}.bin"));
-    let b = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/gen_quant.py)", path.display()));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant").join(format!("{name}.bin"));
+    let b =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run tests/fixtures/gen_quant.py)", path.display()));
     assert_eq!(&b[..4], b"TQF1", "{name}: bad magic");
     let ty = GgmlType::from_id(u32_at(&b, 4)).expect("known type id");
     let (rows, cols) = (u32_at(&b, 8) as usize, u32_at(&b, 12) as usize);
     let nbytes = rows * ty.bytes_for(cols).expect("whole blocks");
     let blocks = b[16..16 + nbytes].to_vec();
-    let expected: Vec<f32> = b[16 + nbytes..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let expected: Vec<f32> =
+        b[16 + nbytes..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     assert_eq!(expected.len(), rows * cols, "{name}: truncated");
-    Fixture {
-        ty,
-        rows,
-        cols,
-        blocks,
-        expected,
-    }
+    Fixture { ty, rows, cols, blocks, expected }
 }
 
 fn check(name: &str, ty: GgmlType) {
@@ -52,17 +42,8 @@ fn check(name: &str, ty: GgmlType) {
     let mut nonzero = 0;
     for r in 0..f.rows {
         let mut out = vec![f32::NAN; f.cols];
-        dequantize_row(
-            f.ty,
-            &f.blocks[r * row_bytes..(r + 1) * row_bytes],
-            &mut out,
-        )
-        .unwrap();
-        for (c, (&got, &want)) in out
-            .iter()
-            .zip(&f.expected[r * f.cols..(r + 1) * f.cols])
-            .enumerate()
-        {
+        dequantize_row(f.ty, &f.blocks[r * row_bytes..(r + 1) * row_bytes], &mut out).unwrap();
+        for (c, (&got, &want)) in out.iter().zip(&f.expected[r * f.cols..(r + 1) * f.cols]).enumerate() {
             assert!(
                 got == want || (got.is_nan() && want.is_nan()),
                 "{name} row {r} col {c}: got {got:e}, gguf-py {want:e}"
@@ -71,10 +52,7 @@ fn check(name: &str, ty: GgmlType) {
         }
     }
     // The fixture must exercise real values, not a block of zeros.
-    assert!(
-        nonzero > f.rows * f.cols / 2,
-        "{name}: too few non-zero values"
-    );
+    assert!(nonzero > f.rows * f.cols / 2, "{name}: too few non-zero values");
 }
 
 #[test]

@@ -43,9 +43,10 @@ impl ModelBundle {
         let (tokenizer, source) = match files.as_ref() {
             ModelFiles::Gguf(g) => (Tokenizer::from_gguf(g)?, gguf_chat_template(g).map(str::to_string)),
             ModelFiles::SafeTensors(hf) => {
-                let path = hf.dir.tokenizer_json.as_ref().ok_or_else(|| {
-                    BundleError::Missing(format!("{} has no tokenizer.json", hf.dir.dir.display()))
-                })?;
+                let path =
+                    hf.dir.tokenizer_json.as_ref().ok_or_else(|| {
+                        BundleError::Missing(format!("{} has no tokenizer.json", hf.dir.dir.display()))
+                    })?;
                 (Tokenizer::from_hf_file(path)?, hf.dir.tokenizer_config.chat_template.clone())
             }
         };

@@ -45,18 +45,12 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 
     /// The message as the template sees it: a mapping with `role` and `content`.
     fn to_value(&self) -> Value {
-        Value::from_pairs([
-            ("role", self.role.as_str()),
-            ("content", self.content.as_str()),
-        ])
+        Value::from_pairs([("role", self.role.as_str()), ("content", self.content.as_str())])
     }
 }
 
@@ -85,8 +79,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_string())
-            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        env.add_template_owned(NAME, source.to_string()).map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
         Ok(Self {
             env,
             bos_token: bos_token.to_string(),
@@ -112,15 +105,8 @@ impl ChatTemplate {
 
     /// The prompt for `messages`; with `add_generation_prompt` it ends with the header that
     /// opens the assistant's reply.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ChatTemplateError> {
-        let template = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
+        let template = self.env.get_template(NAME).map_err(|e| ChatTemplateError::Render(describe(&e)))?;
         let ctx = context! {
             messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
@@ -131,9 +117,7 @@ impl ChatTemplate {
         let mut out = template.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::OutOfFuel => ChatTemplateError::OutOfFuel(self.fuel),
             ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {
-                ChatTemplateError::Raised(
-                    e.detail().unwrap_or_default()[RAISED.len()..].to_string(),
-                )
+                ChatTemplateError::Raised(e.detail().unwrap_or_default()[RAISED.len()..].to_string())
             }
             _ => ChatTemplateError::Render(describe(&e)),
         })?;
@@ -169,25 +153,15 @@ fn describe(e: &Error) -> String {
 const RAISED: &str = "raise_exception: ";
 
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("{RAISED}{message}"),
-    ))
+    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
 }
 
 /// `strftime_now(format)`: the current UTC time. Supports %Y %y %m %d %e %j %H %I %M %S
 /// %p %b %B %a %A %F %T %%, which is what chat templates use (Llama 3.1: "%d %b %Y").
 fn strftime_now(format: String) -> Result<String, Error> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    strftime(&format, secs).map_err(|c| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("strftime_now: unsupported %{c}"),
-        )
-    })
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    strftime(&format, secs)
+        .map_err(|c| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: unsupported %{c}")))
 }
 
 const MONTHS: [&str; 12] = [
@@ -204,15 +178,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Formats `secs` since the epoch (UTC); `Err` names an unsupported conversion.
 fn strftime(format: &str, secs: u64) -> Result<String, char> {
@@ -272,12 +238,7 @@ fn strftime(format: &str, secs: u64) -> Result<String, char> {
 /// `ensure_ascii=False`): `", "` and `": "` separators, keys in insertion order, optional
 /// `indent`, `separators`, `sort_keys` and `ensure_ascii` (positionally: ensure_ascii,
 /// indent). MiniJinja's built-in `tojson` writes compact, HTML-escaped JSON instead.
-fn tojson(
-    value: Value,
-    ensure_ascii: Option<Value>,
-    indent: Option<Value>,
-    kwargs: Kwargs,
-) -> Result<String, Error> {
+fn tojson(value: Value, ensure_ascii: Option<Value>, indent: Option<Value>, kwargs: Kwargs) -> Result<String, Error> {
     let pick = |name: &str, positional: Option<Value>| -> Result<Option<Value>, Error> {
         Ok(match kwargs.get::<Option<Value>>(name)? {
             Some(v) => Some(v),
@@ -290,10 +251,7 @@ fn tojson(
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().len()),
         _ => None,
     };
-    let (mut item_sep, mut key_sep) = (
-        if indent.is_some() { "," } else { ", " }.to_string(),
-        ": ".to_string(),
-    );
+    let (mut item_sep, mut key_sep) = (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string());
     if let Some(seps) = kwargs.get::<Option<Value>>("separators")? {
         let mut it = seps.try_iter()?;
         if let Some(v) = it.next() {
@@ -305,13 +263,7 @@ fn tojson(
     }
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     kwargs.assert_all_used()?;
-    let opts = JsonOpts {
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys,
-        ensure_ascii,
-    };
+    let opts = JsonOpts { indent, item_sep, key_sep, sort_keys, ensure_ascii };
     let mut out = String::new();
     write_json(&value, &opts, 0, &mut out)?;
     Ok(out)
@@ -360,28 +312,20 @@ fn write_json(v: &Value, o: &JsonOpts, level: usize, out: &mut String) -> Result
                 let item = v.get_item(&k);
                 (k, item)
             });
-            write_container(
-                items,
-                '{',
-                '}',
-                o,
-                level,
-                out,
-                |(k, item), o, level, out| {
-                    let key = match k.as_str() {
-                        Some(s) => s.to_string(),
-                        None => k.to_string(),
-                    };
-                    write_json_str(&key, o.ensure_ascii, out);
-                    out.push_str(&o.key_sep);
-                    write_json(&item?, o, level, out)
-                },
-            )?;
+            write_container(items, '{', '}', o, level, out, |(k, item), o, level, out| {
+                let key = match k.as_str() {
+                    Some(s) => s.to_string(),
+                    None => k.to_string(),
+                };
+                write_json_str(&key, o.ensure_ascii, out);
+                out.push_str(&o.key_sep);
+                write_json(&item?, o, level, out)
+            })?;
         }
         _ => match v.try_iter() {
-            Ok(items) => write_container(items, '[', ']', o, level, out, |item, o, level, out| {
-                write_json(&item, o, level, out)
-            })?,
+            Ok(items) => {
+                write_container(items, '[', ']', o, level, out, |item, o, level, out| write_json(&item, o, level, out))?
+            }
             Err(_) => write_json_str(&v.to_string(), o.ensure_ascii, out),
         },
     }

@@ -13,9 +13,7 @@ use tessera_model::gguf::GgufFile;
 use tessera_model::tokenizer::Tokenizer;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/chat_template")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat_template").join(name)
 }
 
 /// Renders every fixture row of `name` and returns the disagreements.
@@ -35,9 +33,9 @@ fn compare(template: &ChatTemplate, name: &str) -> Vec<String> {
         let want = row["prompt"].as_str().unwrap();
         match template.render(&messages, add) {
             Ok(got) if got == want => {}
-            got => bad.push(format!(
-                "{name} {messages:?} add_generation_prompt={add}:\n  got  {got:?}\n  want {want:?}"
-            )),
+            got => {
+                bad.push(format!("{name} {messages:?} add_generation_prompt={add}:\n  got  {got:?}\n  want {want:?}"))
+            }
         }
         n += 1;
     }
@@ -53,26 +51,15 @@ fn default_model_template_matches_llama_server() {
             .join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
     if !path.exists() {
-        eprintln!(
-            "skipping: {} is not present (set TESSERA_MODEL_PATH)",
-            path.display()
-        );
+        eprintln!("skipping: {} is not present (set TESSERA_MODEL_PATH)", path.display());
         return;
     }
     let file = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let source = gguf_chat_template(&file).expect("the default model carries a chat template");
-    let bos = tok
-        .bos_token_id()
-        .and_then(|id| tok.token_text(id))
-        .unwrap();
-    let eos = tok
-        .eos_token_id()
-        .and_then(|id| tok.token_text(id))
-        .unwrap();
-    let template = ChatTemplate::new(source, bos, eos)
-        .unwrap()
-        .with_tokenizer_adding_bos(tok.add_bos_token());
+    let bos = tok.bos_token_id().and_then(|id| tok.token_text(id)).unwrap();
+    let eos = tok.eos_token_id().and_then(|id| tok.token_text(id)).unwrap();
+    let template = ChatTemplate::new(source, bos, eos).unwrap().with_tokenizer_adding_bos(tok.add_bos_token());
     let bad = compare(&template, "smollm2");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

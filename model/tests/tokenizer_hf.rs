@@ -13,12 +13,7 @@ use tessera_model::tokenizer::{TokenType, Tokenizer, TokenizerSpec};
 use tokenizer_support::{default_model, ids, read_jsonl, unhex};
 
 fn write_hf_dir(spec: &TokenizerSpec, dir: &std::path::Path) {
-    let vocab: Map<String, Value> = spec
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let vocab: Map<String, Value> = spec.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
     let added: Vec<Value> = spec
         .tokens
         .iter()
@@ -49,11 +44,7 @@ fn write_hf_dir(spec: &TokenizerSpec, dir: &std::path::Path) {
     let config = json!({"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>", "special": true},
                         "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"});
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-    std::fs::write(
-        dir.join("generation_config.json"),
-        json!({"eos_token_id": [2, 0]}).to_string(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("generation_config.json"), json!({"eos_token_id": [2, 0]}).to_string()).unwrap();
 }
 
 #[test]
@@ -66,16 +57,10 @@ fn hf_tokenizer_json_agrees_with_llama_cpp() {
     std::fs::remove_dir_all(&dir).unwrap();
 
     assert_eq!(tok.vocab_size(), 49152);
-    assert_eq!(
-        (tok.bos_token_id(), tok.eos_token_id(), tok.eot_token_id()),
-        (Some(1), Some(2), Some(2))
-    );
+    assert_eq!((tok.bos_token_id(), tok.eos_token_id(), tok.eot_token_id()), (Some(1), Some(2), Some(2)));
     assert!(!tok.add_bos_token());
     assert_eq!(tok.stop_token_ids(), &[0, 2]);
-    assert_eq!(
-        tok.hf_chat_template(),
-        Some("{% for m in messages %}{{ m.content }}{% endfor %}")
-    );
+    assert_eq!(tok.hf_chat_template(), Some("{% for m in messages %}{{ m.content }}{% endfor %}"));
     assert_eq!(tok.token_text(2), Some("<|im_end|>"));
 
     let mut bad = Vec::new();
@@ -89,10 +74,7 @@ fn hf_tokenizer_json_agrees_with_llama_cpp() {
             }
         }
     }
-    for row in read_jsonl("smollm2.jsonl")
-        .into_iter()
-        .chain(read_jsonl("smollm2.decode.jsonl"))
-    {
+    for row in read_jsonl("smollm2.jsonl").into_iter().chain(read_jsonl("smollm2.decode.jsonl")) {
         let ids = ids(&row["ids"]);
         for (key, skip) in [("decode", false), ("decode_skip_special", true)] {
             let want = String::from_utf8_lossy(&unhex(row[key].as_str().unwrap())).into_owned();
@@ -108,9 +90,7 @@ fn hf_tokenizer_json_agrees_with_llama_cpp() {
             }
             streamed.push_str(&s.finish().unwrap());
             if streamed != want {
-                bad.push(format!(
-                    "stream {key} {ids:?}: got {streamed:?}, want {want:?}"
-                ));
+                bad.push(format!("stream {key} {ids:?}: got {streamed:?}, want {want:?}"));
             }
         }
     }
@@ -125,16 +105,8 @@ fn hf_tokenizer_json_agrees_with_llama_cpp() {
     // Bytes SmolLM2's vocabulary has no token for (0x04, 0xF1, ...) encode as nothing on both
     // paths, as llama.cpp does.
     let native = Tokenizer::from_spec(&spec).unwrap();
-    for text in [
-        "a\u{4}b",
-        "x\u{40000}y",
-        "\u{13}\u{14}\u{16}\u{1d}",
-        "\u{6}",
-    ] {
-        let (hf, gguf) = (
-            tok.encode(text, true, true).unwrap(),
-            native.encode(text, true, true).unwrap(),
-        );
+    for text in ["a\u{4}b", "x\u{40000}y", "\u{13}\u{14}\u{16}\u{1d}", "\u{6}"] {
+        let (hf, gguf) = (tok.encode(text, true, true).unwrap(), native.encode(text, true, true).unwrap());
         assert_eq!(hf, gguf, "{text:?}");
         assert!(hf.iter().all(|&id| id < 49152));
     }

@@ -11,11 +11,7 @@ use tessera_model::tokenizer::{TokenType, Tokenizer, TokenizerSpec, VocabKind};
 /// (text, score) pieces after <unk>, <s>, </s> and, when `bytes`, the 256 byte tokens.
 fn spec(pieces: &[(&str, f32)], bytes: bool) -> TokenizerSpec {
     let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
-    let mut types = vec![
-        TokenType::Unknown as i32,
-        TokenType::Control as i32,
-        TokenType::Control as i32,
-    ];
+    let mut types = vec![TokenType::Unknown as i32, TokenType::Control as i32, TokenType::Control as i32];
     let mut scores = vec![0.0, 0.0, 0.0];
     if bytes {
         for b in 0..=255u8 {
@@ -82,19 +78,10 @@ fn defaults_are_llama_cpps_for_sentencepiece() {
 fn merges_follow_scores_to_whole_words() {
     let t = tok();
     // ▁ h e l l o: ll(-2) > he(-3) > ▁he(-4) > ▁hell(-7) > ▁hello(-1, appears last).
-    assert_eq!(
-        t.encode("hello", true, true).unwrap(),
-        [1, id(&t, "▁hello")]
-    );
-    assert_eq!(
-        t.encode("hello world", false, true).unwrap(),
-        [id(&t, "▁hello"), id(&t, "▁world")]
-    );
+    assert_eq!(t.encode("hello", true, true).unwrap(), [1, id(&t, "▁hello")]);
+    assert_eq!(t.encode("hello world", false, true).unwrap(), [id(&t, "▁hello"), id(&t, "▁world")]);
     // "hel" stops at ▁he + l: ▁hel is not a token.
-    assert_eq!(
-        t.encode("hel", false, true).unwrap(),
-        [id(&t, "▁he"), id(&t, "l")]
-    );
+    assert_eq!(t.encode("hel", false, true).unwrap(), [id(&t, "▁he"), id(&t, "l")]);
 }
 
 #[test]
@@ -106,64 +93,36 @@ fn higher_score_wins_and_ties_go_left() {
     };
     let base = [("a", -10.0), ("b", -10.0), ("c", -10.0)];
     let t = no_prefix(&[base.as_slice(), &[("ab", -1.0), ("bc", -2.0)]].concat());
-    assert_eq!(
-        t.encode("abc", false, true).unwrap(),
-        [id(&t, "ab"), id(&t, "c")]
-    );
+    assert_eq!(t.encode("abc", false, true).unwrap(), [id(&t, "ab"), id(&t, "c")]);
     let t = no_prefix(&[base.as_slice(), &[("ab", -2.0), ("bc", -1.0)]].concat());
-    assert_eq!(
-        t.encode("abc", false, true).unwrap(),
-        [id(&t, "a"), id(&t, "bc")]
-    );
+    assert_eq!(t.encode("abc", false, true).unwrap(), [id(&t, "a"), id(&t, "bc")]);
     let t = no_prefix(&[base.as_slice(), &[("ab", -1.0), ("bc", -1.0)]].concat());
-    assert_eq!(
-        t.encode("abc", false, true).unwrap(),
-        [id(&t, "ab"), id(&t, "c")]
-    );
+    assert_eq!(t.encode("abc", false, true).unwrap(), [id(&t, "ab"), id(&t, "c")]);
     // "aaa" with "aa": the leftmost pair merges first.
     let t = no_prefix(&[("a", -10.0), ("aa", -1.0)]);
-    assert_eq!(
-        t.encode("aaa", false, true).unwrap(),
-        [id(&t, "aa"), id(&t, "a")]
-    );
+    assert_eq!(t.encode("aaa", false, true).unwrap(), [id(&t, "aa"), id(&t, "a")]);
 }
 
 #[test]
 fn characters_without_tokens_fall_back_to_bytes() {
     let t = tok();
     // ▁ h é: ▁h merges; é (C3 A9) has no token.
-    assert_eq!(
-        t.encode("hé", false, true).unwrap(),
-        [id(&t, "▁h"), byte(0xC3), byte(0xA9)]
-    );
+    assert_eq!(t.encode("hé", false, true).unwrap(), [id(&t, "▁h"), byte(0xC3), byte(0xA9)]);
     // 🙂 is F0 9F 99 82; the lone ▁ before it is a token.
-    assert_eq!(
-        t.encode("🙂", false, true).unwrap(),
-        [id(&t, "▁"), byte(0xF0), byte(0x9F), byte(0x99), byte(0x82)]
-    );
-    assert_eq!(
-        t.decode(&t.encode("hé 🙂!", true, true).unwrap(), true)
-            .unwrap(),
-        " hé 🙂!"
-    );
+    assert_eq!(t.encode("🙂", false, true).unwrap(), [id(&t, "▁"), byte(0xF0), byte(0x9F), byte(0x99), byte(0x82)]);
+    assert_eq!(t.decode(&t.encode("hé 🙂!", true, true).unwrap(), true).unwrap(), " hé 🙂!");
 }
 
 #[test]
 fn without_byte_tokens_unknown_characters_become_unk() {
     let t = Tokenizer::from_spec(&spec(PIECES, false)).unwrap();
-    assert_eq!(
-        t.encode("hé", false, true).unwrap(),
-        [t.token_id("▁h").unwrap(), 0, 0]
-    );
+    assert_eq!(t.encode("hé", false, true).unwrap(), [t.token_id("▁h").unwrap(), 0, 0]);
 }
 
 #[test]
 fn space_prefix_goes_at_the_start_and_after_special_tokens() {
     let t = tok();
-    assert_eq!(
-        t.encode("<s>hello</s>world", false, true).unwrap(),
-        [1, id(&t, "▁hello"), 2, id(&t, "▁world")]
-    );
+    assert_eq!(t.encode("<s>hello</s>world", false, true).unwrap(), [1, id(&t, "▁hello"), 2, id(&t, "▁world")]);
     // Not parsed as special: "<s>" is text, its characters fall back to bytes after ▁.
     let plain = t.encode("<s>", false, false).unwrap();
     assert_eq!(plain, [id(&t, "▁"), byte(b'<'), byte(b's'), byte(b'>')]);
@@ -171,10 +130,7 @@ fn space_prefix_goes_at_the_start_and_after_special_tokens() {
     s.add_space_prefix = Some(false);
     let t = Tokenizer::from_spec(&s).unwrap();
     // h e l l o: ll(-2), then he(-3); "hell" and "llo" are not tokens.
-    assert_eq!(
-        t.encode("hello", false, true).unwrap(),
-        [id(&t, "he"), id(&t, "ll"), id(&t, "o")]
-    );
+    assert_eq!(t.encode("hello", false, true).unwrap(), [id(&t, "he"), id(&t, "ll"), id(&t, "o")]);
 }
 
 #[test]
@@ -194,18 +150,10 @@ fn decode_drops_the_prefix_space_like_llama_cpp() {
 fn stream_holds_split_characters_until_complete() {
     let t = tok();
     let mut s = t.decode_stream(true);
-    let steps: Vec<String> = [
-        id(&t, "▁h"),
-        byte(0xF0),
-        byte(0x9F),
-        byte(0x99),
-        byte(0x82),
-        byte(0xE4),
-        byte(0xB8),
-    ]
-    .iter()
-    .map(|&i| s.step(i).unwrap())
-    .collect();
+    let steps: Vec<String> = [id(&t, "▁h"), byte(0xF0), byte(0x9F), byte(0x99), byte(0x82), byte(0xE4), byte(0xB8)]
+        .iter()
+        .map(|&i| s.step(i).unwrap())
+        .collect();
     assert_eq!(steps, [" h", "", "", "", "🙂", "", ""]);
     // The stream ends inside 中 (E4 B8 AD): the truncated sequence becomes one U+FFFD.
     assert_eq!(s.finish().unwrap(), "\u{FFFD}");

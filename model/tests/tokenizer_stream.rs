@@ -17,17 +17,12 @@ fn gpt2_char(b: u8) -> char {
     if direct.contains(&u32::from(b)) {
         return char::from(b);
     }
-    let shifted = (0..=255u32)
-        .filter(|c| !direct.contains(c))
-        .position(|c| c == u32::from(b))
-        .unwrap();
+    let shifted = (0..=255u32).filter(|c| !direct.contains(c)).position(|c| c == u32::from(b)).unwrap();
     char::from_u32(256 + shifted as u32).unwrap()
 }
 
 fn byte_ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
-    text.bytes()
-        .map(|b| tok.token_id(&gpt2_char(b).to_string()).unwrap())
-        .collect()
+    text.bytes().map(|b| tok.token_id(&gpt2_char(b).to_string()).unwrap()).collect()
 }
 
 /// True when `tail` could still grow into one character: a lead byte followed by fewer
@@ -73,42 +68,24 @@ fn stream(tok: &Tokenizer, ids: &[u32], skip_special: bool, pieces: Option<&[Vec
 fn streamed_text_equals_llama_cpp_pieces() {
     let Some(path) = default_model() else { return };
     let tok = load_gguf(&path);
-    let rows: Vec<_> = read_jsonl("smollm2.jsonl")
-        .into_iter()
-        .chain(read_jsonl("smollm2.decode.jsonl"))
-        .collect();
+    let rows: Vec<_> = read_jsonl("smollm2.jsonl").into_iter().chain(read_jsonl("smollm2.decode.jsonl")).collect();
     assert!(rows.len() > 400);
     let mut split_rows = 0;
     for row in &rows {
         let ids = ids(&row["ids"]);
-        let pieces: Vec<Vec<u8>> = row["pieces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| unhex(p.as_str().unwrap()))
-            .collect();
+        let pieces: Vec<Vec<u8>> =
+            row["pieces"].as_array().unwrap().iter().map(|p| unhex(p.as_str().unwrap())).collect();
         if pieces.iter().any(|p| std::str::from_utf8(p).is_err()) {
             split_rows += 1;
         }
         let all: Vec<u8> = pieces.concat();
-        assert_eq!(
-            stream(&tok, &ids, false, Some(&pieces)),
-            String::from_utf8_lossy(&all),
-            "{ids:?}"
-        );
+        assert_eq!(stream(&tok, &ids, false, Some(&pieces)), String::from_utf8_lossy(&all), "{ids:?}");
         // SmolLM2 has no space clean-up, so llama.cpp's detokenize without specials is the
         // concatenation of the non-control pieces.
         let want = unhex(row["decode_skip_special"].as_str().unwrap());
-        assert_eq!(
-            stream(&tok, &ids, true, None),
-            String::from_utf8_lossy(&want),
-            "{ids:?}"
-        );
+        assert_eq!(stream(&tok, &ids, true, None), String::from_utf8_lossy(&want), "{ids:?}");
     }
-    assert!(
-        split_rows > 30,
-        "only {split_rows} rows split a character across tokens"
-    );
+    assert!(split_rows > 30, "only {split_rows} rows split a character across tokens");
 }
 
 #[test]
@@ -149,12 +126,7 @@ fn emoji_zwj_and_cjk_split_into_byte_tokens() {
 fn control_tokens_stream_only_when_not_skipped() {
     let Some(path) = default_model() else { return };
     let tok = load_gguf(&path);
-    let ids = tok
-        .encode("<|im_start|>assistant\nHi!<|im_end|>", false, true)
-        .unwrap();
-    assert_eq!(
-        stream(&tok, &ids, false, None),
-        "<|im_start|>assistant\nHi!<|im_end|>"
-    );
+    let ids = tok.encode("<|im_start|>assistant\nHi!<|im_end|>", false, true).unwrap();
+    assert_eq!(stream(&tok, &ids, false, None), "<|im_start|>assistant\nHi!<|im_end|>");
     assert_eq!(stream(&tok, &ids, true, None), "assistant\nHi!");
 }

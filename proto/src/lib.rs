@@ -17,7 +17,7 @@ pub mod tessera {
     }
 }
 
-/// The worker service and its step stream.
-pub use tessera::worker::v1 as worker;
 /// The coordinator service the gateway calls.
 pub use tessera::coordinator::v1 as coordinator;
+/// The worker service and its step stream.
+pub use tessera::worker::v1 as worker;

@@ -157,8 +157,7 @@ impl LlamaModel {
                 },
             });
         }
-        let freq_factors =
-            if w.has("rope_freqs.weight") { Some(w.vector("rope_freqs.weight", hd / 2)?) } else { None };
+        let freq_factors = if w.has("rope_freqs.weight") { Some(w.vector("rope_freqs.weight", hd / 2)?) } else { None };
         let rope = rope::RopeParams::new(
             hd,
             c.rope_theta,
@@ -176,16 +175,7 @@ impl LlamaModel {
         };
         let norm = w.vector("output_norm.weight", h)?;
         debug_assert!(matches!(c.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3));
-        Ok(LlamaModel {
-            config,
-            embed_tokens,
-            layers,
-            norm,
-            lm_head,
-            rope,
-            rope_style,
-            _files: w.files().clone(),
-        })
+        Ok(LlamaModel { config, embed_tokens, layers, norm, lm_head, rope, rope_style, _files: w.files().clone() })
     }
 
     /// A KV cache shaped for this model.
@@ -203,10 +193,8 @@ impl LlamaModel {
         let (q_dim, kv_dim, ffn) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
         let t_total: usize = chunks.iter().map(|s| s.tokens.len()).sum();
         // Token positions of the stacked batch, `[T]`.
-        let positions: Vec<u32> = chunks
-            .iter()
-            .flat_map(|s| (s.first_pos..s.first_pos + s.tokens.len()).map(|p| p as u32))
-            .collect();
+        let positions: Vec<u32> =
+            chunks.iter().flat_map(|s| (s.first_pos..s.first_pos + s.tokens.len()).map(|p| p as u32)).collect();
 
         // Residual stream, `[T, hidden]`.
         let mut x = vec![0.0f32; t_total * h];

@@ -58,7 +58,8 @@ impl WorkerService {
 
 fn load(req: &pb::LoadRequest) -> Result<Loaded, Status> {
     let path = PathBuf::from(&req.model_path);
-    let files = ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
+    let files =
+        ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
     let model = LlamaModel::load(Arc::new(files)).map_err(|e| Status::invalid_argument(e.to_string()))?;
     if let Some(s) = &req.shard {
         if s.tp_size > 1 || s.pp_size > 1 {

@@ -29,7 +29,13 @@ fn greedy_alone(m: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 fn new_seq(id: u64, table: Vec<u32>, cached: Vec<u32>) -> NewSequence {
-    NewSequence { seq_id: id, params: SamplingParams::greedy(), block_table: table, cached_tokens: cached, num_generated: 0 }
+    NewSequence {
+        seq_id: id,
+        params: SamplingParams::greedy(),
+        block_table: table,
+        cached_tokens: cached,
+        num_generated: 0,
+    }
 }
 
 #[test]
@@ -62,8 +68,18 @@ fn steps_with_deltas_reproduce_greedy_decoding() {
             .step(StepInput {
                 appends,
                 runs: vec![
-                    Run { seq_id: 1, tokens: vec![*got_a.last().unwrap()], first_pos: a.len() + step - 1, sample: true },
-                    Run { seq_id: 2, tokens: vec![*got_b.last().unwrap()], first_pos: b.len() + step - 1, sample: true },
+                    Run {
+                        seq_id: 1,
+                        tokens: vec![*got_a.last().unwrap()],
+                        first_pos: a.len() + step - 1,
+                        sample: true,
+                    },
+                    Run {
+                        seq_id: 2,
+                        tokens: vec![*got_b.last().unwrap()],
+                        first_pos: b.len() + step - 1,
+                        sample: true,
+                    },
                 ],
                 ..Default::default()
             })

@@ -88,7 +88,11 @@ fn batched_step_equals_each_sequence_alone() {
     let (files, _) = synthetic::build(Family::Llama, &TINY, GgmlType::Q8_0, 9);
     let model = LlamaModel::load(files).expect("load");
     let bs = 4;
-    let prompts = [synthetic::tokens(TINY.vocab, 9, 1), synthetic::tokens(TINY.vocab, 14, 2), synthetic::tokens(TINY.vocab, 6, 3)];
+    let prompts = [
+        synthetic::tokens(TINY.vocab, 9, 1),
+        synthetic::tokens(TINY.vocab, 14, 2),
+        synthetic::tokens(TINY.vocab, 6, 3),
+    ];
     let tables: [Vec<u32>; 3] = [vec![7, 2, 11], vec![0, 9, 4, 13], vec![5, 1]];
 
     // Alone: each sequence in its own cache, whole context at once.
@@ -135,7 +139,12 @@ fn bad_batches_are_errors() {
     let (files, _) = synthetic::build(Family::Llama, &TINY, GgmlType::F32, 1);
     let model = LlamaModel::load(files).expect("load");
     let mut kv = model.new_kv_cache(4, 4);
-    let chunk = |tokens: Vec<u32>, table: Vec<u32>| SeqChunk { tokens, first_pos: 0, block_table: table, logits: LogitsWanted::Last };
+    let chunk = |tokens: Vec<u32>, table: Vec<u32>| SeqChunk {
+        tokens,
+        first_pos: 0,
+        block_table: table,
+        logits: LogitsWanted::Last,
+    };
     assert!(model.forward(&[chunk(vec![TINY.vocab as u32], vec![0])], &mut kv).is_err(), "token id out of range");
     assert!(model.forward(&[chunk(vec![1; 5], vec![0])], &mut kv).is_err(), "block table too short");
     assert!(model.forward(&[chunk(vec![1], vec![4])], &mut kv).is_err(), "block id out of range");

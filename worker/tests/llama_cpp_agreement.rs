@@ -71,7 +71,6 @@ fn load_cases() -> Vec<Case> {
         .collect()
 }
 
-
 fn log_softmax_at(row: &[f32], id: u32) -> f64 {
     let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();

@@ -120,7 +120,8 @@ impl ChunkRenderer for ChatChunks {
     }
 
     fn finish(&mut self, index: u32, reason: ApiFinish) -> ChatCompletionChunk {
-        let choice = ChunkChoice { index, delta: Delta::default(), logprobs: None, finish_reason: Some(reason.as_str()) };
+        let choice =
+            ChunkChoice { index, delta: Delta::default(), logprobs: None, finish_reason: Some(reason.as_str()) };
         self.chunk(vec![choice])
     }
 

@@ -31,7 +31,11 @@ pub async fn completions(State(state): State<AppState>, RawBody(body): RawBody) 
     if total > u64::from(state.config().max_choices) {
         return Err(ApiError::invalid(
             "n",
-            format!("{} prompts x n = {total} sequences, more than the limit of {}", prompts.len(), state.config().max_choices),
+            format!(
+                "{} prompts x n = {total} sequences, more than the limit of {}",
+                prompts.len(),
+                state.config().max_choices
+            ),
         ));
     }
     let prompts = prompts
@@ -110,9 +114,13 @@ fn prompt_ids(state: &AppState, prompt: Option<&Value>) -> Result<Vec<Vec<u32>>,
         Some(Value::String(s)) => Ok(vec![encode(s)?]),
         Some(Value::Array(items)) => match items.first() {
             None => Err(ApiError::invalid("prompt", "prompt must not be an empty list")),
-            Some(Value::String(_)) => items.iter().map(|v| v.as_str().ok_or_else(shape_error).and_then(encode)).collect(),
+            Some(Value::String(_)) => {
+                items.iter().map(|v| v.as_str().ok_or_else(shape_error).and_then(encode)).collect()
+            }
             Some(Value::Number(_)) => Ok(vec![ids(items)?]),
-            Some(Value::Array(_)) => items.iter().map(|v| v.as_array().ok_or_else(shape_error).and_then(|a| ids(a))).collect(),
+            Some(Value::Array(_)) => {
+                items.iter().map(|v| v.as_array().ok_or_else(shape_error).and_then(|a| ids(a))).collect()
+            }
             Some(_) => Err(shape_error()),
         },
         Some(_) => Err(shape_error()),
@@ -130,7 +138,13 @@ struct CompletionChunks {
 }
 
 impl CompletionChunks {
-    fn choice(&mut self, index: u32, text: String, entries: &[TokenLogprob], finish: Option<ApiFinish>) -> CompletionChoice {
+    fn choice(
+        &mut self,
+        index: u32,
+        text: String,
+        entries: &[TokenLogprob],
+        finish: Option<ApiFinish>,
+    ) -> CompletionChoice {
         let logprobs = match (self.with_logprobs, self.offsets.get_mut(index as usize)) {
             (true, Some(offset)) => Some(logprobs::completion(self.state.codec(), entries, offset)),
             _ => None,
@@ -169,7 +183,8 @@ impl ChunkRenderer for CompletionChunks {
     }
 
     fn finish(&mut self, index: u32, reason: ApiFinish) -> Completion {
-        let choice = CompletionChoice { index, text: String::new(), logprobs: None, finish_reason: Some(reason.as_str()) };
+        let choice =
+            CompletionChoice { index, text: String::new(), logprobs: None, finish_reason: Some(reason.as_str()) };
         self.chunk(vec![choice])
     }
 

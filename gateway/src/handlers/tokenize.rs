@@ -10,7 +10,10 @@ use crate::error::ApiError;
 use crate::openai::extra::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use crate::validate;
 
-pub async fn tokenize(State(state): State<AppState>, RawBody(body): RawBody) -> Result<Json<TokenizeResponse>, ApiError> {
+pub async fn tokenize(
+    State(state): State<AppState>,
+    RawBody(body): RawBody,
+) -> Result<Json<TokenizeResponse>, ApiError> {
     let req: TokenizeRequest = parse_json(&body)?;
     state.check_model(req.model.as_deref())?;
     let codec = state.codec();
@@ -44,7 +47,10 @@ pub async fn tokenize(State(state): State<AppState>, RawBody(body): RawBody) -> 
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.config().max_model_len, tokens, token_strs }))
 }
 
-pub async fn detokenize(State(state): State<AppState>, RawBody(body): RawBody) -> Result<Json<DetokenizeResponse>, ApiError> {
+pub async fn detokenize(
+    State(state): State<AppState>,
+    RawBody(body): RawBody,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
     let req: DetokenizeRequest = parse_json(&body)?;
     state.check_model(req.model.as_deref())?;
     let codec = state.codec();

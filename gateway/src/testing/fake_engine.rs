@@ -42,7 +42,9 @@ pub struct FakeEngine {
 
 impl FakeEngine {
     /// `script` picks each sequence's steps, or refuses it.
-    pub fn new(script: impl Fn(&GenerateRequest) -> Result<Vec<FakeStep>, EngineError> + Send + Sync + 'static) -> Self {
+    pub fn new(
+        script: impl Fn(&GenerateRequest) -> Result<Vec<FakeStep>, EngineError> + Send + Sync + 'static,
+    ) -> Self {
         FakeEngine {
             script: Box::new(script),
             ready: AtomicBool::new(true),
@@ -128,7 +130,11 @@ impl Engine for FakeEngine {
             tokio::spawn(async move {
                 let finished = run(&tx, steps).await;
                 let mut log = lock(&log);
-                if finished { log.completed.push(id) } else { log.aborted.push(id) }
+                if finished {
+                    log.completed.push(id)
+                } else {
+                    log.aborted.push(id)
+                }
                 drop(log);
                 changed.notify_waiters();
             });

@@ -97,10 +97,7 @@ impl Isa {
     /// The AVX2 (+FMA, F16C) kernels, if this CPU has them.
     pub fn avx2() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             return Some(Isa(IsaKind::Avx2));
         }
         None
@@ -124,9 +121,7 @@ impl Isa {
     /// The fastest kernels this CPU runs. VNNI over AVX2: 5-10% faster at n = 1 and
     /// 8-20% at n >= 4 on Zen 4 (2 threads, `examples/matmul_bench.rs --vnni`), same bits.
     pub fn best() -> Self {
-        Self::vnni()
-            .or_else(Self::avx2)
-            .unwrap_or_else(Self::scalar)
+        Self::vnni().or_else(Self::avx2).unwrap_or_else(Self::scalar)
     }
 
     pub fn name(self) -> &'static str {
@@ -151,15 +146,8 @@ pub(crate) struct ActsF32<'a> {
 /// (`i < tn`), `out[r * stride + i]`. Unsafe because SIMD kernels need their CPU
 /// features: only kernels picked for a constructed [`Isa`] are ever called. Kernels check
 /// the slice lengths they rely on.
-pub(crate) type Kernel<A> = unsafe fn(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &A,
-    t0: usize,
-    tn: usize,
-    out: &mut [f32],
-    stride: usize,
-);
+pub(crate) type Kernel<A> =
+    unsafe fn(w: &[u8], row_bytes: usize, acts: &A, t0: usize, tn: usize, out: &mut [f32], stride: usize);
 
 /// `out = x · Wᵀ` with the fastest kernels for this CPU. `out`: `[n, w.rows]`,
 /// `x`: `[n, w.cols]`.
@@ -168,33 +156,15 @@ pub fn matmul(out: &mut [f32], x: &[f32], n: usize, w: &Weight) -> Result<(), Ke
 }
 
 /// [`matmul`] with a chosen instruction set (tests compare paths; benchmarks time them).
-pub fn matmul_with(
-    isa: Isa,
-    out: &mut [f32],
-    x: &[f32],
-    n: usize,
-    w: &Weight,
-) -> Result<(), KernelError> {
+pub fn matmul_with(isa: Isa, out: &mut [f32], x: &[f32], n: usize, w: &Weight) -> Result<(), KernelError> {
     const OP: &str = "matmul";
     let row_bytes = w.check(OP)?;
     let (x_len, out_len) = (n.checked_mul(w.cols), n.checked_mul(w.rows));
     check(x_len == Some(x.len()), OP, || {
-        format!(
-            "x has {} values, expected n={n} x cols={} for a {}x{} weight",
-            x.len(),
-            w.cols,
-            w.rows,
-            w.cols
-        )
+        format!("x has {} values, expected n={n} x cols={} for a {}x{} weight", x.len(), w.cols, w.rows, w.cols)
     })?;
     check(out_len == Some(out.len()), OP, || {
-        format!(
-            "out has {} values, expected n={n} x rows={} for a {}x{} weight",
-            out.len(),
-            w.rows,
-            w.rows,
-            w.cols
-        )
+        format!("out has {} values, expected n={n} x rows={} for a {}x{} weight", out.len(), w.rows, w.rows, w.cols)
     })?;
     if n == 0 || w.rows == 0 {
         return Ok(());
@@ -283,22 +253,11 @@ fn chunk_rows(rows: usize, row_bytes: usize, n: usize, threads: usize) -> usize 
 }
 
 /// Drives `kernel` over all (row, token) pairs. `out`: `[n, rows]`; lengths checked.
-fn run<A: Sync>(
-    out: &mut [f32],
-    n: usize,
-    w: &Weight,
-    row_bytes: usize,
-    acts: &A,
-    kernel: Kernel<A>,
-) {
+fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &A, kernel: Kernel<A>) {
     let threads = rayon::current_num_threads();
     let work = w.data.len().saturating_mul(n);
     let serial = threads <= 1 || work < PAR_MIN_WORK;
-    let rows_per = if serial {
-        w.rows
-    } else {
-        chunk_rows(w.rows, row_bytes, n, threads)
-    };
+    let rows_per = if serial { w.rows } else { chunk_rows(w.rows, row_bytes, n, threads) };
     // Each task fills `dst`: rows `r0 ..` of the output, laid out `[rows, n]`.
     let task = |(i, dst): (usize, &mut [f32])| {
         let r0 = i * rows_per;
@@ -353,25 +312,14 @@ pub fn dequantize_rows(w: &Weight, first_row: usize, out: &mut [f32]) -> Result<
         return Ok(());
     }
     check(w.cols > 0 && out.len() % w.cols == 0, OP, || {
-        format!(
-            "out has {} values, not a whole number of rows of {}",
-            out.len(),
-            w.cols
-        )
+        format!("out has {} values, not a whole number of rows of {}", out.len(), w.cols)
     })?;
     let k = out.len() / w.cols;
     check(first_row < w.rows && k <= w.rows - first_row, OP, || {
-        format!(
-            "rows {first_row}..{} asked of a matrix with {} rows",
-            first_row.saturating_add(k),
-            w.rows
-        )
+        format!("rows {first_row}..{} asked of a matrix with {} rows", first_row.saturating_add(k), w.rows)
     })?;
     let src = &w.data[first_row * row_bytes..(first_row + k) * row_bytes];
-    for (o, s) in out
-        .chunks_exact_mut(w.cols)
-        .zip(src.chunks_exact(row_bytes))
-    {
+    for (o, s) in out.chunks_exact_mut(w.cols).zip(src.chunks_exact(row_bytes)) {
         dequantize_unchecked(w.ty, s, o);
     }
     Ok(())

@@ -38,11 +38,7 @@ fn nibble_dot(qs: &[u8], x: &[i8]) -> i32 {
 #[inline]
 fn q8_row(a: &ActsQ8, t: usize) -> (&[i8], &[f32], &[f32]) {
     let nb = a.row_blocks();
-    (
-        &a.qs[t * a.cols..(t + 1) * a.cols],
-        &a.d[t * nb..(t + 1) * nb],
-        &a.s[t * nb..(t + 1) * nb],
-    )
+    (&a.qs[t * a.cols..(t + 1) * a.cols], &a.d[t * nb..(t + 1) * nb], &a.s[t * nb..(t + 1) * nb])
 }
 
 /// Q4_0: value = d·(q - 8), so Σ = d·(d_x·Σq·x_q - 8·s_x).
@@ -77,11 +73,7 @@ fn q8_0_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
         let (xq, xd, _) = q8_row(a, t);
         let mut acc = 0.0f32;
         for ((b, x), &dx) in w.chunks_exact(34).zip(xq.chunks_exact(32)).zip(xd) {
-            let isum: i32 = b[2..34]
-                .iter()
-                .zip(x)
-                .map(|(&q, &v)| (q as i8) as i32 * v as i32)
-                .sum();
+            let isum: i32 = b[2..34].iter().zip(x).map(|(&q, &v)| (q as i8) as i32 * v as i32).sum();
             acc += (f16_at(b, 0) * dx) * isum as f32;
         }
         acc
@@ -92,19 +84,13 @@ fn q8_0_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
 #[inline]
 fn q8k_row(a: &ActsQ8K, t: usize) -> (&[i8], &[f32], &[i16]) {
     let nb = a.row_blocks();
-    (
-        &a.qs[t * a.cols..(t + 1) * a.cols],
-        &a.d[t * nb..(t + 1) * nb],
-        &a.bsums[t * nb * 16..(t + 1) * nb * 16],
-    )
+    (&a.qs[t * a.cols..(t + 1) * a.cols], &a.d[t * nb..(t + 1) * nb], &a.bsums[t * nb * 16..(t + 1) * nb * 16])
 }
 
 /// Σ of the eight sub-block mins times the sums of their 32 activations.
 #[inline]
 fn mins_dot(mn: &[u8; 8], bsums: &[i16]) -> i32 {
-    (0..8)
-        .map(|i| mn[i] as i32 * (bsums[2 * i] as i32 + bsums[2 * i + 1] as i32))
-        .sum()
+    (0..8).map(|i| mn[i] as i32 * (bsums[2 * i] as i32 + bsums[2 * i + 1] as i32)).sum()
 }
 
 /// Q4_K / Q5_K share everything but the fifth bit; `qh` is empty for Q4_K.
@@ -118,11 +104,7 @@ fn k4_k5_block(b_scales: &[u8], qh: &[u8], qs: &[u8], x: &[i8]) -> (i32, [u8; 8]
         let xs = &x[32 * i..32 * i + 32];
         let mut s = 0i32;
         for l in 0..32 {
-            let hi = if qh.is_empty() {
-                0
-            } else {
-                ((qh[l] >> i) & 1) << 4
-            };
+            let hi = if qh.is_empty() { 0 } else { ((qh[l] >> i) & 1) << 4 };
             s += (((bytes[l] >> shift) & 0x0F) | hi) as i32 * xs[l] as i32;
         }
         isum += sc[i] as i32 * s;
@@ -135,12 +117,7 @@ fn q4_k_row(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
         let (xq, xd, bs) = q8k_row(a, t);
         let mut acc = 0.0f32;
-        for (((b, x), &dx), bsums) in w
-            .chunks_exact(144)
-            .zip(xq.chunks_exact(256))
-            .zip(xd)
-            .zip(bs.chunks_exact(16))
-        {
+        for (((b, x), &dx), bsums) in w.chunks_exact(144).zip(xq.chunks_exact(256)).zip(xd).zip(bs.chunks_exact(16)) {
             let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
             let (isum, mn) = k4_k5_block(&b[4..16], &[], &b[16..144], x);
             acc += dx * (d * isum as f32 - dmin * mins_dot(&mn, bsums) as f32);
@@ -154,12 +131,7 @@ fn q5_k_row(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
         let (xq, xd, bs) = q8k_row(a, t);
         let mut acc = 0.0f32;
-        for (((b, x), &dx), bsums) in w
-            .chunks_exact(176)
-            .zip(xq.chunks_exact(256))
-            .zip(xd)
-            .zip(bs.chunks_exact(16))
-        {
+        for (((b, x), &dx), bsums) in w.chunks_exact(176).zip(xq.chunks_exact(256)).zip(xd).zip(bs.chunks_exact(16)) {
             let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
             let (isum, mn) = k4_k5_block(&b[4..16], &b[16..48], &b[48..176], x);
             acc += dx * (d * isum as f32 - dmin * mins_dot(&mn, bsums) as f32);
@@ -173,12 +145,7 @@ fn q6_k_row(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
         let (xq, xd, bs) = q8k_row(a, t);
         let mut acc = 0.0f32;
-        for (((b, x), &dx), bsums) in w
-            .chunks_exact(210)
-            .zip(xq.chunks_exact(256))
-            .zip(xd)
-            .zip(bs.chunks_exact(16))
-        {
+        for (((b, x), &dx), bsums) in w.chunks_exact(210).zip(xq.chunks_exact(256)).zip(xd).zip(bs.chunks_exact(16)) {
             let d = f16_at(b, 208);
             let scales = &b[192..208];
             let mut isum = 0i32;
@@ -199,11 +166,7 @@ fn q6_k_row(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f32]) {
                     }
                 }
             }
-            let offset: i32 = scales
-                .iter()
-                .zip(bsums)
-                .map(|(&sc, &bsum)| (sc as i8) as i32 * bsum as i32)
-                .sum();
+            let offset: i32 = scales.iter().zip(bsums).map(|(&sc, &bsum)| (sc as i8) as i32 * bsum as i32).sum();
             acc += (d * dx) * (isum - 32 * offset) as f32;
         }
         acc
@@ -227,31 +190,19 @@ fn x_row<'a>(a: &ActsF32<'a>, t: usize) -> &'a [f32] {
 
 fn f32_row(w: &[u8], a: &ActsF32<'_>, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
-        float_dot(
-            x_row(a, t),
-            w.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        )
+        float_dot(x_row(a, t), w.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
     })
 }
 
 fn f16_row(w: &[u8], a: &ActsF32<'_>, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
-        float_dot(
-            x_row(a, t),
-            w.chunks_exact(2)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
-        )
+        float_dot(x_row(a, t), w.chunks_exact(2).map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))))
     })
 }
 
 fn bf16_row(w: &[u8], a: &ActsF32<'_>, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
-        float_dot(
-            x_row(a, t),
-            w.chunks_exact(2)
-                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
-        )
+        float_dot(x_row(a, t), w.chunks_exact(2).map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))))
     })
 }
 

@@ -5,7 +5,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod matmul;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
-pub mod matmul;

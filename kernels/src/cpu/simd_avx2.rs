@@ -88,12 +88,8 @@ macro_rules! q8_kernel {
             stride: usize,
         ) {
             let nb = a.row_blocks();
-            let (cols, xq, xd, xs) = (
-                a.cols,
-                a.qs.as_ptr().add(t0 * a.cols),
-                a.d.as_ptr().add(t0 * nb),
-                a.s.as_ptr().add(t0 * nb),
-            );
+            let (cols, xq, xd, xs) =
+                (a.cols, a.qs.as_ptr().add(t0 * a.cols), a.d.as_ptr().add(t0 * nb), a.s.as_ptr().add(t0 * nb));
             let mut acc = [[[_mm256_setzero_ps(); N]; R]; K];
             let mut accm = [[[0.0f32; N]; R]; K];
             let mut b0 = 0;
@@ -116,8 +112,7 @@ macro_rules! q8_kernel {
                             let $wv = wv[r];
                             let p: __m256i = $mul;
                             let scale = _mm256_set1_ps(wd[r] * dx);
-                            acc[k][r][t] =
-                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[k][r][t]);
+                            acc[k][r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[k][r][t]);
                             if $offset {
                                 accm[k][r][t] = wm[r].mul_add(sx, accm[k][r][t]);
                             }
@@ -230,14 +225,7 @@ macro_rules! tiled {
                 let mut r = 0;
                 macro_rules! call {
                     ($r:literal, $n:literal, $k:literal) => {
-                        $rn::<$r, $n, $k>(
-                            wp.add(r * row_bytes),
-                            row_bytes,
-                            a,
-                            t0 + t,
-                            op.add(r * stride + t),
-                            stride,
-                        )
+                        $rn::<$r, $n, $k>(wp.add(r * row_bytes), row_bytes, a, t0 + t, op.add(r * stride + t), stride)
                     };
                 }
                 match nt {
@@ -334,10 +322,7 @@ macro_rules! float_kernel {
                     acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(c)), acc[0]);
                     c += 8;
                 }
-                let mut sum = hsum(_mm256_add_ps(
-                    _mm256_add_ps(acc[0], acc[1]),
-                    _mm256_add_ps(acc[2], acc[3]),
-                ));
+                let mut sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
                 while c < cols {
                     let $q = wp.add(c * $elem);
                     let wi: f32 = $one;
@@ -350,16 +335,9 @@ macro_rules! float_kernel {
     };
 }
 
-float_kernel!(f32_row, 4, |p| { _mm256_loadu_ps(p as *const f32) }, |q| {
-    std::ptr::read_unaligned(q as *const f32)
-});
+float_kernel!(f32_row, 4, |p| { _mm256_loadu_ps(p as *const f32) }, |q| { std::ptr::read_unaligned(q as *const f32) });
 
-float_kernel!(
-    f16_row,
-    2,
-    |p| { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) },
-    |q| { f16_load(q) }
-);
+float_kernel!(f16_row, 2, |p| { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }, |q| { f16_load(q) });
 
 float_kernel!(
     bf16_row,

@@ -47,20 +47,11 @@ unsafe fn mins_dot(mn: &[u8; 8], bsums: *const i16) -> __m256i {
 
 /// Q4_K (`HIGH = false`) and Q5_K (`HIGH = true`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q45_k_n<const N: usize, const HIGH: bool>(
-    w: &[u8],
-    a: &ActsQ8K,
-    t0: usize,
-    out: &mut [f32],
-) {
+unsafe fn q45_k_n<const N: usize, const HIGH: bool>(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f32]) {
     let bytes = if HIGH { 176 } else { 144 };
     let nb = check_q8k(w, bytes, a, t0, N);
-    let (cols, xq, xd, xb) = (
-        a.cols,
-        a.qs.as_ptr().add(t0 * a.cols),
-        a.d.as_ptr().add(t0 * nb),
-        a.bsums.as_ptr().add(t0 * nb * 16),
-    );
+    let (cols, xq, xd, xb) =
+        (a.cols, a.qs.as_ptr().add(t0 * a.cols), a.d.as_ptr().add(t0 * nb), a.bsums.as_ptr().add(t0 * nb * 16));
     let m4 = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -70,11 +61,7 @@ unsafe fn q45_k_n<const N: usize, const HIGH: bool>(
         let (d, dmin) = f16_pair(blk);
         let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
         let qs = blk.add(if HIGH { 48 } else { 16 });
-        let mut qh = if HIGH {
-            load(blk.add(16))
-        } else {
-            _mm256_setzero_si256()
-        };
+        let mut qh = if HIGH { load(blk.add(16)) } else { _mm256_setzero_si256() };
         let mut isum = [_mm256_setzero_si256(); N];
         for p in 0..4 {
             let q = load(qs.add(32 * p));
@@ -121,12 +108,8 @@ unsafe fn q5_k_n<const N: usize>(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f3
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_n<const N: usize>(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f32]) {
     let nb = check_q8k(w, 210, a, t0, N);
-    let (cols, xq, xd, xb) = (
-        a.cols,
-        a.qs.as_ptr().add(t0 * a.cols),
-        a.d.as_ptr().add(t0 * nb),
-        a.bsums.as_ptr().add(t0 * nb * 16),
-    );
+    let (cols, xq, xd, xb) =
+        (a.cols, a.qs.as_ptr().add(t0 * a.cols), a.d.as_ptr().add(t0 * nb), a.bsums.as_ptr().add(t0 * nb * 16));
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -141,18 +124,9 @@ unsafe fn q6_k_n<const N: usize>(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f3
             let hh = load(blk.add(128 + 32 * h));
             // Group g (32 values): low nibble source and bits 2g..2g+2 of qh moved to 4..6.
             let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(qa, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(qb, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
-                    _mm256_and_si256(hh, m2),
-                ),
+                _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2)),
+                _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(hh, m2)),
                 _mm256_or_si256(
                     _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
                     _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2),
@@ -173,11 +147,8 @@ unsafe fn q6_k_n<const N: usize>(w: &[u8], a: &ActsQ8K, t0: usize, out: &mut [f3
             let bs = _mm256_loadu_si256(xb.add((i * nb + bi) * 16) as *const __m256i);
             let offset = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales), 5); // 32 · Σ sc_g · bsum_g
             let dx = *xd.add(i * nb + bi);
-            acc[i] = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[i], offset)),
-                _mm256_set1_ps(d * dx),
-                acc[i],
-            );
+            acc[i] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[i], offset)), _mm256_set1_ps(d * dx), acc[i]);
         }
     }
     for i in 0..N {

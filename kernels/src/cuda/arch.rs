@@ -67,9 +67,13 @@ mod tests {
 
     #[test]
     fn parses_and_prints_round_trip() {
-        for (s, major, minor, specific) in
-            [("sm_90a", 9, 0, true), ("sm_90", 9, 0, false), ("sm_80", 8, 0, false), ("sm_120a", 12, 0, true), ("sm_86", 8, 6, false)]
-        {
+        for (s, major, minor, specific) in [
+            ("sm_90a", 9, 0, true),
+            ("sm_90", 9, 0, false),
+            ("sm_80", 8, 0, false),
+            ("sm_120a", 12, 0, true),
+            ("sm_86", 8, 6, false),
+        ] {
             let a = Arch::parse(s).unwrap();
             assert_eq!((a.major, a.minor, a.specific), (major, minor, specific), "{s}");
             assert_eq!(a.to_string(), s);

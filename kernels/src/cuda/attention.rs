@@ -101,7 +101,13 @@ fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, KernelError> {
     u32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds u32") })
 }
 
-fn check_batch(op: &'static str, b: &PagedBatch, n_heads: usize, scale: f32, max_gt: usize) -> Result<Geometry, KernelError> {
+fn check_batch(
+    op: &'static str,
+    b: &PagedBatch,
+    n_heads: usize,
+    scale: f32,
+    max_gt: usize,
+) -> Result<Geometry, KernelError> {
     let c = &b.cache;
     check(c.block_size > 0 && c.n_kv_heads > 0, op, || format!("block_size and n_kv_heads must be > 0, got {c:?}"))?;
     let hd_index = HEAD_DIMS.iter().position(|&d| d == c.head_dim).ok_or_else(|| KernelError::Unsupported {
@@ -128,7 +134,11 @@ fn check_batch(op: &'static str, b: &PagedBatch, n_heads: usize, scale: f32, max
     })?;
     let num_seqs = b.context_lens.len();
     check(b.max_blocks.checked_mul(num_seqs) == Some(b.block_tables.len()), op, || {
-        format!("block tables have {} ids, expected {num_seqs} sequences x {} max_blocks", b.block_tables.len(), b.max_blocks)
+        format!(
+            "block tables have {} ids, expected {num_seqs} sequences x {} max_blocks",
+            b.block_tables.len(),
+            b.max_blocks
+        )
     })?;
     to_u32(op, "max_blocks", b.max_blocks)?;
     check(n_heads > 0 && n_heads % c.n_kv_heads == 0, op, || {
@@ -138,7 +148,9 @@ fn check_batch(op: &'static str, b: &PagedBatch, n_heads: usize, scale: f32, max
     let group = n_heads / c.n_kv_heads;
     let hchunks = group.div_ceil(max_gt);
     let gt = group.div_ceil(hchunks);
-    check(c.n_kv_heads * hchunks <= 65535, op, || format!("{} kv heads x {hchunks} chunks exceed the grid", c.n_kv_heads))?;
+    check(c.n_kv_heads * hchunks <= 65535, op, || {
+        format!("{} kv heads x {hchunks} chunks exceed the grid", c.n_kv_heads)
+    })?;
     Ok(Geometry { num_seqs, num_blocks, hd_index, group, gt, hchunks })
 }
 
@@ -157,15 +169,21 @@ impl Device {
         slots: &Buf<u32>,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_write_kv";
-        check(cache.block_size > 0 && cache.n_kv_heads > 0 && cache.head_dim > 0 && cache.head_dim % 8 == 0, OP, || {
-            format!("block_size, n_kv_heads must be > 0 and head_dim a positive multiple of 8, got {cache:?}")
-        })?;
+        check(
+            cache.block_size > 0 && cache.n_kv_heads > 0 && cache.head_dim > 0 && cache.head_dim % 8 == 0,
+            OP,
+            || format!("block_size, n_kv_heads must be > 0 and head_dim a positive multiple of 8, got {cache:?}"),
+        )?;
         let (row, block) = match cache.n_kv_heads.checked_mul(cache.head_dim) {
             Some(r) => (r, r.checked_mul(cache.block_size).unwrap_or(0)),
             None => (0, 0),
         };
         check(block > 0 && k_cache.len() == v_cache.len() && k_cache.len() % block == 0, OP, || {
-            format!("k cache {} / v cache {} values: not equal whole numbers of {block}-value blocks", k_cache.len(), v_cache.len())
+            format!(
+                "k cache {} / v cache {} values: not equal whole numbers of {block}-value blocks",
+                k_cache.len(),
+                v_cache.len()
+            )
         })?;
         let n = slots.len();
         check(k.len() == v.len() && n.checked_mul(row) == Some(k.len()), OP, || {
@@ -178,7 +196,14 @@ impl Device {
         let (nt, vecs) = (to_u32(OP, "n_tokens", n)?, to_u32(OP, "row vectors", row / 8)?);
         let cfg = LaunchConfig { grid_dim: (nt, 1, 1), block_dim: (WRITE_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(&self.kernels.attention.write_kv);
-        b.arg(&mut k_cache.inner).arg(&mut v_cache.inner).arg(&k.inner).arg(&v.inner).arg(&slots.inner).arg(&nt).arg(&vecs).arg(&n_slots);
+        b.arg(&mut k_cache.inner)
+            .arg(&mut v_cache.inner)
+            .arg(&k.inner)
+            .arg(&v.inner)
+            .arg(&slots.inner)
+            .arg(&nt)
+            .arg(&vecs)
+            .arg(&n_slots);
         // SAFETY: argument order matches the kernel; sources cover n x row values; a slot is
         // used only when below n_slots, so writes stay inside the caches.
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
@@ -186,7 +211,13 @@ impl Device {
 
     /// Scratch for split-KV decode of up to `max_seqs` sequences x `n_heads` heads x
     /// `max_splits` splits. Calls with more sequences use fewer splits.
-    pub fn decode_workspace(&self, max_seqs: usize, n_heads: usize, head_dim: usize, max_splits: usize) -> Result<DecodeWorkspace, KernelError> {
+    pub fn decode_workspace(
+        &self,
+        max_seqs: usize,
+        n_heads: usize,
+        head_dim: usize,
+        max_splits: usize,
+    ) -> Result<DecodeWorkspace, KernelError> {
         const OP: &str = "cuda_decode_workspace";
         let rows = max_seqs.checked_mul(n_heads).and_then(|r| r.checked_mul(max_splits));
         let rows = rows.filter(|&r| r > 0).ok_or_else(|| KernelError::Shape {
@@ -224,7 +255,12 @@ impl Device {
         let g = check_batch(OP, batch, n_heads, scale, DECODE_MAX_GROUP)?;
         let hd = batch.cache.head_dim;
         check(g.num_seqs.checked_mul(n_heads * hd) == Some(q.len()) && out.len() == q.len(), OP, || {
-            format!("q {} / out {} values, expected {} sequences x {n_heads} heads x {hd}", q.len(), out.len(), g.num_seqs)
+            format!(
+                "q {} / out {} values, expected {} sequences x {n_heads} heads x {hd}",
+                q.len(),
+                out.len(),
+                g.num_seqs
+            )
         })?;
         check(split_len != Some(0), OP, || "split_len must be > 0".to_string())?;
         if g.num_seqs == 0 {
@@ -250,10 +286,16 @@ impl Device {
         let u = |what: &str, v: usize| to_u32(OP, what, v);
         let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
         let (n_splits, split) = (u("n_splits", plan.n_splits)?, u("split_len", plan.split_len)?);
-        let (max_blocks, num_blocks, block_size) = (u("max_blocks", batch.max_blocks)?, u("num_blocks", g.num_blocks)?, u("block_size", batch.cache.block_size)?);
-        let (nh, nkv, group, gt) = (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
+        let (max_blocks, num_blocks, block_size) = (
+            u("max_blocks", batch.max_blocks)?,
+            u("num_blocks", g.num_blocks)?,
+            u("block_size", batch.cache.block_size)?,
+        );
+        let (nh, nkv, group, gt) =
+            (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
         let scale_log2 = scale * LOG2_E;
-        let cfg = LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
         let null = 0u64;
         let mut ws = workspace.filter(|_| plan.n_splits > 1);
         {
@@ -291,7 +333,14 @@ impl Device {
             let hd32 = u("head_dim", hd)?;
             let cfg = LaunchConfig { grid_dim: (seqs, nh, 1), block_dim: (hd32, 1, 1), shared_mem_bytes: 0 };
             let mut b = self.stream.launch_builder(&self.kernels.attention.decode_reduce);
-            b.arg(&mut out.inner).arg(&w.part_o.inner).arg(&w.part_lse.inner).arg(&batch.context_lens.inner).arg(&nh).arg(&hd32).arg(&split).arg(&n_splits);
+            b.arg(&mut out.inner)
+                .arg(&w.part_o.inner)
+                .arg(&w.part_lse.inner)
+                .arg(&batch.context_lens.inner)
+                .arg(&nh)
+                .arg(&hd32)
+                .arg(&split)
+                .arg(&n_splits);
             // SAFETY: as above; the reduction reads only rows the first kernel wrote.
             unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
         }
@@ -323,7 +372,9 @@ impl Device {
         check(q.len() % row == 0 && out.len() == q.len(), OP, || {
             format!("q {} / out {} values: not equal whole numbers of {n_heads} heads x {hd}", q.len(), out.len())
         })?;
-        check(cu_q.len() == g.num_seqs + 1, OP, || format!("cu_q has {} offsets for {} sequences", cu_q.len(), g.num_seqs))?;
+        check(cu_q.len() == g.num_seqs + 1, OP, || {
+            format!("cu_q has {} offsets for {} sequences", cu_q.len(), g.num_seqs)
+        })?;
         if g.num_seqs == 0 || q.is_empty() {
             return Ok(());
         }
@@ -333,8 +384,13 @@ impl Device {
         let tiles = u("q tiles", max_q_len.max(1).div_ceil(bq).min(65535 * 32))?;
         let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
         check(seqs <= 65535, OP, || format!("{seqs} sequences exceed the grid's z (65535)"))?;
-        let (max_blocks, num_blocks, block_size) = (u("max_blocks", batch.max_blocks)?, u("num_blocks", g.num_blocks)?, u("block_size", batch.cache.block_size)?);
-        let (nh, nkv, group, gt) = (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
+        let (max_blocks, num_blocks, block_size) = (
+            u("max_blocks", batch.max_blocks)?,
+            u("num_blocks", g.num_blocks)?,
+            u("block_size", batch.cache.block_size)?,
+        );
+        let (nh, nkv, group, gt) =
+            (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
         let scale_log2 = scale * LOG2_E;
         let smem = u("shared memory", prefill_smem_bytes(hd))?;
         let cfg = LaunchConfig { grid_dim: (tiles, ykv, seqs), block_dim: (PF_THREADS, 1, 1), shared_mem_bytes: smem };
@@ -360,4 +416,3 @@ impl Device {
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
 }
-

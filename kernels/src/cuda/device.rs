@@ -121,8 +121,9 @@ impl Device {
             reports.push(report);
         }
         let f = |module: &str, func: &str| -> Result<CudaFunction, KernelError> {
-            let m = modules.iter().find(|(n, _)| *n == module).map(|(_, m)| m).ok_or_else(|| {
-                KernelError::Device { op: "cuda_load_function", detail: format!("no module {module}") }
+            let m = modules.iter().find(|(n, _)| *n == module).map(|(_, m)| m).ok_or_else(|| KernelError::Device {
+                op: "cuda_load_function",
+                detail: format!("no module {module}"),
             })?;
             m.load_function(func).map_err(|e| KernelError::Device {
                 op: "cuda_load_function",

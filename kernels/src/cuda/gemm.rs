@@ -77,10 +77,8 @@ impl Plan {
         use sys::cublasLtMatmulDescAttributes_t as D;
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
         let mut p = Partial { desc: None, layouts: Vec::new() };
-        let desc = result::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )?;
+        let desc =
+            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)?;
         p.desc = Some(desc);
         // cublasOperation_t: CUBLAS_OP_T = 1 (cuBLASLt's sys module does not re-export the enum).
         let trans_a: i32 = 1;
@@ -110,7 +108,15 @@ impl Plan {
                 std::mem::size_of::<usize>(),
             )
             .and_then(|()| {
-                result::get_matmul_algo_heuristic(handle, desc, p.layouts[0], p.layouts[1], p.layouts[2], p.layouts[2], pref)
+                result::get_matmul_algo_heuristic(
+                    handle,
+                    desc,
+                    p.layouts[0],
+                    p.layouts[1],
+                    p.layouts[2],
+                    p.layouts[2],
+                    pref,
+                )
             });
             let _ = result::destroy_matmul_pref(pref);
             r?
@@ -166,9 +172,11 @@ impl Gemm {
         if let Some(p) = plans.get(&(m, rows, cols)) {
             return Ok(p.clone());
         }
-        let p = Arc::new(Plan::new(self.handle, m as u64, rows as u64, cols as u64).map_err(|e| {
-            KernelError::Device { op: "cuda_matmul", detail: format!("no cuBLASLt plan for m={m} {rows}x{cols}: {e:?}") }
-        })?);
+        let p =
+            Arc::new(Plan::new(self.handle, m as u64, rows as u64, cols as u64).map_err(|e| KernelError::Device {
+                op: "cuda_matmul",
+                detail: format!("no cuBLASLt plan for m={m} {rows}x{cols}: {e:?}"),
+            })?);
         plans.insert((m, rows, cols), p.clone());
         Ok(p)
     }

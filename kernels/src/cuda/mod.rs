@@ -58,7 +58,10 @@ mod sealed {
 /// Element types a device buffer can hold: `bf16` tensors, `f32` tables, `u32` ids and
 /// positions.
 #[cfg(feature = "cuda")]
-pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {}
+pub trait Elem:
+    sealed::Sealed + Copy + Send + Sync + 'static + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits
+{
+}
 /// Element types a device buffer can hold: `bf16` tensors, `f32` tables, `u32` ids and
 /// positions.
 #[cfg(not(feature = "cuda"))]

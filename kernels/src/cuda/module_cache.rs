@@ -193,10 +193,7 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(*v))
         };
-        assert_eq!(
-            cache_dir_from(env(&[("TESSERA_CACHE_DIR", "/c"), ("HOME", "/h")])),
-            PathBuf::from("/c/kernels")
-        );
+        assert_eq!(cache_dir_from(env(&[("TESSERA_CACHE_DIR", "/c"), ("HOME", "/h")])), PathBuf::from("/c/kernels"));
         assert_eq!(
             cache_dir_from(env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])),
             PathBuf::from("/x/tessera/kernels")

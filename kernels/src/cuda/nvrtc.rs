@@ -63,7 +63,8 @@ impl Drop for Program {
 
 /// Compiles `source` to a CUBIN for `arch`; a compile failure carries NVRTC's log.
 pub fn compile(module: &str, source: &str, arch: Arch) -> Result<Vec<u8>, KernelError> {
-    let fail = |detail: String| KernelError::Compile { module: module.to_string(), arch: arch.to_string(), log: detail };
+    let fail =
+        |detail: String| KernelError::Compile { module: module.to_string(), arch: arch.to_string(), log: detail };
     let src = CString::new(source).map_err(|_| fail("source contains a NUL byte".into()))?;
     let name = CString::new(format!("{module}.cu")).map_err(|_| fail("module name contains a NUL byte".into()))?;
     let prog = Program(result::create_program(&src, Some(&name)).map_err(|e| fail(format!("create: {e:?}")))?);

@@ -42,7 +42,14 @@ fn norm_shape(op: &'static str, x_len: usize, w_len: usize, n_rows: usize, eps: 
 impl Device {
     /// `out[r] = rms_norm(x[r]) * w` for each of `n_rows` rows; `x`, `out`: `[n_rows, dim]`,
     /// `w`: `[dim]`.
-    pub fn rms_norm(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, w: &Buf<bf16>, n_rows: usize, eps: f32) -> Result<(), KernelError> {
+    pub fn rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        w: &Buf<bf16>,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
         const OP: &str = "cuda_rms_norm";
         let dim = norm_shape(OP, x.len(), w.len(), n_rows, eps)?;
         check(out.len() == x.len(), OP, || format!("out has {} values, x has {}", out.len(), x.len()))?;
@@ -110,7 +117,9 @@ impl Device {
     /// first half of each row), `out` `[n_rows, ffn]`.
     pub fn silu_mul_packed(&self, out: &mut Buf<bf16>, gate_up: &Buf<bf16>, n_rows: usize) -> Result<(), KernelError> {
         const OP: &str = "cuda_silu_mul_packed";
-        check(n_rows > 0 && out.len() % n_rows == 0, OP, || format!("out has {} values, not {n_rows} rows", out.len()))?;
+        check(n_rows > 0 && out.len() % n_rows == 0, OP, || {
+            format!("out has {} values, not {n_rows} rows", out.len())
+        })?;
         let ffn = out.len() / n_rows;
         check(gate_up.len() == 2 * out.len(), OP, || {
             format!("gate_up has {} values, expected {n_rows} x 2 x {ffn}", gate_up.len())
@@ -147,7 +156,13 @@ impl Device {
     /// Embedding gather: `out[t] = table[ids[t]]`; `table` `[vocab, dim]`, `out`
     /// `[ids.len(), dim]`. An id `>= vocab` yields a NaN row (ids are on the device, so
     /// they cannot be checked here; the caller validates them where they enter).
-    pub fn embedding(&self, out: &mut Buf<bf16>, table: &Buf<bf16>, ids: &Buf<u32>, dim: usize) -> Result<(), KernelError> {
+    pub fn embedding(
+        &self,
+        out: &mut Buf<bf16>,
+        table: &Buf<bf16>,
+        ids: &Buf<u32>,
+        dim: usize,
+    ) -> Result<(), KernelError> {
         const OP: &str = "cuda_embedding";
         check(dim > 0 && table.len() % dim == 0, OP, || {
             format!("table has {} values, not a whole number of rows of {dim}", table.len())
@@ -158,7 +173,8 @@ impl Device {
         if ids.is_empty() {
             return Ok(());
         }
-        let (n, vocab, d) = (to_u32(OP, "n_tokens", ids.len())?, to_u32(OP, "vocab", table.len() / dim)?, to_u32(OP, "dim", dim)?);
+        let (n, vocab, d) =
+            (to_u32(OP, "n_tokens", ids.len())?, to_u32(OP, "vocab", table.len() / dim)?, to_u32(OP, "dim", dim)?);
         let mut b = self.stream.launch_builder(&self.kernels.embedding);
         b.arg(&mut out.inner).arg(&table.inner).arg(&ids.inner).arg(&n).arg(&vocab).arg(&d);
         // SAFETY: the kernel bounds every read by vocab and every write by n x dim.

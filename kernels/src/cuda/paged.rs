@@ -51,7 +51,13 @@ pub struct DecodePlan {
 /// [`DECODE_CTAS_PER_SM`] CTAs, no split under [`MIN_SPLIT_TOKENS`] positions, at most
 /// `capacity` (what the workspace holds) and the grid's 65535. A forced `split_len` is
 /// honoured unless the workspace cannot hold its splits; then fewer, longer splits.
-pub(crate) fn plan_splits(ctas: usize, max_context: usize, split_len: Option<usize>, capacity: usize, sm_count: usize) -> DecodePlan {
+pub(crate) fn plan_splits(
+    ctas: usize,
+    max_context: usize,
+    split_len: Option<usize>,
+    capacity: usize,
+    sm_count: usize,
+) -> DecodePlan {
     let ctx = max_context.max(1);
     let cap = capacity.clamp(1, 65535);
     let n = match split_len {

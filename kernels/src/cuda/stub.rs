@@ -107,7 +107,14 @@ impl Device {
     pub fn time_ms(&self, reps: usize, f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
         match self.never {}
     }
-    pub fn rms_norm(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, w: &Buf<bf16>, n_rows: usize, eps: f32) -> Result<(), KernelError> {
+    pub fn rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        w: &Buf<bf16>,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
         match self.never {}
     }
     pub fn add_rms_norm(
@@ -127,7 +134,13 @@ impl Device {
     pub fn silu_mul_packed(&self, out: &mut Buf<bf16>, gate_up: &Buf<bf16>, n_rows: usize) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn embedding(&self, out: &mut Buf<bf16>, table: &Buf<bf16>, ids: &Buf<u32>, dim: usize) -> Result<(), KernelError> {
+    pub fn embedding(
+        &self,
+        out: &mut Buf<bf16>,
+        table: &Buf<bf16>,
+        ids: &Buf<u32>,
+        dim: usize,
+    ) -> Result<(), KernelError> {
         match self.never {}
     }
     pub fn rope_cache(&self, params: &RopeParams, max_positions: usize) -> Result<RopeCache, KernelError> {
@@ -145,7 +158,15 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn matmul(&self, out: &mut Buf<bf16>, x: &Buf<bf16>, m: usize, w: &Buf<bf16>, rows: usize, cols: usize) -> Result<(), KernelError> {
+    pub fn matmul(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
         match self.never {}
     }
     pub fn write_kv(
@@ -159,7 +180,13 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn decode_workspace(&self, max_seqs: usize, n_heads: usize, head_dim: usize, max_splits: usize) -> Result<DecodeWorkspace, KernelError> {
+    pub fn decode_workspace(
+        &self,
+        max_seqs: usize,
+        n_heads: usize,
+        head_dim: usize,
+        max_splits: usize,
+    ) -> Result<DecodeWorkspace, KernelError> {
         match self.never {}
     }
     pub fn paged_decode_attention(

@@ -111,11 +111,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), K
         detail: format!("{} values is not a whole number of {ty} blocks", out.len()),
     })?;
     crate::error::check(src.len() == need, "dequantize_row", || {
-        format!(
-            "{} bytes given, {need} needed for {} {ty} values",
-            src.len(),
-            out.len()
-        )
+        format!("{} bytes given, {need} needed for {} {ty} values", src.len(), out.len())
     })?;
     dequantize_unchecked(ty, src, out);
     Ok(())

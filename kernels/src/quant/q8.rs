@@ -161,29 +161,17 @@ impl ActsQ8 {
     /// (the matmul checks both before calling).
     pub fn quantize(x: &[f32], cols: usize) -> Self {
         let nb = x.len() / 32;
-        let mut acts = ActsQ8 {
-            cols,
-            qs: vec![0; nb * 32],
-            d: vec![0.0; nb],
-            s: vec![0.0; nb],
-        };
+        let mut acts = ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb] };
         let avx2 = has_avx2();
-        split_rows(
-            x,
-            cols,
-            &mut acts.qs,
-            (&mut acts.d, cols / 32),
-            (&mut acts.s, cols / 32),
-            |x, qs, d, s| {
-                #[cfg(target_arch = "x86_64")]
-                if avx2 {
-                    // SAFETY: AVX2 and FMA were detected on this CPU.
-                    return unsafe { quantize_q8_avx2(x, qs, d, s) };
-                }
-                let _ = avx2;
-                quantize_q8_body(x, qs, d, s)
-            },
-        );
+        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 32), (&mut acts.s, cols / 32), |x, qs, d, s| {
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                return unsafe { quantize_q8_avx2(x, qs, d, s) };
+            }
+            let _ = avx2;
+            quantize_q8_body(x, qs, d, s)
+        });
         acts
     }
 
@@ -197,29 +185,17 @@ impl ActsQ8K {
     /// Quantises `x` = (n, cols); `cols` must be a multiple of 256 and `x.len()` of `cols`.
     pub fn quantize(x: &[f32], cols: usize) -> Self {
         let nb = x.len() / 256;
-        let mut acts = ActsQ8K {
-            cols,
-            qs: vec![0; nb * 256],
-            d: vec![0.0; nb],
-            bsums: vec![0; nb * 16],
-        };
+        let mut acts = ActsQ8K { cols, qs: vec![0; nb * 256], d: vec![0.0; nb], bsums: vec![0; nb * 16] };
         let avx2 = has_avx2();
-        split_rows(
-            x,
-            cols,
-            &mut acts.qs,
-            (&mut acts.d, cols / 256),
-            (&mut acts.bsums, cols / 16),
-            |x, qs, d, bs| {
-                #[cfg(target_arch = "x86_64")]
-                if avx2 {
-                    // SAFETY: AVX2 and FMA were detected on this CPU.
-                    return unsafe { quantize_q8k_avx2(x, qs, d, bs) };
-                }
-                let _ = avx2;
-                quantize_q8k_body(x, qs, d, bs)
-            },
-        );
+        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 256), (&mut acts.bsums, cols / 16), |x, qs, d, bs| {
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                return unsafe { quantize_q8k_avx2(x, qs, d, bs) };
+            }
+            let _ = avx2;
+            quantize_q8k_body(x, qs, d, bs)
+        });
         acts
     }
 

@@ -17,35 +17,23 @@ pub struct Weight<'a> {
 impl<'a> Weight<'a> {
     /// A checked view: `cols` is a whole number of blocks and `data` holds exactly
     /// `rows` rows.
-    pub fn new(
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        data: &'a [u8],
-    ) -> Result<Self, KernelError> {
-        let w = Weight {
-            ty,
-            rows,
-            cols,
-            data,
-        };
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
+        let w = Weight { ty, rows, cols, data };
         w.check("Weight::new")?;
         Ok(w)
     }
 
     /// Bytes per row, or an error naming `op` when `cols` is not a whole number of blocks.
     pub fn row_bytes(&self, op: &'static str) -> Result<usize, KernelError> {
-        self.ty
-            .bytes_for(self.cols)
-            .ok_or_else(|| KernelError::Shape {
-                op,
-                detail: format!(
-                    "{} columns is not a whole number of {} blocks of {}",
-                    self.cols,
-                    self.ty,
-                    self.ty.block_elems()
-                ),
-            })
+        self.ty.bytes_for(self.cols).ok_or_else(|| KernelError::Shape {
+            op,
+            detail: format!(
+                "{} columns is not a whole number of {} blocks of {}",
+                self.cols,
+                self.ty,
+                self.ty.block_elems()
+            ),
+        })
     }
 
     /// Validates the fields (they are public, so every op re-checks); returns the row size.

@@ -54,12 +54,7 @@ pub(crate) fn merge_word(word: &str, ranks: &BpeRanks, out: &mut Vec<std::ops::R
     let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
     for (start, c) in word.char_indices() {
         let i = symbols.len();
-        symbols.push(Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: None,
-        });
+        symbols.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: None });
         if i > 0 {
             symbols[i - 1].next = Some(i);
         }
@@ -101,12 +96,7 @@ pub(crate) fn merge_word(word: &str, ranks: &BpeRanks, out: &mut Vec<std::ops::R
         }
         push(&mut queue, &symbols, left, &mut key);
     }
-    out.extend(
-        symbols
-            .iter()
-            .filter(|s| s.len > 0)
-            .map(|s| s.start..s.start + s.len),
-    );
+    out.extend(symbols.iter().filter(|s| s.len > 0).map(|s| s.start..s.start + s.len));
 }
 
 #[cfg(test)]

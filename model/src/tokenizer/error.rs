@@ -9,13 +9,8 @@ pub enum TokenizerError {
     #[error("tokenizer metadata: required key `{0}` is missing")]
     MissingKey(&'static str),
     #[error("tokenizer metadata: `{key}` should be {expected}")]
-    WrongType {
-        key: &'static str,
-        expected: &'static str,
-    },
-    #[error(
-        "unsupported tokenizer model `{0}` (Tessera supports `gpt2` BPE and `llama` SentencePiece)"
-    )]
+    WrongType { key: &'static str, expected: &'static str },
+    #[error("unsupported tokenizer model `{0}` (Tessera supports `gpt2` BPE and `llama` SentencePiece)")]
     UnsupportedModel(String),
     #[error("unsupported pre-tokenizer `{0}` (supported: {supported})", supported = super::pretokenize::SUPPORTED_NAMES)]
     UnsupportedPreTokenizer(String),
@@ -25,9 +20,7 @@ pub enum TokenizerError {
     TokenOutOfRange { id: u32, size: usize },
     #[error("pre-tokenizer pattern `{pattern}` failed: {reason}")]
     Regex { pattern: String, reason: String },
-    #[error(
-        "no token for byte {0:#04x}: the vocabulary has neither a byte token nor an unknown token"
-    )]
+    #[error("no token for byte {0:#04x}: the vocabulary has neither a byte token nor an unknown token")]
     NoByteToken(u8),
     #[error("cannot read {path}: {source}")]
     Io {

@@ -14,10 +14,7 @@ const PRE: &str = "tokenizer.ggml.pre";
 fn array<'f>(file: &'f GgufFile, key: &'static str) -> Result<Option<&'f [MetaValue]>> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v.as_array().map(Some).ok_or(TokenizerError::WrongType {
-            key,
-            expected: "an array",
-        }),
+        Some(v) => v.as_array().map(Some).ok_or(TokenizerError::WrongType { key, expected: "an array" }),
     }
 }
 
@@ -29,10 +26,7 @@ fn strings(file: &GgufFile, key: &'static str) -> Result<Vec<String>> {
         .iter()
         .map(|v| v.as_str().map(str::to_string))
         .collect::<Option<Vec<_>>>()
-        .ok_or(TokenizerError::WrongType {
-            key,
-            expected: "an array of strings",
-        })
+        .ok_or(TokenizerError::WrongType { key, expected: "an array of strings" })
 }
 
 /// A token id; a negative value (some converters write -1 for "none") means absent, and an
@@ -43,10 +37,7 @@ fn id(file: &GgufFile, key: &'static str) -> Result<Option<u32>> {
         Some(v) => match v.as_i64() {
             Some(i) if i < 0 => Ok(None),
             Some(i) => Ok(Some(u32::try_from(i).unwrap_or(u32::MAX))),
-            None => Err(TokenizerError::WrongType {
-                key,
-                expected: "an integer",
-            }),
+            None => Err(TokenizerError::WrongType { key, expected: "an integer" }),
         },
     }
 }
@@ -54,10 +45,7 @@ fn id(file: &GgufFile, key: &'static str) -> Result<Option<u32>> {
 fn flag(file: &GgufFile, key: &'static str) -> Result<Option<bool>> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or(TokenizerError::WrongType {
-            key,
-            expected: "a bool",
-        }),
+        Some(v) => v.as_bool().map(Some).ok_or(TokenizerError::WrongType { key, expected: "a bool" }),
     }
 }
 
@@ -68,10 +56,7 @@ impl TokenizerSpec {
             .get(MODEL)
             .ok_or(TokenizerError::MissingKey(MODEL))?
             .as_str()
-            .ok_or(TokenizerError::WrongType {
-                key: MODEL,
-                expected: "a string",
-            })?;
+            .ok_or(TokenizerError::WrongType { key: MODEL, expected: "a string" })?;
         let kind = match model {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
@@ -91,32 +76,21 @@ impl TokenizerSpec {
                     _ => None,
                 })
                 .collect::<Option<Vec<_>>>()
-                .ok_or(TokenizerError::WrongType {
-                    key: SCORES,
-                    expected: "an array of f32 or i32",
-                })?;
+                .ok_or(TokenizerError::WrongType { key: SCORES, expected: "an array of f32 or i32" })?;
         }
         if let Some(items) = array(file, TOKEN_TYPE)? {
             spec.token_types = items
                 .iter()
                 .map(|v| v.as_i64().and_then(|i| i32::try_from(i).ok()))
                 .collect::<Option<Vec<_>>>()
-                .ok_or(TokenizerError::WrongType {
-                    key: TOKEN_TYPE,
-                    expected: "an array of i32",
-                })?;
+                .ok_or(TokenizerError::WrongType { key: TOKEN_TYPE, expected: "an array of i32" })?;
         }
         spec.merges = strings(file, MERGES)?;
         spec.pre = match file.get(PRE) {
             None => None,
-            Some(v) => Some(
-                v.as_str()
-                    .ok_or(TokenizerError::WrongType {
-                        key: PRE,
-                        expected: "a string",
-                    })?
-                    .to_string(),
-            ),
+            Some(v) => {
+                Some(v.as_str().ok_or(TokenizerError::WrongType { key: PRE, expected: "a string" })?.to_string())
+            }
         };
         spec.bos = id(file, "tokenizer.ggml.bos_token_id")?;
         spec.eos = id(file, "tokenizer.ggml.eos_token_id")?;

@@ -34,32 +34,22 @@ pub(crate) struct HfSpecial {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| TokenizerError::BadConfig {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
+    let text =
+        std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
+    serde_json::from_str(&text)
+        .map_err(|e| TokenizerError::BadConfig { path: path.to_path_buf(), reason: e.to_string() })
 }
 
 impl HfTokenizer {
     pub(crate) fn from_file(path: &Path) -> Result<Self> {
-        let bad = |reason: String| TokenizerError::BadConfig {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let bad = |reason: String| TokenizerError::BadConfig { path: path.to_path_buf(), reason };
         let mut json = read_json(path)?;
         let mut vocab = BTreeMap::new();
         match json.pointer("/model/vocab") {
             Some(Value::Object(map)) => {
                 for (text, id) in map {
                     let id = id.as_u64().and_then(|i| u32::try_from(i).ok());
-                    vocab.insert(
-                        text.clone(),
-                        id.ok_or_else(|| bad(format!("vocab entry {text:?} has no u32 id")))?,
-                    );
+                    vocab.insert(text.clone(), id.ok_or_else(|| bad(format!("vocab entry {text:?} has no u32 id")))?);
                 }
             }
             // Unigram: an array of [piece, score], ids by position.
@@ -67,24 +57,15 @@ impl HfTokenizer {
                 for (i, entry) in list.iter().enumerate() {
                     let text = entry.get(0).and_then(Value::as_str);
                     vocab.insert(
-                        text.ok_or_else(|| bad(format!("vocab entry {i} is not [piece, score]")))?
-                            .to_string(),
+                        text.ok_or_else(|| bad(format!("vocab entry {i} is not [piece, score]")))?.to_string(),
                         i as u32,
                     );
                 }
             }
             _ => return Err(bad("model.vocab is missing".into())),
         }
-        for entry in json
-            .get("added_tokens")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let id = entry
-                .get("id")
-                .and_then(Value::as_u64)
-                .and_then(|i| u32::try_from(i).ok());
+        for entry in json.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
+            let id = entry.get("id").and_then(Value::as_u64).and_then(|i| u32::try_from(i).ok());
             let content = entry.get("content").and_then(Value::as_str);
             let (Some(id), Some(content)) = (id, content) else {
                 return Err(bad(format!("added token {entry} lacks an id or content")));
@@ -95,11 +76,7 @@ impl HfTokenizer {
         // Ids index a table below, so a file claiming id 4e9 for a small vocabulary must
         // not make us allocate one.
         if size > 2 * vocab.len() + 1024 {
-            return Err(bad(format!(
-                "{} tokens but ids up to {}",
-                vocab.len(),
-                size - 1
-            )));
+            return Err(bad(format!("{} tokens but ids up to {}", vocab.len(), size - 1)));
         }
         let padded_from = size as u32;
         pad_byte_atoms(&mut json, padded_from);
@@ -110,46 +87,25 @@ impl HfTokenizer {
 
         tokenizers::canonicalize_value(&mut json).map_err(|e| bad(e.to_string()))?;
         let inner = tokenizers::from_json(&json.to_string()).map_err(|e| bad(e.to_string()))?;
-        Ok(Self {
-            inner,
-            padded_from,
-            vocab,
-            id_to_text,
-        })
+        Ok(Self { inner, padded_from, vocab, id_to_text })
     }
 
-    pub(crate) fn encode(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<u32>> {
+    pub(crate) fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         let options = EncodeOptions {
             add_special_tokens: add_special,
             encode_special_tokens: !parse_special,
             ..EncodeOptions::default()
         };
         let mut out = Vec::new();
-        self.inner
-            .encode_into(text, &options, &mut out)
-            .map_err(|e| TokenizerError::Hf(e.to_string()))?;
-        Ok(out
-            .into_iter()
-            .map(u32::from)
-            .filter(|&id| id < self.padded_from)
-            .collect())
+        self.inner.encode_into(text, &options, &mut out).map_err(|e| TokenizerError::Hf(e.to_string()))?;
+        Ok(out.into_iter().map(u32::from).filter(|&id| id < self.padded_from).collect())
     }
 
     pub(crate) fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.id_to_text.len()) {
-            return Err(TokenizerError::TokenOutOfRange {
-                id,
-                size: self.id_to_text.len(),
-            });
+            return Err(TokenizerError::TokenOutOfRange { id, size: self.id_to_text.len() });
         }
-        self.inner
-            .decode(ids, skip_special)
-            .map_err(|e| TokenizerError::Hf(e.to_string()))
+        self.inner.decode(ids, skip_special).map_err(|e| TokenizerError::Hf(e.to_string()))
     }
 }
 
@@ -164,19 +120,11 @@ fn pad_byte_atoms(json: &mut Value, first_id: u32) {
         v.get("type").and_then(Value::as_str) == Some("ByteLevel")
             || v.get("pretokenizers")
                 .and_then(Value::as_array)
-                .is_some_and(|l| {
-                    l.iter()
-                        .any(|p| p.get("type").and_then(Value::as_str) == Some("ByteLevel"))
-                })
+                .is_some_and(|l| l.iter().any(|p| p.get("type").and_then(Value::as_str) == Some("ByteLevel")))
     };
     let byte_level = is_byte_level(json.get("pre_tokenizer"))
         || json.pointer("/model/byte_level").and_then(Value::as_bool) == Some(true);
-    if !byte_level
-        || json
-            .pointer("/model/type")
-            .and_then(Value::as_str)
-            .is_some_and(|t| t != "BPE")
-    {
+    if !byte_level || json.pointer("/model/type").and_then(Value::as_str).is_some_and(|t| t != "BPE") {
         return;
     }
     let Some(Value::Object(vocab)) = json.pointer_mut("/model/vocab") else {
@@ -225,10 +173,7 @@ pub(crate) fn read_special(dir: &Path) -> Result<HfSpecial> {
             Some(v) => v.as_u64().into_iter().collect(),
             None => Vec::new(),
         };
-        special.generation_eos = ids
-            .into_iter()
-            .filter_map(|i| u32::try_from(i).ok())
-            .collect();
+        special.generation_eos = ids.into_iter().filter_map(|i| u32::try_from(i).ok()).collect();
     }
     Ok(special)
 }

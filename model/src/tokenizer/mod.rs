@@ -68,10 +68,7 @@ impl Tokenizer {
             add_bos: v.add_bos,
             chat_template: None,
         };
-        Ok(Self {
-            inner: Inner::Native(Box::new(native)),
-            special,
-        })
+        Ok(Self { inner: Inner::Native(Box::new(native)), special })
     }
 
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
@@ -89,35 +86,16 @@ impl Tokenizer {
         let id_of = |text: &Option<String>| text.as_ref().and_then(|t| hf.vocab.get(t).copied());
         let bos = id_of(&config.bos);
         let eos = id_of(&config.eos);
-        let eot = vocab::EOT_NAMES
-            .iter()
-            .find_map(|name| hf.vocab.get(*name).copied());
-        let mut stop: Vec<u32> = vocab::EOG_NAMES
-            .iter()
-            .filter_map(|name| hf.vocab.get(*name).copied())
-            .collect();
-        stop.extend(
-            eos.iter()
-                .chain(eot.iter())
-                .chain(config.generation_eos.iter()),
-        );
+        let eot = vocab::EOT_NAMES.iter().find_map(|name| hf.vocab.get(*name).copied());
+        let mut stop: Vec<u32> = vocab::EOG_NAMES.iter().filter_map(|name| hf.vocab.get(*name).copied()).collect();
+        stop.extend(eos.iter().chain(eot.iter()).chain(config.generation_eos.iter()));
         stop.retain(|&id| (id as usize) < hf.id_to_text.len());
         stop.sort_unstable();
         stop.dedup();
         // Whether the post-processor prepends BOS shows in what it does to empty text.
         let add_bos = bos.is_some() && hf.encode("", true, false)?.first().copied() == bos;
-        let special = SpecialTokens {
-            bos,
-            eos,
-            eot,
-            stop,
-            add_bos,
-            chat_template: config.chat_template,
-        };
-        Ok(Self {
-            inner: Inner::Hf(hf),
-            special,
-        })
+        let special = SpecialTokens { bos, eos, eot, stop, add_bos, chat_template: config.chat_template };
+        Ok(Self { inner: Inner::Hf(hf), special })
     }
 
     /// Token ids for `text`. `add_special` adds what the model adds around a sequence (BOS,

@@ -20,9 +20,7 @@ pub(crate) struct NativeTokenizer {
 impl NativeTokenizer {
     pub(crate) fn new(spec: &TokenizerSpec) -> Result<Self> {
         let (vocab, pre_config) = Vocab::new(spec)?;
-        let pre = pre_config
-            .map(|c| PreTokenizer::new(c.patterns))
-            .transpose()?;
+        let pre = pre_config.map(|c| PreTokenizer::new(c.patterns)).transpose()?;
         let ranks = BpeRanks::new(&spec.merges);
         if vocab.kind == VocabKind::Bpe && ranks.is_empty() {
             return Err(TokenizerError::MissingKey("tokenizer.ggml.merges"));
@@ -30,12 +28,7 @@ impl NativeTokenizer {
         Ok(Self { vocab, pre, ranks })
     }
 
-    pub(crate) fn encode(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<u32>> {
+    pub(crate) fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && v.add_bos {
@@ -94,9 +87,12 @@ impl NativeTokenizer {
                     Some(id) => out.push(id),
                     // llama.cpp then looks each *byte* of the piece up as a one-byte token,
                     // which only ASCII can match, and drops the rest.
-                    None => out.extend(piece.bytes().filter(u8::is_ascii).filter_map(|b| {
-                        std::str::from_utf8(&[b]).ok().and_then(|s| v.text_to_id(s))
-                    })),
+                    None => out.extend(
+                        piece
+                            .bytes()
+                            .filter(u8::is_ascii)
+                            .filter_map(|b| std::str::from_utf8(&[b]).ok().and_then(|s| v.text_to_id(s))),
+                    ),
                 }
             }
         }
@@ -107,10 +103,7 @@ impl NativeTokenizer {
     /// when `special` is set; unused and undefined tokens give nothing.
     pub(crate) fn piece(&self, id: u32, special: bool, out: &mut Vec<u8>) -> Result<()> {
         let v = &self.vocab;
-        let text = v
-            .tokens
-            .get(id as usize)
-            .ok_or(TokenizerError::TokenOutOfRange { id, size: v.len() })?;
+        let text = v.tokens.get(id as usize).ok_or(TokenizerError::TokenOutOfRange { id, size: v.len() })?;
         let a = v.attr(id);
         if a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             if special {
@@ -125,9 +118,7 @@ impl NativeTokenizer {
             }
         } else if a & attr::BYTE != 0 {
             out.push(parse_byte_token(text).ok_or_else(|| {
-                TokenizerError::InvalidVocab(format!(
-                    "byte token {id} is {text:?}, expected <0xXX>"
-                ))
+                TokenizerError::InvalidVocab(format!("byte token {id} is {text:?}, expected <0xXX>"))
             })?);
         }
         Ok(())
@@ -214,8 +205,7 @@ fn clean_spaces(text: &mut Vec<u8>) {
         if i > 0 && pass2[i - 1] == b' ' && x == b'\'' && i + 1 < pass2.len() {
             let x1 = pass2[i + 1];
             let x2 = pass2.get(i + 2).copied();
-            let drop = matches!(x1, b's' | b'm')
-                || matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e')));
+            let drop = matches!(x1, b's' | b'm') || matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e')));
             if drop {
                 out.pop();
             }

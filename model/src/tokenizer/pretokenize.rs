@@ -41,12 +41,7 @@ pub(crate) struct PreConfig {
 }
 
 const fn cfg(patterns: &'static [&'static str], clean_spaces: bool) -> PreConfig {
-    PreConfig {
-        patterns,
-        clean_spaces,
-        ignore_merges: false,
-        add_bos: false,
-    }
+    PreConfig { patterns, clean_spaces, ignore_merges: false, add_bos: false }
 }
 
 /// The configuration for `tokenizer.ggml.pre`. A missing or empty name means llama.cpp's
@@ -70,26 +65,15 @@ pub(crate) fn config_for(name: Option<&str>) -> Result<PreConfig> {
     let name = name.unwrap_or("");
     let config = match name {
         "" | "default" => cfg(DEFAULT, true),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" => PreConfig {
-            patterns: &[LLAMA3],
-            clean_spaces: true,
-            ignore_merges: true,
-            add_bos: true,
-        },
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+        | "jina-v5-nano" => PreConfig { patterns: &[LLAMA3], clean_spaces: true, ignore_merges: true, add_bos: true },
         "dbrx" | "smaug-bpe" => cfg(&[LLAMA3], true),
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" => {
-            cfg(&[GPT2], true)
-        }
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
+        | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4" => cfg(&[GPT2], true),
         "trillion" | "granite-docling" => cfg(&[GPT2], false),
-        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
-            cfg(STARCODER, true)
-        }
+        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => cfg(STARCODER, true),
         "smollm" | "command-r" => cfg(STARCODER, false),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" => {
-            cfg(&[QWEN2], false)
-        }
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" => cfg(&[QWEN2], false),
         "stablelm2" | "megrez" => cfg(&[QWEN2], true),
         "qwen35" => cfg(&[QWEN35], false),
         "falcon" => cfg(FALCON, true),
@@ -110,10 +94,7 @@ impl PreTokenizer {
         let regexes = patterns
             .iter()
             .map(|p| {
-                Regex::new(p).map_err(|e| TokenizerError::Regex {
-                    pattern: (*p).to_string(),
-                    reason: e.to_string(),
-                })
+                Regex::new(p).map_err(|e| TokenizerError::Regex { pattern: (*p).to_string(), reason: e.to_string() })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { regexes })
@@ -160,62 +141,38 @@ mod tests {
     fn split(name: &str, text: &str) -> Vec<String> {
         let cfg = config_for(Some(name)).unwrap();
         let pre = PreTokenizer::new(cfg.patterns).unwrap();
-        pre.split(text)
-            .unwrap()
-            .into_iter()
-            .map(str::to_string)
-            .collect()
+        pre.split(text).unwrap().into_iter().map(str::to_string).collect()
     }
 
     #[test]
     fn gpt2_keeps_the_space_before_words_and_leaves_the_last_of_a_run() {
-        assert_eq!(
-            split("gpt-2", "Hello  world's 42!"),
-            ["Hello", " ", " world", "'s", " 42", "!"]
-        );
+        assert_eq!(split("gpt-2", "Hello  world's 42!"), ["Hello", " ", " world", "'s", " 42", "!"]);
         assert_eq!(split("gpt-2", "a\t\tb"), ["a", "\t", "\t", "b"]);
     }
 
     #[test]
     fn smollm_isolates_every_digit_first() {
-        assert_eq!(
-            split("smollm", "x 1234 y"),
-            ["x", " ", "1", "2", "3", "4", " y"]
-        );
+        assert_eq!(split("smollm", "x 1234 y"), ["x", " ", "1", "2", "3", "4", " y"]);
     }
 
     #[test]
     fn llama3_groups_digits_by_three_and_keeps_newline_runs() {
-        assert_eq!(
-            split("llama-bpe", "12345 ab\n\n  c"),
-            ["123", "45", " ab", "\n\n", " ", " c"]
-        );
+        assert_eq!(split("llama-bpe", "12345 ab\n\n  c"), ["123", "45", " ab", "\n\n", " ", " c"]);
         assert_eq!(split("llama3", "I'M ok"), ["I", "'M", " ok"]);
     }
 
     #[test]
     fn unknown_names_are_errors_and_missing_means_default() {
-        assert!(matches!(
-            config_for(Some("no-such-pre")),
-            Err(TokenizerError::UnsupportedPreTokenizer(_))
-        ));
+        assert!(matches!(config_for(Some("no-such-pre")), Err(TokenizerError::UnsupportedPreTokenizer(_))));
         assert_eq!(config_for(None).unwrap().patterns.len(), 4);
     }
 
     #[test]
     fn pieces_always_concatenate_to_the_input() {
         let text = "  Ünïcödé ١٢٣ 中文 🙂👍🏽 \u{a0}\u{3000}x\r\n\ty's";
-        for name in [
-            "default",
-            "gpt-2",
-            "llama3",
-            "qwen2",
-            "qwen35",
-            "smollm",
-            "falcon",
-            "deepseek-coder",
-            "deepseek-v3",
-        ] {
+        for name in
+            ["default", "gpt-2", "llama3", "qwen2", "qwen35", "smollm", "falcon", "deepseek-coder", "deepseek-v3"]
+        {
             assert_eq!(split(name, text).concat(), text, "{name}");
         }
     }

@@ -15,11 +15,7 @@ pub(crate) enum Fragment<'t> {
 }
 
 /// Cuts `text` into text fragments and special-token ids, in order.
-pub(crate) fn partition<'t>(
-    vocab: &Vocab,
-    text: &'t str,
-    parse_special: bool,
-) -> Vec<Fragment<'t>> {
+pub(crate) fn partition<'t>(vocab: &Vocab, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
     let mut fragments = Vec::new();
     if text.is_empty() {
         return fragments;
@@ -34,10 +30,7 @@ pub(crate) fn partition<'t>(
             continue;
         };
         // Cheap skip: most special tokens appear in no fragment.
-        if !fragments
-            .iter()
-            .any(|f| matches!(f, Fragment::Text(t) if t.contains(needle.as_str())))
-        {
+        if !fragments.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(needle.as_str()))) {
             continue;
         }
         let mut next = Vec::with_capacity(fragments.len() + 2);

@@ -38,9 +38,7 @@ impl PartialOrd for Bigram {
 }
 impl Ord for Bigram {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -49,12 +47,7 @@ pub(crate) fn tokenize(vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<
     let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
     for (start, c) in text.char_indices() {
         let i = symbols.len();
-        symbols.push(Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: None,
-        });
+        symbols.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: None });
         if i > 0 {
             symbols[i - 1].next = Some(i);
         }
@@ -68,11 +61,7 @@ pub(crate) fn tokenize(vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<
         let joined = &text[l.start..r.start + r.len];
         if let Some(id) = vocab.text_to_id(joined) {
             let score = vocab.scores.get(id as usize).copied().unwrap_or(0.0);
-            queue.push(Bigram {
-                score,
-                left,
-                size: joined.len(),
-            });
+            queue.push(Bigram { score, left, size: joined.len() });
         }
     };
     for left in 0..symbols.len() {

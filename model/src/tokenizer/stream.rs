@@ -24,31 +24,16 @@ enum State {
     /// Bytes received but not yet emitted: at most one incomplete UTF-8 sequence.
     Bytes { pending: Vec<u8>, piece: Vec<u8> },
     /// `ids[..read]` have been emitted; `ids[..prefix]` is decode context only.
-    Window {
-        ids: Vec<u32>,
-        prefix: usize,
-        read: usize,
-    },
+    Window { ids: Vec<u32>, prefix: usize, read: usize },
 }
 
 impl<'a> DecodeStream<'a> {
     pub(crate) fn new(tokenizer: &'a Tokenizer, skip_special: bool) -> Self {
         let state = match &tokenizer.inner {
-            Inner::Native(_) => State::Bytes {
-                pending: Vec::new(),
-                piece: Vec::new(),
-            },
-            Inner::Hf(_) => State::Window {
-                ids: Vec::new(),
-                prefix: 0,
-                read: 0,
-            },
+            Inner::Native(_) => State::Bytes { pending: Vec::new(), piece: Vec::new() },
+            Inner::Hf(_) => State::Window { ids: Vec::new(), prefix: 0, read: 0 },
         };
-        Self {
-            tokenizer,
-            skip_special,
-            state,
-        }
+        Self { tokenizer, skip_special, state }
     }
 
     /// Adds one id; returns the text that became complete (often empty mid-character).

@@ -66,13 +66,7 @@ pub(crate) const EOG_NAMES: &[&str] = &[
 /// generation (a code model emitting them has left the current file).
 const FIM_EOG_NAMES: &[&[&str]] = &[
     &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
-    &[
-        "<|fim_repo|>",
-        "<|repo_name|>",
-        "<fim-repo>",
-        "<REPO>",
-        "<reponame>",
-    ],
+    &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"],
     &["<|file_sep|>"],
 ];
 
@@ -111,23 +105,14 @@ impl Vocab {
     pub(crate) fn new(spec: &TokenizerSpec) -> Result<(Self, Option<PreConfig>)> {
         let n = spec.tokens.len();
         if n == 0 {
-            return Err(TokenizerError::InvalidVocab(
-                "the token list is empty".into(),
-            ));
+            return Err(TokenizerError::InvalidVocab("the token list is empty".into()));
         }
         if u32::try_from(n).is_err() {
-            return Err(TokenizerError::InvalidVocab(format!(
-                "{n} tokens do not fit u32 ids"
-            )));
+            return Err(TokenizerError::InvalidVocab(format!("{n} tokens do not fit u32 ids")));
         }
-        for (what, len) in [
-            ("scores", spec.scores.len()),
-            ("token types", spec.token_types.len()),
-        ] {
+        for (what, len) in [("scores", spec.scores.len()), ("token types", spec.token_types.len())] {
             if len != 0 && len < n {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "{len} {what} for {n} tokens"
-                )));
+                return Err(TokenizerError::InvalidVocab(format!("{len} {what} for {n} tokens")));
             }
         }
 
@@ -135,61 +120,38 @@ impl Vocab {
         let mut token_to_id = HashMap::with_capacity(n);
         for (i, text) in spec.tokens.iter().enumerate() {
             // llama.cpp renames empty entries so every id keeps a distinct text.
-            let text = if text.is_empty() {
-                format!("[EMPTY_{i}]")
-            } else {
-                text.clone()
-            };
+            let text = if text.is_empty() { format!("[EMPTY_{i}]") } else { text.clone() };
             if token_to_id.insert(text.clone(), i as u32).is_some() {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "token {text:?} appears twice"
-                )));
+                return Err(TokenizerError::InvalidVocab(format!("token {text:?} appears twice")));
             }
             tokens.push(text);
         }
-        let scores = if spec.scores.is_empty() {
-            vec![0.0; n]
-        } else {
-            spec.scores[..n].to_vec()
-        };
+        let scores = if spec.scores.is_empty() { vec![0.0; n] } else { spec.scores[..n].to_vec() };
         let mut attrs: Vec<u32> = (0..n)
-            .map(
-                |i| match spec.token_types.get(i).map(|&t| TokenType::from_i32(t)) {
-                    None | Some(TokenType::Normal) => attr::NORMAL,
-                    Some(TokenType::Unknown) => attr::UNKNOWN,
-                    Some(TokenType::Control) => attr::CONTROL,
-                    Some(TokenType::UserDefined) => attr::USER_DEFINED,
-                    Some(TokenType::Unused) => attr::UNUSED,
-                    Some(TokenType::Byte) => attr::BYTE,
-                    Some(TokenType::Undefined) => 0,
-                },
-            )
+            .map(|i| match spec.token_types.get(i).map(|&t| TokenType::from_i32(t)) {
+                None | Some(TokenType::Normal) => attr::NORMAL,
+                Some(TokenType::Unknown) => attr::UNKNOWN,
+                Some(TokenType::Control) => attr::CONTROL,
+                Some(TokenType::UserDefined) => attr::USER_DEFINED,
+                Some(TokenType::Unused) => attr::UNUSED,
+                Some(TokenType::Byte) => attr::BYTE,
+                Some(TokenType::Undefined) => 0,
+            })
             .collect();
 
         // Defaults by kind, as llama.cpp's loader sets them before reading the metadata.
-        let (pre, mut special, mut add_bos, mut add_space_prefix, clean_spaces, ignore_merges) =
-            match spec.kind {
-                VocabKind::Spm => {
-                    let special = SpecialIds {
-                        bos: Some(1),
-                        eos: Some(2),
-                        unk: Some(0),
-                        ..Default::default()
-                    };
-                    (None, special, true, true, false, false)
-                }
-                VocabKind::Bpe => {
-                    let pre = pretokenize::config_for(spec.pre.as_deref())?;
-                    let special = SpecialIds {
-                        bos: Some(11),
-                        eos: Some(11),
-                        ..Default::default()
-                    };
-                    let (add_bos, clean, ignore) =
-                        (pre.add_bos, pre.clean_spaces, pre.ignore_merges);
-                    (Some(pre), special, add_bos, false, clean, ignore)
-                }
-            };
+        let (pre, mut special, mut add_bos, mut add_space_prefix, clean_spaces, ignore_merges) = match spec.kind {
+            VocabKind::Spm => {
+                let special = SpecialIds { bos: Some(1), eos: Some(2), unk: Some(0), ..Default::default() };
+                (None, special, true, true, false, false)
+            }
+            VocabKind::Bpe => {
+                let pre = pretokenize::config_for(spec.pre.as_deref())?;
+                let special = SpecialIds { bos: Some(11), eos: Some(11), ..Default::default() };
+                let (add_bos, clean, ignore) = (pre.add_bos, pre.clean_spaces, pre.ignore_merges);
+                (Some(pre), special, add_bos, false, clean, ignore)
+            }
+        };
         let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
         // A default outside the vocabulary is disabled; an out-of-range metadata id keeps
         // the default (both as llama.cpp does).
@@ -222,27 +184,15 @@ impl Vocab {
             named.extend(special.eom);
         }
         let mut eog: Vec<u32> = EOG_NAMES.iter().filter_map(|name| id_of(name)).collect();
-        eog.extend(
-            FIM_EOG_NAMES
-                .iter()
-                .filter_map(|names| names.iter().find_map(|name| id_of(name))),
-        );
+        eog.extend(FIM_EOG_NAMES.iter().filter_map(|names| names.iter().find_map(|name| id_of(name))));
         named.extend(&eog);
         for &id in &named {
             attrs[id as usize] |= attr::CONTROL;
         }
-        eog.extend(
-            [special.eos, special.eot, special.eom]
-                .into_iter()
-                .flatten(),
-        );
+        eog.extend([special.eos, special.eot, special.eom].into_iter().flatten());
         // gpt-oss style vocabularies end a turn with <|return|>/<|call|>, so <|end|> is plain.
-        if ["<|return|>", "<|call|>"]
-            .iter()
-            .all(|t| id_of(t).is_some())
-            || ["<|calls|>", "<|flush|>"]
-                .iter()
-                .all(|t| id_of(t).is_some())
+        if ["<|return|>", "<|call|>"].iter().all(|t| id_of(t).is_some())
+            || ["<|calls|>", "<|flush|>"].iter().all(|t| id_of(t).is_some())
         {
             if let Some(end) = id_of("<|end|>") {
                 eog.retain(|&id| id != end);
@@ -253,9 +203,7 @@ impl Vocab {
         eog.dedup();
 
         let mut special_cache: Vec<u32> = (0..n as u32)
-            .filter(|&id| {
-                attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
-            })
+            .filter(|&id| attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .collect();
         special_cache.sort_by_key(|&id| std::cmp::Reverse(tokens[id as usize].len()));
 
@@ -293,11 +241,9 @@ impl Vocab {
     /// the vocabulary stores bytes that way), the GPT-2 character for byte-level BPE.
     pub(crate) fn byte_to_id(&self, b: u8) -> Option<u32> {
         match self.kind {
-            VocabKind::Spm => self.text_to_id(&format!("<0x{b:02X}>")).or_else(|| {
-                std::str::from_utf8(&[b])
-                    .ok()
-                    .and_then(|s| self.text_to_id(s))
-            }),
+            VocabKind::Spm => self
+                .text_to_id(&format!("<0x{b:02X}>"))
+                .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| self.text_to_id(s))),
             VocabKind::Bpe => {
                 let mut buf = [0u8; 4];
                 self.text_to_id(super::byte_level::byte_to_char(b).encode_utf8(&mut buf))

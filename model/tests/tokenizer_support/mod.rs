@@ -19,24 +19,15 @@ pub fn fixture_dir() -> PathBuf {
 pub fn default_model() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TESSERA_MODEL_PATH") {
         let p = PathBuf::from(p);
-        assert!(
-            p.exists(),
-            "TESSERA_MODEL_PATH={} does not exist",
-            p.display()
-        );
+        assert!(p.exists(), "TESSERA_MODEL_PATH={} does not exist", p.display());
         return Some(p);
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
     let p = home.join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if p.exists() {
         Some(p)
     } else {
-        eprintln!(
-            "skipping: the default model is not at {} (set TESSERA_MODEL_PATH)",
-            p.display()
-        );
+        eprintln!("skipping: the default model is not at {} (set TESSERA_MODEL_PATH)", p.display());
         None
     }
 }
@@ -47,25 +38,17 @@ pub fn load_gguf(path: &Path) -> Tokenizer {
 }
 
 pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 pub fn read_jsonl(name: &str) -> Vec<Value> {
     let path = fixture_dir().join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 pub fn read_json(name: &str) -> Value {
@@ -99,18 +82,16 @@ pub fn compare_with_fixtures(tok: &Tokenizer, name: &str) -> Vec<String> {
                 let want = ids(&row[key]);
                 match tok.encode(text, true, parse_special) {
                     Ok(got) if got == want => {}
-                    got => bad.push(format!("{name} encode {text:?} parse_special={parse_special}: got {got:?}, llama.cpp {want:?}")),
+                    got => bad.push(format!(
+                        "{name} encode {text:?} parse_special={parse_special}: got {got:?}, llama.cpp {want:?}"
+                    )),
                 }
             }
         }
         let decode_rows = read_jsonl(&format!("{name}.decode.jsonl"));
         for row in rows.iter().chain(decode_rows.iter()) {
             let ids = ids(&row["ids"]);
-            for (i, (&id, piece)) in ids
-                .iter()
-                .zip(row["pieces"].as_array().unwrap())
-                .enumerate()
-            {
+            for (i, (&id, piece)) in ids.iter().zip(row["pieces"].as_array().unwrap()).enumerate() {
                 let want = unhex(piece.as_str().unwrap());
                 if is_unk_byte(&want) {
                     continue;
@@ -130,11 +111,7 @@ pub fn compare_with_fixtures(tok: &Tokenizer, name: &str) -> Vec<String> {
                 }
                 match tok.decode_bytes(&ids, skip) {
                     Ok(got) if got == want => {}
-                    Ok(got) => bad.push(format!(
-                        "{name} {key} {ids:?}: got {}, llama.cpp {}",
-                        show(&got),
-                        show(&want)
-                    )),
+                    Ok(got) => bad.push(format!("{name} {key} {ids:?}: got {}, llama.cpp {}", show(&got), show(&want))),
                     Err(e) => bad.push(format!("{name} {key} {ids:?}: error {e}")),
                 }
             }
@@ -142,18 +119,10 @@ pub fn compare_with_fixtures(tok: &Tokenizer, name: &str) -> Vec<String> {
     }
     assert!(n_rows >= 80, "{name}: only {n_rows} fixture strings");
     if tok.vocab_size() as u64 != meta["n_vocab"].as_u64().unwrap() {
-        bad.push(format!(
-            "{name} vocab size {} != {}",
-            tok.vocab_size(),
-            meta["n_vocab"]
-        ));
+        bad.push(format!("{name} vocab size {} != {}", tok.vocab_size(), meta["n_vocab"]));
     }
     if tok.stop_token_ids() != ids(&meta["eog"]).as_slice() {
-        bad.push(format!(
-            "{name} stop ids {:?} != llama.cpp eog {:?}",
-            tok.stop_token_ids(),
-            meta["eog"]
-        ));
+        bad.push(format!("{name} stop ids {:?} != llama.cpp eog {:?}", tok.stop_token_ids(), meta["eog"]));
     }
     let opt = |v: &Value| v.as_i64().filter(|&i| i >= 0).map(|i| i as u32);
     if tok.bos_token_id() != opt(&meta["bos"]) || tok.eos_token_id() != opt(&meta["eos"]) {
@@ -166,11 +135,7 @@ pub fn compare_with_fixtures(tok: &Tokenizer, name: &str) -> Vec<String> {
         ));
     }
     if tok.add_bos_token() != meta["add_bos"].as_bool().unwrap() {
-        bad.push(format!(
-            "{name} add_bos {} != {}",
-            tok.add_bos_token(),
-            meta["add_bos"]
-        ));
+        bad.push(format!("{name} add_bos {} != {}", tok.add_bos_token(), meta["add_bos"]));
     }
     bad
 }
@@ -179,10 +144,6 @@ pub fn compare_with_fixtures(tok: &Tokenizer, name: &str) -> Vec<String> {
 pub fn assert_none(bad: &[String]) {
     if !bad.is_empty() {
         let shown: Vec<&str> = bad.iter().take(25).map(String::as_str).collect();
-        panic!(
-            "{} disagreements with llama.cpp:\n{}",
-            bad.len(),
-            shown.join("\n")
-        );
+        panic!("{} disagreements with llama.cpp:\n{}", bad.len(), shown.join("\n"));
     }
 }

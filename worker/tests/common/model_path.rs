@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 pub fn default_model() -> Option<PathBuf> {
     let p = std::env::var_os("TESSERA_MODEL_PATH").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     });
     match p {
         Some(p) if p.exists() => Some(p),
