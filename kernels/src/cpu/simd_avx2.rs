@@ -136,44 +136,54 @@ macro_rules! q8_kernel {
 }
 pub(crate) use q8_kernel;
 
-// Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
-q8_kernel!(
-    "avx2,fma,f16c",
-    q4_0_rn,
-    18,
-    true,
-    |blk| {
-        let d = f16_load(blk);
-        (nibbles(blk.add(2)), d, -8.0 * d)
-    },
-    |w, x| { dot_u8i8(w, x) }
-);
-
-// Q4_1: value d·q + m.
-q8_kernel!(
-    "avx2,fma,f16c",
-    q4_1_rn,
-    20,
-    true,
-    |blk| {
-        let (d, m) = f16_pair(blk);
-        (nibbles(blk.add(4)), d, m)
-    },
-    |w, x| { dot_u8i8(w, x) }
-);
-
-// Q8_0: both sides signed, so move w's sign onto x: |w| · sign(w)·x.
-q8_kernel!(
-    "avx2,fma,f16c",
-    q8_0_rn,
-    34,
-    false,
-    |blk| {
-        let d = f16_load(blk);
-        (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
-    },
-    |w, x| { dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
-);
+/// The Q4_0, Q4_1 and Q8_0 micro-kernels for one instruction set: `$features` is its
+/// target-feature list and `$dot` its u8 × i8 block dot product (32 bytes to 8 i32 lanes).
+/// The AVX2 and AVX512-VNNI paths differ only in those two.
+macro_rules! q8_family {
+    ($features:literal, $dot:ident) => {
+        // Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
+        q8_kernel!(
+            $features,
+            q4_0_rn,
+            18,
+            true,
+            |blk| {
+                let d = f16_load(blk);
+                (nibbles(blk.add(2)), d, -8.0 * d)
+            },
+            |w, x| { $dot(w, x) }
+        );
+        // Q4_1: value d·q + m.
+        q8_kernel!(
+            $features,
+            q4_1_rn,
+            20,
+            true,
+            |blk| {
+                let (d, m) = f16_pair(blk);
+                (nibbles(blk.add(4)), d, m)
+            },
+            |w, x| { $dot(w, x) }
+        );
+        // Q8_0: both sides signed, so move w's sign onto x: |w| · sign(w)·x
+        // (|-128| = 128 as u8).
+        q8_kernel!(
+            $features,
+            q8_0_rn,
+            34,
+            false,
+            |blk| {
+                let d = f16_load(blk);
+                (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
+            },
+            |w, x| { $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
+        );
+        tiled!(row_q4_0, q4_0_rn, 18);
+        tiled!(row_q4_1, q4_1_rn, 20);
+        tiled!(row_q8_0, q8_0_rn, 34);
+    };
+}
+pub(crate) use q8_family;
 
 /// Checks the lengths the raw-pointer micro-kernels rely on; returns the row count.
 #[allow(clippy::too_many_arguments)]
@@ -270,9 +280,7 @@ macro_rules! tiled {
 
 pub(crate) use tiled;
 
-tiled!(row_q4_0, q4_0_rn, 18);
-tiled!(row_q4_1, q4_1_rn, 20);
-tiled!(row_q8_0, q8_0_rn, 34);
+q8_family!("avx2,fma,f16c", dot_u8i8);
 
 /// Expands a one-row kernel generic over the token count (1..=4) into a one-row function
 /// over any number of tokens.
