@@ -20,45 +20,18 @@
 //! `TESSERA_GPU_BENCH=1` (`bench/gpu/run.sh` runs both on the device machine).
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::gpu::*;
+
 use half::bf16;
 use rand_chacha::ChaCha8Rng;
-use rand_core::{Rng, SeedableRng};
+use rand_core::Rng;
 use tessera_kernels::cpu::attention::{self as cpu, PagedKv, SeqSlice};
 use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
-
-fn gpu(test: &str) -> Option<Device> {
-    if std::env::var("TESSERA_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped {test}: set TESSERA_GPU_TESTS=1 on a machine with a CUDA GPU");
-        return None;
-    }
-    match Device::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => panic!("TESSERA_GPU_TESTS=1 but no CUDA device: {e}"),
-    }
-}
-
-fn rng(seed: u64) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-fn unif(r: &mut ChaCha8Rng, lo: f32, hi: f32) -> f32 {
-    lo + (hi - lo) * ((r.next_u32() >> 8) as f32 / (1u32 << 24) as f32)
-}
-
-fn rand_bf16(r: &mut ChaCha8Rng, n: usize, lo: f32, hi: f32) -> Vec<bf16> {
-    (0..n).map(|_| bf16::from_f32(unif(r, lo, hi))).collect()
-}
-
-fn to_f32(v: &[bf16]) -> Vec<f32> {
-    v.iter().map(|b| b.to_f32()).collect()
-}
-
-fn poisoned(dev: &Device, n: usize) -> Buf<bf16> {
-    dev.upload(&vec![bf16::NAN; n]).unwrap()
-}
 
 const RTOL: f32 = 1.0 / 128.0;
 const ATOL: f32 = 1e-4;
@@ -439,34 +412,6 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
 }
 
 // ---------------------------------------------------------------- benchmarks
-
-fn bench_enabled(name: &str) -> Option<Device> {
-    if std::env::var("TESSERA_GPU_BENCH").as_deref() != Ok("1") {
-        eprintln!("skipped {name}: set TESSERA_GPU_BENCH=1 on a machine with a CUDA GPU");
-        return None;
-    }
-    Some(Device::new(0).expect("TESSERA_GPU_BENCH=1 but no CUDA device"))
-}
-
-/// Median over `trials` of the mean time per call over `reps` calls, after a warm-up.
-fn median_ms(dev: &Device, trials: usize, reps: usize, mut f: impl FnMut(usize) -> Result<(), KernelError>) -> f64 {
-    for i in 0..2 {
-        f(i).unwrap();
-    }
-    dev.synchronize().unwrap();
-    let mut call = 0usize;
-    let mut t: Vec<f64> = (0..trials)
-        .map(|_| {
-            dev.time_ms(reps, || {
-                call += 1;
-                f(call)
-            })
-            .unwrap()
-        })
-        .collect();
-    t.sort_by(|a, b| a.total_cmp(b));
-    t[t.len() / 2]
-}
 
 fn fast_rand_bf16(n: usize, seed: u64) -> Vec<bf16> {
     let mut s = seed | 1;

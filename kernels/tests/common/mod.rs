@@ -1,0 +1,3 @@
+//! Helpers shared by the kernel test files.
+
+pub mod gpu;
