@@ -3,14 +3,14 @@
 //! `ForwardContext` of the design: no global state describes a step.
 
 /// One sequence's share of a forward pass.
-#[derive(Debug, Clone)]
-pub struct SeqChunk {
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
     /// Token ids to run, at positions `first_pos..first_pos + tokens.len()`.
-    pub tokens: Vec<u32>,
+    pub tokens: &'a [u32],
     /// Position of `tokens[0]`; positions before it are already in the KV cache.
     pub first_pos: usize,
     /// KV block ids covering at least `first_pos + tokens.len()` positions.
-    pub block_table: Vec<u32>,
+    pub block_table: &'a [u32],
     /// Which rows of logits to return for this chunk.
     pub logits: LogitsWanted,
 }

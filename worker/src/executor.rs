@@ -125,9 +125,9 @@ impl Executor {
                 )));
             }
             chunks.push(SeqChunk {
-                tokens: r.tokens.clone(),
+                tokens: &r.tokens,
                 first_pos: r.first_pos,
-                block_table: st.block_table.clone(),
+                block_table: &st.block_table,
                 logits: if r.sample { LogitsWanted::Last } else { LogitsWanted::None },
             });
         }

@@ -51,9 +51,9 @@ impl<'m> Session<'m> {
             )));
         }
         let chunk = SeqChunk {
-            tokens: tokens.to_vec(),
+            tokens,
             first_pos: self.pos,
-            block_table: self.block_table.clone(),
+            block_table: &self.block_table,
             logits: if all { LogitsWanted::All } else { LogitsWanted::Last },
         };
         let logits = self.model.forward(std::slice::from_ref(&chunk), &mut self.kv)?;

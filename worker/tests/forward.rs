@@ -111,9 +111,9 @@ fn batched_step_equals_each_sequence_alone() {
     for i in 0..3 {
         if before[i] > 0 {
             let c = SeqChunk {
-                tokens: prompts[i][..before[i]].to_vec(),
+                tokens: &prompts[i][..before[i]],
                 first_pos: 0,
-                block_table: tables[i].clone(),
+                block_table: &tables[i],
                 logits: LogitsWanted::None,
             };
             model.forward(&[c], &mut kv).expect("warm");
@@ -121,9 +121,9 @@ fn batched_step_equals_each_sequence_alone() {
     }
     let chunks: Vec<SeqChunk> = (0..3)
         .map(|i| SeqChunk {
-            tokens: prompts[i][before[i]..].to_vec(),
+            tokens: &prompts[i][before[i]..],
             first_pos: before[i],
-            block_table: tables[i].clone(),
+            block_table: &tables[i],
             logits: LogitsWanted::Last,
         })
         .collect();
@@ -139,14 +139,14 @@ fn bad_batches_are_errors() {
     let (files, _) = synthetic::build(Family::Llama, &TINY, GgmlType::F32, 1);
     let model = LlamaModel::load(files).expect("load");
     let mut kv = model.new_kv_cache(4, 4);
-    let chunk = |tokens: Vec<u32>, table: Vec<u32>| SeqChunk {
+    let chunk = |tokens: &'static [u32], table: &'static [u32]| SeqChunk {
         tokens,
         first_pos: 0,
         block_table: table,
         logits: LogitsWanted::Last,
     };
-    assert!(model.forward(&[chunk(vec![TINY.vocab as u32], vec![0])], &mut kv).is_err(), "token id out of range");
-    assert!(model.forward(&[chunk(vec![1; 5], vec![0])], &mut kv).is_err(), "block table too short");
-    assert!(model.forward(&[chunk(vec![1], vec![4])], &mut kv).is_err(), "block id out of range");
-    assert!(model.forward(&[chunk(vec![], vec![0])], &mut kv).is_err(), "empty chunk");
+    assert!(model.forward(&[chunk(&[TINY.vocab as u32], &[0])], &mut kv).is_err(), "token id out of range");
+    assert!(model.forward(&[chunk(&[1; 5], &[0])], &mut kv).is_err(), "block table too short");
+    assert!(model.forward(&[chunk(&[1], &[4])], &mut kv).is_err(), "block id out of range");
+    assert!(model.forward(&[chunk(&[], &[0])], &mut kv).is_err(), "empty chunk");
 }
