@@ -1,13 +1,15 @@
 // Paged attention on bf16 KV caches: the write of new K/V into the cache, decode attention
 // (one query token per sequence, split-KV "flash-decoding" with a reduction kernel) and
-// prefill attention (a causal chunk of queries per sequence, flash-attention tiling with an
-// online softmax). Same semantics as the CPU reference, kernels/src/cpu/attention.rs.
+// prefill attention (a causal chunk of queries per sequence, flash-attention 2 on tensor
+// cores). Same semantics as the CPU reference, kernels/src/cpu/attention.rs.
 //
 // Cache, per layer: k_cache, v_cache [num_blocks, block_size, n_kv, HD] bf16. Position p of a
 // sequence lives in block block_table[p / block_size], slot p % block_size; a slot id is
 // block * block_size + slot. Query head h reads kv head h / group (GQA). Scores are
-// scale * q.k, computed in the log2 domain (q pre-multiplied by scale * log2(e), exp2f) with
-// f32 softmax and accumulation.
+// scale * q.k, computed in the log2 domain (exp2 of scores times scale * log2(e)) with f32
+// softmax and accumulation. Decode is f32 throughout (q pre-multiplied by the scale);
+// prefill multiplies bf16 q and k exactly into f32 and rounds the softmax weights to bf16
+// for the P V product.
 //
 // Bad device-side indices never cause wild reads: a block id >= num_blocks, or a position
 // past the block table, turns the affected query rows into NaN; a context of 0 (a padding
@@ -291,40 +293,108 @@ DECODE_KERNEL(128, 8, 2)
 
 // ------------------------------------------------------------------------- prefill
 // q, out: [total_tokens, n_heads, HD]; cu_q [num_seqs + 1]: sequence s owns query tokens
-// cu_q[s]..cu_q[s+1] (a range past total_q is skipped), at positions first_pos.. with first_pos = ctx_lens[s] - n_q (its K/V
-// already written); query i attends to positions 0..=first_pos + i.
-// Grid: (q tiles, n_kv * hchunks, num_seqs), PF_THREADS threads; blocks stride over the
-// sequence's q tiles, so the grid's x is only a hint. A CTA holds PF_R rows = (query token,
-// head) pairs: bq = PF_R / gt tokens x the gt heads of one kv head chunk, so each K/V tile
-// serves all of them. Per KV tile of PF_BK positions (f32 in shared memory): S = Q K^T with
-// 4x4 register tiles, the online softmax per row (4 threads a row), O += P V with O in
-// registers (4 rows x HD/16 dims per thread). CUDA cores, f32 throughout.
-// Shared memory (dynamic): Qs[PF_R][HD+4], Ks[PF_BK][HD+4], Vs[PF_BK][HD+4],
-// S[PF_R][PF_BK+4], row m, l, alpha [PF_R].
+// cu_q[s]..cu_q[s+1] (a range past total_q is skipped), at positions first_pos.. with
+// first_pos = ctx_lens[s] - n_q (its K/V already written); query i attends to positions
+// 0..=first_pos + i. A chunk longer than its context gives NaN rows.
+//
+// Flash-attention 2 on tensor cores: mma.sync m16n8k16 with bf16 inputs and f32
+// accumulators, softmax in f32 registers.
+// Grid: (q tiles, n_kv * hchunks, num_seqs), PF_THREADS = 4 warps. Blocks stride over the
+// sequence's q tiles (the grid's x is only a hint), the tiles with the longest causal
+// range first, so the short ones fill the tail of the launch. A CTA holds PF_R = 64 rows =
+// (query token, head) pairs: bq = PF_R / gt tokens x the gt heads of one kv head chunk, so
+// each K/V tile serves all of them (and the diagonal tile masks only bq positions); warp w
+// owns rows 16w..16w+15, lane (g, t4) = (lane / 4, lane % 4) rows g and g + 8 of those.
+// Per KV tile of PF_BK = 64 positions, gathered from the paged cache into shared memory
+// with cp.async, two stages (tile j+1 loads while tile j computes):
+//   S = Q K^T   Q's A fragments stay in registers for the whole q tile (ldmatrix once), K's
+//               B fragments come from ldmatrix (K rows are B's columns);
+//   softmax     S scaled by scale * log2(e), masked, online max / rescale / exp2 in f32;
+//               a row's max is shared by its 4 lanes through shuffles, its sum stays per
+//               lane until the end;
+//   O += P V    P rounded to bf16 straight from the S registers (the accumulators of two
+//               n8 tiles are the A fragment of one k16 step), V's B fragments from
+//               ldmatrix.trans.
+// Only tiles up to the CTA's last query position are visited; tiles that reach past its
+// first query position are masked per element.
+//
+// Shared memory (dynamic): [2 stages][K, V][PF_BK rows][HD] bf16, with the 16-byte chunks
+// of each row permuted (pf_chunk) so that ldmatrix's 8 row addresses and each 8-lane phase
+// of the cp.async stores hit 8 distinct bank groups. Q is staged once per q tile through
+// stage 1's K buffer.
+//
+// A position the table does not map loads K = NaN, V = 0: NaN scores, hence NaN rows, for
+// the rows that see it, weight 0 x 0 for the rows that do not. Positions past the CTA's
+// last query load zeros (masked for every row).
 
 #define PF_R 64
 #define PF_BK 64
-#define PF_THREADS 256
+#define PF_THREADS 128
+
+// Physical 16-byte chunk of logical chunk c in row r: c ^ f(r), f(r) = 2 (r % 4) + (r / 4) % 2.
+// f is a bijection on r % 8 (8 consecutive rows read by one ldmatrix land in 8 bank
+// groups); on 4 consecutive rows (r % 4 = 0..3) it takes 4 values of one parity, so the
+// chunk pairs (2i, 2i + 1) two lanes copy per row also land in 8 bank groups.
+__device__ __forceinline__ u32 pf_chunk(u32 r, u32 c) { return c ^ (((r & 3u) << 1) | ((r >> 2) & 1u)); }
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void st_shared16(u32 dst, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8 and gets
+// element pairs (row l / 4, columns 2 (l % 4) ..+1) of each, transposed with `.trans`.
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// c += a b: a 16x16 (row-major fragment), b 16x8 (column-major fragment), c 16x8 f32.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// bf16 pair, round to nearest even, `lo` in the low half.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// 2^x on the SFU: 2^-inf = 0, NaN stays NaN.
+__device__ __forceinline__ float pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 template <int HD>
 __device__ __forceinline__ void prefill_body(bf16* __restrict__ out, const bf16* __restrict__ q,
                                              const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                                              const u32* __restrict__ block_tables, u32 max_blocks,
                                              const u32* __restrict__ ctx_lens, const u32* __restrict__ cu_q,
-                                             u32 total_q, u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt,
-                                             float scale_log2) {
-    constexpr int LD = HD + 4;     // padded row of Qs/Ks/Vs (keeps 16-byte alignment)
-    constexpr int LS = PF_BK + 4;  // padded row of S
-    constexpr int DCH = HD / 64;   // float4 chunks of O per thread and row
-    extern __shared__ float4 pf_smem4[];
-    float* smem = reinterpret_cast<float*>(pf_smem4);
-    float* Qs = smem;
-    float* Ks = Qs + PF_R * LD;
-    float* Vs = Ks + PF_BK * LD;
-    float* S = Vs + PF_BK * LD;
-    float* row_m = S + PF_R * LS;
-    float* row_l = row_m + PF_R;
-    float* row_a = row_l + PF_R;
+                                             u32 total_q, u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv,
+                                             u32 group, u32 gt, float scale_log2) {
+    constexpr u32 ROW_B = HD * 2;            // bytes of a shared-memory row
+    constexpr u32 TILE_B = PF_BK * ROW_B;    // bytes of one K or V tile
+    constexpr int NKS = HD / 16;             // k16 steps of Q K^T
+    constexpr int NDT = HD / 8;              // n8 tiles of O
+    constexpr int NST = PF_BK / 8;           // n8 tiles of S
+    extern __shared__ uint4 pf_smem[];
+    const u32 sbase = (u32)__cvta_generic_to_shared(pf_smem);
 
     const u32 seq = blockIdx.z;
     const u32 hchunks = (group + gt - 1) / gt;
@@ -336,193 +406,187 @@ __device__ __forceinline__ void prefill_body(bf16* __restrict__ out, const bf16*
     const u32 q0 = cu_q[seq], q_end = cu_q[seq + 1], ctx = ctx_lens[seq];
     if (q_end < q0 || q_end > total_q) return;  // offsets outside q: nothing to read or write
     const u32 nq = q_end - q0;
-    const int tid = threadIdx.x;
-    const int tr = tid >> 4, tc = tid & 15;  // row group and key/dim group of the register tiles
+    const bool bad_seq = nq > ctx;  // the chunk cannot start before position 0
+    const u32 first_pos = bad_seq ? 0 : ctx - nq;
+    const u32 n_qt = (nq + bq - 1) / bq;
+
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 g = lane >> 2, t4 = lane & 3;
+    // Loader role: shared-memory row lr, even (lh = 0) or odd chunks; its Q row as (token, head).
+    const u32 lr = tid >> 1, lh = tid & 1;
+    const u32 ltok = lr / gt, lhead = lr % gt;
+    // This lane's two S / O rows (warp rows g and g + 8) as (token, head).
+    const u32 tok[2] = {(warp * 16 + g) / gt, (warp * 16 + g + 8) / gt};
+    const u32 hd_of[2] = {(warp * 16 + g) % gt, (warp * 16 + g + 8) % gt};
     const u32* table = block_tables + (u64)seq * max_blocks;
     const u64 slot_stride = (u64)n_kv * HD;
+    const bf16* kbase = k_cache + (u64)kvh * HD;
+    const bf16* vbase = v_cache + (u64)kvh * HD;
 
-    for (u32 i0 = blockIdx.x * bq; i0 < nq; i0 += gridDim.x * bq) {
-        const bool bad_seq = nq > ctx;  // the chunk cannot start before position 0
-        const u32 first_pos = bad_seq ? 0 : ctx - nq;
+    for (u32 t = blockIdx.x; t < n_qt; t += gridDim.x) {
+        const u32 i0 = (n_qt - 1 - t) * bq;  // longest causal range first
         const u32 i_end = min(nq, i0 + bq);
         const u32 kv_end = bad_seq ? 0 : first_pos + i_end;  // the tile's last query sees kv_end - 1
+        const u32 n_kt = (kv_end + PF_BK - 1) / PF_BK;
 
-        __syncthreads();  // the previous tile's readers of row_l / Qs are done
-        for (int idx = tid; idx < PF_R * (HD / 8); idx += PF_THREADS) {
-            const int r = idx / (HD / 8), c = idx % (HD / 8);
-            const u32 i = i0 + r / gt, g = r % gt;
-            float f[8];
-            if (r / gt < bq && i < i_end && g < gcount) {
-                unpack8(*reinterpret_cast<const uint4*>(q + ((u64)(q0 + i) * n_heads + head0 + g) * HD + c * 8), f);
+        // K/V positions kv0.. into `stage`: this thread copies its row's even or odd chunks.
+        auto load_kv = [&](u32 kv0, u32 stage) {
+            const u32 p = kv0 + lr;
+            const u32 kd = sbase + stage * (2 * TILE_B) + lr * ROW_B, vd = kd + TILE_B;
+            const u64 off = p < kv_end ? kv_slot_offset(table, max_blocks, p, block_size, num_blocks, slot_stride)
+                                       : ~0ull;
+            if (off != ~0ull) {
+                const bf16* ks = kbase + off;
+                const bf16* vs = vbase + off;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) f[e] *= scale_log2;
+                for (u32 i = 0; i < HD / 16; ++i) {
+                    const u32 c = 2 * i + lh, at = pf_chunk(lr, c) * 16;
+                    cp_async16(kd + at, ks + c * 8);
+                    cp_async16(vd + at, vs + c * 8);
+                }
             } else {
+                // Past the last query: zeros (masked). Unmapped: K NaN, V 0.
+                const u32 kw = p < kv_end ? 0x7fc07fc0u : 0u;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) f[e] = 0.f;
-            }
-            float4* dst = reinterpret_cast<float4*>(Qs + r * LD + c * 8);
-            dst[0] = make_float4(f[0], f[1], f[2], f[3]);
-            dst[1] = make_float4(f[4], f[5], f[6], f[7]);
-        }
-        for (int r = tid; r < PF_R; r += PF_THREADS) {
-            row_m[r] = ATT_NEG_INF;
-            row_l[r] = bad_seq ? ATT_NAN : 0.f;
-        }
-        // Query position of each row this thread owns in the S tile (rows tr + 16a).
-        u32 qpos[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) qpos[a] = first_pos + i0 + (u32)(tr + 16 * a) / gt;
-        float o[4][DCH * 4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int e = 0; e < DCH * 4; ++e) o[a][e] = 0.f;
-
-        for (u32 kv0 = 0; kv0 < kv_end; kv0 += PF_BK) {
-            __syncthreads();  // Ks/Vs/S of the previous KV tile are no longer read
-            for (int idx = tid; idx < PF_BK * (HD / 8); idx += PF_THREADS) {
-                const int j = idx / (HD / 8), c = idx % (HD / 8);
-                const u32 p = kv0 + j;
-                float kf[8], vf[8];
-                if (p < kv_end) {
-                    const u64 off = kv_slot_offset(table, max_blocks, p, block_size, num_blocks, slot_stride);
-                    if (off == ~0ull) {
-                        // NaN scores for the rows that see p; V 0 so 0-weighted rows stay finite.
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            kf[e] = ATT_NAN;
-                            vf[e] = 0.f;
-                        }
-                    } else {
-                        const u64 at = off + (u64)kvh * HD + c * 8;
-                        unpack8(*reinterpret_cast<const uint4*>(k_cache + at), kf);
-                        unpack8(*reinterpret_cast<const uint4*>(v_cache + at), vf);
-                    }
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.f;
+                for (u32 i = 0; i < HD / 16; ++i) {
+                    const u32 at = pf_chunk(lr, 2 * i + lh) * 16;
+                    st_shared16(kd + at, make_uint4(kw, kw, kw, kw));
+                    st_shared16(vd + at, make_uint4(0, 0, 0, 0));
                 }
-                float4* kd = reinterpret_cast<float4*>(Ks + j * LD + c * 8);
-                float4* vd = reinterpret_cast<float4*>(Vs + j * LD + c * 8);
-                kd[0] = make_float4(kf[0], kf[1], kf[2], kf[3]);
-                kd[1] = make_float4(kf[4], kf[5], kf[6], kf[7]);
-                vd[0] = make_float4(vf[0], vf[1], vf[2], vf[3]);
-                vd[1] = make_float4(vf[4], vf[5], vf[6], vf[7]);
             }
-            __syncthreads();
+        };
 
-            // S = Q K^T: rows tr + 16a, keys tc + 16b.
-            float s[4][4];
+        __syncthreads();  // the previous q tile is done with both stages
+        {
+            const bool ok = ltok < bq && i0 + ltok < i_end && lhead < gcount;
+            const bf16* src = ok ? q + ((u64)(q0 + i0 + ltok) * n_heads + head0 + lhead) * HD : q;
+            const u32 dst = sbase + 2 * TILE_B + lr * ROW_B;
 #pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) s[a][b] = 0.f;
-#pragma unroll 4
-            for (int d = 0; d < HD; d += 4) {
-                float4 qa[4], kb[4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) qa[a] = *reinterpret_cast<const float4*>(Qs + (tr + 16 * a) * LD + d);
-#pragma unroll
-                for (int b = 0; b < 4; ++b) kb[b] = *reinterpret_cast<const float4*>(Ks + (tc + 16 * b) * LD + d);
-#pragma unroll
-                for (int a = 0; a < 4; ++a)
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) {
-                        s[a][b] = fmaf(qa[a].x, kb[b].x, s[a][b]);
-                        s[a][b] = fmaf(qa[a].y, kb[b].y, s[a][b]);
-                        s[a][b] = fmaf(qa[a].z, kb[b].z, s[a][b]);
-                        s[a][b] = fmaf(qa[a].w, kb[b].w, s[a][b]);
-                    }
+            for (u32 i = 0; i < HD / 16; ++i) {
+                const u32 c = 2 * i + lh, at = dst + pf_chunk(lr, c) * 16;
+                if (ok)
+                    cp_async16(at, src + c * 8);
+                else
+                    st_shared16(at, make_uint4(0, 0, 0, 0));
             }
+            cp_async_commit();
+        }
+        if (n_kt > 0) load_kv(0, 0);
+        cp_async_commit();
+        cp_async_wait<1>();  // Q has landed (tile 0 may still be in flight)
+        __syncthreads();
+        u32 qf[NKS][4];
+        {
+            const u32 row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const u32 at = sbase + 2 * TILE_B + row * ROW_B;
 #pragma unroll
-            for (int a = 0; a < 4; ++a)
+            for (int kk = 0; kk < NKS; ++kk) ldsm_x4(at + pf_chunk(row, 2 * kk + (lane >> 4)) * 16, qf[kk]);
+        }
+
+        // Query position of each row, clamped so padding rows see no position past kv_end.
+        u32 qpos[2];
 #pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                    const u32 kp = kv0 + tc + 16 * b;
-                    S[(tr + 16 * a) * LS + tc + 16 * b] = (kp < kv_end && kp <= qpos[a]) ? s[a][b] : ATT_NEG_INF;
+        for (int h = 0; h < 2; ++h) qpos[h] = min(first_pos + i0 + tok[h], kv_end - 1);
+        const u32 qmin = first_pos + i0;
+        float o[NDT][4];
+#pragma unroll
+        for (int d = 0; d < NDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+        float m[2] = {ATT_NEG_INF, ATT_NEG_INF}, l[2] = {0.f, 0.f};
+
+        for (u32 j = 0; j < n_kt; ++j) {
+            const u32 kv0 = j * PF_BK;
+            cp_async_wait<0>();
+            __syncthreads();  // tile j is visible; everyone is done with tile j-1's stage
+            if (j + 1 < n_kt) load_kv(kv0 + PF_BK, (j + 1) & 1);
+            cp_async_commit();
+            const u32 kb = sbase + (j & 1) * (2 * TILE_B), vb = kb + TILE_B;
+
+            float s[NST][4];
+#pragma unroll
+            for (int n = 0; n < NST; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < NKS; ++kk) {
+#pragma unroll
+                for (int np = 0; np < NST / 2; ++np) {
+                    // Keys 16 np ..+16, dims 16 kk ..+16: B fragments of n tiles 2 np, 2 np + 1.
+                    const u32 key = 16 * np + (lane & 7) + (lane >> 4) * 8;
+                    u32 b[4];
+                    ldsm_x4(kb + key * ROW_B + pf_chunk(key, 2 * kk + ((lane >> 3) & 1)) * 16, b);
+                    mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
+                    mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
                 }
-            __syncthreads();
+            }
 
-            // Online softmax: row r = tid / 4, keys (tid % 4) * 16 ..+16.
-            {
-                const int r = tid >> 2, qq = tid & 3;
-                float* srow = S + r * LS + qq * 16;
+            const bool diag = kv0 + PF_BK - 1 > qmin;
+#pragma unroll
+            for (int n = 0; n < NST; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float v = s[n][e] * scale_log2;
+                    s[n][e] = diag && kv0 + 8 * n + 2 * t4 + (e & 1) > qpos[e >> 1] ? ATT_NEG_INF : v;
+                }
+
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
                 float mx = ATT_NEG_INF;
 #pragma unroll
-                for (int k = 0; k < 16; ++k) mx = fmaxf(mx, srow[k]);
+                for (int n = 0; n < NST; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_old = row_m[r];
-                const float m_new = fmaxf(m_old, mx);
-                const bool none = m_new == ATT_NEG_INF;  // nothing visible yet for this row
+                // fmaxf drops NaN scores: they reach the row through exp2 below.
+                const float m_new = fmaxf(m[h], mx);
+                const float m_use = m_new == ATT_NEG_INF ? 0.f : m_new;  // no -inf - -inf
+                const float alpha = pf_exp2(m[h] - m_use);
+                m[h] = m_new;
                 float sum = 0.f;
 #pragma unroll
-                for (int k = 0; k < 16; ++k) {
-                    const float v = srow[k];
-                    // NaN scores (unmapped blocks) stay NaN; masked ones become 0.
-                    const float p = none ? (v != v ? v : 0.f) : exp2f(v - m_new);
-                    srow[k] = p;
-                    sum += p;
+                for (int n = 0; n < NST; ++n) {
+                    s[n][2 * h] = pf_exp2(s[n][2 * h] - m_use);
+                    s[n][2 * h + 1] = pf_exp2(s[n][2 * h + 1] - m_use);
+                    sum += s[n][2 * h] + s[n][2 * h + 1];
                 }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                const float alpha = none ? 1.f : exp2f(m_old - m_new);
-                __syncwarp();
-                if (qq == 0) {
-                    row_m[r] = m_new;
-                    row_l[r] = row_l[r] * alpha + sum;
-                    row_a[r] = alpha;
+                l[h] = l[h] * alpha + sum;
+#pragma unroll
+                for (int d = 0; d < NDT; ++d) {
+                    o[d][2 * h] *= alpha;
+                    o[d][2 * h + 1] *= alpha;
                 }
             }
-            __syncthreads();
 
-            // O = O * alpha + P V: rows tr + 16a, dims tc * 4 + 64c.
 #pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                const float al = row_a[tr + 16 * a];
+            for (int kk = 0; kk < PF_BK / 16; ++kk) {
+                const u32 a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                                  pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-                for (int e = 0; e < DCH * 4; ++e) o[a][e] *= al;
-            }
-#pragma unroll 4
-            for (int k = 0; k < PF_BK; ++k) {
-                float p[4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) p[a] = S[(tr + 16 * a) * LS + k];
-#pragma unroll
-                for (int c = 0; c < DCH; ++c) {
-                    const float4 v = *reinterpret_cast<const float4*>(Vs + k * LD + tc * 4 + 64 * c);
-#pragma unroll
-                    for (int a = 0; a < 4; ++a) {
-                        o[a][c * 4 + 0] = fmaf(p[a], v.x, o[a][c * 4 + 0]);
-                        o[a][c * 4 + 1] = fmaf(p[a], v.y, o[a][c * 4 + 1]);
-                        o[a][c * 4 + 2] = fmaf(p[a], v.z, o[a][c * 4 + 2]);
-                        o[a][c * 4 + 3] = fmaf(p[a], v.w, o[a][c * 4 + 3]);
-                    }
+                for (int dp = 0; dp < NDT / 2; ++dp) {
+                    // Keys 16 kk ..+16, dims 16 dp ..+16: B fragments of n tiles 2 dp, 2 dp + 1.
+                    const u32 key = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+                    u32 b[4];
+                    ldsm_x4_t(vb + key * ROW_B + pf_chunk(key, 2 * dp + (lane >> 4)) * 16, b);
+                    mma_bf16(o[2 * dp], a, b[0], b[1]);
+                    mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
                 }
             }
         }
-        __syncthreads();  // row_l of the last KV tile is visible
 
 #pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int r = tr + 16 * a;
-            const u32 i = i0 + r / gt, g = r % gt;
-            if (r / gt >= bq || i >= i_end || g >= gcount) continue;
-            const float inv = 1.f / row_l[r];
-            bf16* dst = out + ((u64)(q0 + i) * n_heads + head0 + g) * HD;
+        for (int h = 0; h < 2; ++h) {
+            float lsum = l[h];
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            if (tok[h] >= bq || i0 + tok[h] >= i_end || hd_of[h] >= gcount) continue;
+            const float inv = bad_seq ? ATT_NAN : 1.f / lsum;
+            bf16* dst = out + ((u64)(q0 + i0 + tok[h]) * n_heads + head0 + hd_of[h]) * HD + 2 * t4;
 #pragma unroll
-            for (int c = 0; c < DCH; ++c) {
-                const int d = tc * 4 + 64 * c;
-                const u32 lo = (u32)f32_to_bf16(o[a][c * 4 + 0] * inv) | ((u32)f32_to_bf16(o[a][c * 4 + 1] * inv) << 16);
-                const u32 hi = (u32)f32_to_bf16(o[a][c * 4 + 2] * inv) | ((u32)f32_to_bf16(o[a][c * 4 + 3] * inv) << 16);
-                *reinterpret_cast<uint2*>(dst + d) = make_uint2(lo, hi);
-            }
+            for (int d = 0; d < NDT; ++d)
+                *reinterpret_cast<u32*>(dst + 8 * d) = pack_bf16x2(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
         }
     }
 }
 
-#define PREFILL_KERNEL(HD)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS) paged_prefill_hd##HD(                         \
+#define PREFILL_KERNEL(HD, MINB)                                                                           \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS, MINB) paged_prefill_hd##HD(                   \
         bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,              \
         const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables, u32 max_blocks,            \
         const u32* __restrict__ ctx_lens, const u32* __restrict__ cu_q, u32 total_q, u32 num_blocks,       \
@@ -531,5 +595,8 @@ __device__ __forceinline__ void prefill_body(bf16* __restrict__ out, const bf16*
                          num_blocks, block_size, n_heads, n_kv, group, gt, scale_log2);                    \
     }
 
-PREFILL_KERNEL(64)
-PREFILL_KERNEL(128)
+// CTAs per SM the register budget allows: head dim 128 takes about 228 registers (O, Q and
+// S fragments are 128 of them) for 2 CTAs; capped at 168 for 3 CTAs it spilled and ran 12%
+// slower on an H200 (188 vs 215 TFLOP/s at 4096 tokens). Head dim 64 fits 3 without spills.
+PREFILL_KERNEL(64, 3)
+PREFILL_KERNEL(128, 2)

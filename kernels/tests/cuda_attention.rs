@@ -10,11 +10,20 @@
 //! lengths, prefill chunks starting at 0 and mid-context; decode with the automatic split,
 //! a forced split of 64 positions (many splits + the reduction) and no split at all.
 //!
+//! Prefill also runs chunks of 1..16 tokens mixed with decode-like rows, chunk lengths and
+//! contexts that are not multiples of the kernel's 16-row / 64-position tiles, groups 1, 3,
+//! 4, 8, 12, and checks NaN rows for unmapped blocks and over-long chunks, and that a
+//! sequence whose `cu_q` range leaves q writes nothing.
+//!
 //! Tolerances: the cache write is bit-exact. Attention outputs are bf16 of an f32
 //! computation on identical inputs: `|gpu - ref| <= 2^-7 |ref| + 1e-4` per element (the
 //! output's bf16 rounding, with room for f32 reordering and exp2 vs exp to flip it; 1e-4
 //! covers outputs that average out near zero, V being in [-1, 1)), and relative L2 error
-//! <= 4e-3 over the whole output. NaN never passes.
+//! <= 4e-3 over the whole output. NaN never passes. Prefill (tensor cores) rounds each
+//! softmax weight `w_p` to bf16 (relative error <= 2^-8) before multiplying V, which moves
+//! an output by at most `2^-8 * sum_p w_p |v_p|`: its per-element bound adds exactly that,
+//! computed by the CPU reference run on `|V|`. The L2 bound stays 4e-3 (those roundings
+//! are independent, so their sum grows like a random walk, far below the worst case).
 //!
 //! Needs a GPU: tests run only with `TESSERA_GPU_TESTS=1`, benchmarks with
 //! `TESSERA_GPU_BENCH=1` (`bench/gpu/run.sh` runs both on the device machine).
@@ -37,14 +46,25 @@ const RTOL: f32 = 1.0 / 128.0;
 const ATOL: f32 = 1e-4;
 const MAX_REL_L2: f64 = 4e-3;
 
+/// Relative error of rounding one softmax weight to bf16 (8 significant bits, nearest).
+const P_ROUND: f32 = 1.0 / 256.0;
+
 /// Per-element bound and relative L2 error; NaN never passes.
 fn assert_close(what: &str, got: &[bf16], want: &[f32]) {
+    assert_close_with(what, got, want, None);
+}
+
+/// As [`assert_close`], with `P_ROUND * abs_v[i]` added to element `i`'s bound, `abs_v`
+/// being the attention output over `|V|` (the sum of weight x |v| that bf16 weights can
+/// move).
+fn assert_close_with(what: &str, got: &[bf16], want: &[f32], abs_v: Option<&[f32]>) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (mut e2, mut r2, mut worst) = (0f64, 0f64, 0f32);
     for (i, (g, &w)) in got.iter().zip(want).enumerate() {
         let g = g.to_f32();
         let err = (g - w).abs();
-        assert!(err <= ATOL + RTOL * w.abs(), "{what}[{i}]: got {g}, want {w} (err {err:e})");
+        let bound = ATOL + RTOL * w.abs() + abs_v.map_or(0.0, |a| P_ROUND * a[i]);
+        assert!(err <= bound, "{what}[{i}]: got {g}, want {w} (err {err:e}, bound {bound:e})");
         e2 += f64::from(err) * f64::from(err);
         r2 += f64::from(w) * f64::from(w);
         worst = worst.max(err);
@@ -185,6 +205,16 @@ impl Case {
 
     /// The CPU reference output, `[new tokens, n_heads, hd]`.
     fn reference(&self, s: &Setup) -> Vec<f32> {
+        self.reference_over(s, &s.vc)
+    }
+
+    /// The CPU reference run on `|V|`: per element, the sum of softmax weight x |v|.
+    fn reference_abs_v(&self, s: &Setup) -> Vec<f32> {
+        let abs: Vec<f32> = s.vc.iter().map(|v| v.abs()).collect();
+        self.reference_over(s, &abs)
+    }
+
+    fn reference_over(&self, s: &Setup, v_cache: &[f32]) -> Vec<f32> {
         let row = self.n_heads * self.hd;
         let q = to_f32(&s.q);
         let mut out = vec![f32::NAN; q.len()];
@@ -192,10 +222,19 @@ impl Case {
         for (&(f, n), t) in self.seqs.iter().zip(&s.tables) {
             let seq = SeqSlice { block_table: t, first_pos: f, n_tokens: n };
             let (a, b) = (t0 * row, (t0 + n) * row);
-            cpu::attention(&s.cache, &s.kc, &s.vc, &mut out[a..b], &q[a..b], &seq, self.n_heads, self.scale).unwrap();
+            cpu::attention(&s.cache, &s.kc, v_cache, &mut out[a..b], &q[a..b], &seq, self.n_heads, self.scale).unwrap();
             t0 += n;
         }
         out
+    }
+
+    /// `cu_q` of the case's chunks laid out one after another.
+    fn cu_q(&self) -> Vec<u32> {
+        let mut cu = vec![0u32];
+        for &(_, n) in &self.seqs {
+            cu.push(cu.last().unwrap() + n as u32);
+        }
+        cu
     }
 }
 
@@ -301,9 +340,20 @@ fn prefill_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
     while mixed.len() < 33 {
         mixed.push((r.next_u32() as usize % 600, 1 + r.next_u32() as usize % 80));
     }
+    // Chunks of 1..16 tokens (decode-sized up to one warp's rows) among single-token rows,
+    // at contexts that are mostly not multiples of 16 or 64.
+    let mut small: Vec<(usize, usize)> = vec![(0, 1), (0, 16), (47, 13), (63, 1), (64, 15), (127, 2)];
+    while small.len() < 24 {
+        let n = if r.next_u32().is_multiple_of(3) { 1 } else { 1 + r.next_u32() as usize % 16 };
+        small.push((r.next_u32() as usize % 700, n));
+    }
     vec![
         Case { n_heads: 32, n_kv: 8, hd: 128, seqs: vec![(0, 100)], scale: s(128) },
         Case { n_heads: 32, n_kv: 4, hd: 128, seqs: vec![(300, 77)], scale: s(128) }, // mid-context, group 8
+        Case { n_heads: 32, n_kv: 8, hd: 128, seqs: small.clone(), scale: s(128) },
+        Case { n_heads: 32, n_kv: 4, hd: 64, seqs: small.clone(), scale: s(64) }, // group 8
+        Case { n_heads: 8, n_kv: 8, hd: 128, seqs: small, scale: s(128) },        // group 1
+        Case { n_heads: 4, n_kv: 4, hd: 128, seqs: vec![(0, 130), (61, 67), (5, 200)], scale: s(128) },
         Case { n_heads: 8, n_kv: 8, hd: 64, seqs: mixed.clone(), scale: s(64) },
         Case { n_heads: 9, n_kv: 3, hd: 64, seqs: mixed[..7].to_vec(), scale: s(64) },
         Case { n_heads: 16, n_kv: 4, hd: 128, seqs: mixed[..12].to_vec(), scale: 0.4 },
@@ -318,20 +368,70 @@ fn prefill_matches_cpu() {
     let mut r = rng(43);
     for case in prefill_cases(&mut r) {
         let s = case.setup(&dev, &mut r);
-        let want = case.reference(&s);
-        let mut cu = vec![0u32];
-        for &(_, n) in &case.seqs {
-            cu.push(cu.last().unwrap() + n as u32);
-        }
-        let cu_d = dev.upload(&cu).unwrap();
+        let (want, abs_v) = (case.reference(&s), case.reference_abs_v(&s));
+        let cu_d = dev.upload(&case.cu_q()).unwrap();
         let max_q = case.seqs.iter().map(|s| s.1).max().unwrap();
         // The grid hint at its real value, and far too small (blocks stride over tiles).
         for (label, hint) in [("", max_q), (", grid hint 1", 1)] {
             let mut out = poisoned(&dev, s.q.len());
             dev.paged_prefill_attention(&mut out, &s.q_d, &s.batch(), &cu_d, hint, case.n_heads, case.scale).unwrap();
             let what = format!("prefill {} chunks {:?}{label}", case.name(), &case.seqs[..case.seqs.len().min(3)]);
-            assert_close(&what, &dev.download(&out).unwrap(), &want);
+            assert_close_with(&what, &dev.download(&out).unwrap(), &want, Some(&abs_v));
         }
+    }
+}
+
+#[test]
+fn prefill_bad_rows_are_nan_and_skipped_rows_untouched() {
+    let Some(dev) = gpu("prefill_bad_rows_are_nan_and_skipped_rows_untouched") else { return };
+    let mut r = rng(46);
+    // Group 1 (a CTA holds 64 tokens of one head: good and NaN rows share it) and group 4.
+    for (n_heads, n_kv, hd) in [(2usize, 2usize, 128usize), (8, 2, 64)] {
+        let case = Case { n_heads, n_kv, hd, seqs: vec![(0, 70), (0, 100), (0, 5), (0, 5)], scale: 0.1 };
+        let s = case.setup(&dev, &mut r);
+        let (want, abs_v) = (case.reference(&s), case.reference_abs_v(&s));
+        // Sequence 1: block 2 (positions 32..48) unmapped; sequence 2: context 3 for its 5
+        // tokens; sequence 3: a cu_q range past the end of q (180 tokens).
+        let mut flat = vec![u32::MAX; 4 * s.max_blocks];
+        for (row, t) in flat.chunks_mut(s.max_blocks).zip(&s.tables) {
+            row[..t.len()].copy_from_slice(t);
+        }
+        flat[s.max_blocks + 2] = 1 << 30;
+        let tables = dev.upload(&flat).unwrap();
+        let ctx = dev.upload(&[70u32, 100, 3, 5]).unwrap();
+        let cu = dev.upload(&[0u32, 70, 170, 175, 190]).unwrap();
+        let batch = PagedBatch { block_tables: &tables, context_lens: &ctx, ..s.batch() };
+        let sentinel = bf16::from_f32(7.0);
+        let mut out = dev.upload(&vec![sentinel; s.q.len()]).unwrap();
+        dev.paged_prefill_attention(&mut out, &s.q_d, &batch, &cu, 100, n_heads, 0.1).unwrap();
+        let got = dev.download(&out).unwrap();
+        let row = n_heads * hd;
+        // Rows of sequence 1 from position 32 on see the unmapped block.
+        let (good, seen) = (0..(70 + 32) * row, (70 + 32) * row..170 * row);
+        let name = case.name();
+        assert_close_with(
+            &format!("prefill {name}: rows that see no bad position"),
+            &got[good.clone()],
+            &want[good.clone()],
+            Some(&abs_v[good]),
+        );
+        assert!(got[seen].iter().all(|v| v.is_nan()), "{name}: rows that see an unmapped block must be NaN");
+        assert!(got[170 * row..175 * row].iter().all(|v| v.is_nan()), "{name}: a chunk longer than its context");
+        assert!(
+            got[175 * row..].iter().all(|v| v.to_bits() == sentinel.to_bits()),
+            "{name}: a sequence whose cu_q range leaves q must write nothing"
+        );
+        // Shapes are checked on the host.
+        let short_cu = dev.upload(&[0u32, 70]).unwrap();
+        assert!(matches!(
+            dev.paged_prefill_attention(&mut out, &s.q_d, &batch, &short_cu, 100, n_heads, 0.1),
+            Err(KernelError::Shape { .. })
+        ));
+        let hd96 = PagedBatch { cache: PagedKv { head_dim: 96, ..s.cache }, ..s.batch() };
+        assert!(matches!(
+            dev.paged_prefill_attention(&mut out, &s.q_d, &hd96, &cu, 100, n_heads, 0.1),
+            Err(KernelError::Unsupported { .. })
+        ));
     }
 }
 
@@ -539,7 +639,7 @@ fn bench_prefill_and_write_kv_llama8b() {
         let ms = median_ms(&dev, 5, 3, |_| dev.paged_prefill_attention(&mut out, &q, &b, &cu, tokens, n_heads, 0.088));
         // Causal: query i sees i + 1 keys; 2 flops per multiply-add, QK and PV.
         let flops = 4.0 * (n_heads * hd) as f64 * (tokens * (tokens + 1) / 2) as f64;
-        println!("BENCH | prefill attention (CUDA cores) | 1 x {tokens} tokens, 32q/8kv hd128 | {:.1} us | {:.1} TFLOP/s | -", ms * 1e3, flops / (ms * 1e-3) / 1e12);
+        println!("BENCH | prefill attention (tensor cores) | 1 x {tokens} tokens, 32q/8kv hd128 | {:.1} us | {:.1} TFLOP/s | -", ms * 1e3, flops / (ms * 1e-3) / 1e12);
 
         let kn = dev.upload(&fast_rand_bf16(tokens * n_kv * hd, 15)).unwrap();
         let vn = dev.upload(&fast_rand_bf16(tokens * n_kv * hd, 16)).unwrap();

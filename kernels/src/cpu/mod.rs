@@ -7,5 +7,6 @@ pub mod activation;
 pub mod attention;
 pub mod matmul;
 pub mod norm;
+pub mod random;
 pub mod rope;
 pub mod softmax;

@@ -24,8 +24,8 @@ use half::bf16;
 const DECODE_MAX_GROUP: usize = 8;
 /// Threads of a decode CTA (must match DEC_THREADS in the .cu).
 const DECODE_THREADS: u32 = 128;
-/// Threads of a prefill CTA (must match PF_THREADS in the .cu).
-const PF_THREADS: u32 = 256;
+/// Threads of a prefill CTA, four warps of 16 rows (must match PF_THREADS in the .cu).
+const PF_THREADS: u32 = 128;
 /// Threads of a write_kv block.
 const WRITE_THREADS: u32 = 128;
 
@@ -354,6 +354,12 @@ impl Device {
     /// `max_q_len` (the longest chunk) sizes the grid; longer chunks are still covered.
     /// A sequence whose chunk is longer than its context gets NaN rows; one whose `cu_q`
     /// range leaves `q` is skipped (its rows are not written).
+    ///
+    /// Runs on tensor cores (flash-attention 2 with bf16 `mma.sync`): scores, softmax and
+    /// the output accumulate in f32, but the softmax weights are rounded to bf16 before
+    /// they multiply V, so each output element may differ from an f32 computation by up to
+    /// `2^-8 * sum_p w_p |v_p|` (relative rounding of each weight) besides its own bf16
+    /// rounding.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_prefill_attention(
         &self,

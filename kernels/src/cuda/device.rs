@@ -65,6 +65,10 @@ pub(crate) struct Kernels {
     pub silu_mul_vec8: CudaFunction,
     pub embedding: CudaFunction,
     pub rope: CudaFunction,
+    pub qkv_rope_write: CudaFunction,
+    pub qkv_rope_write_vec8: CudaFunction,
+    pub fill_uniform: CudaFunction,
+    pub sample_rows: CudaFunction,
     pub attention: super::attention::AttentionKernels,
 }
 
@@ -139,6 +143,10 @@ impl Device {
             silu_mul_vec8: f("activation", "silu_mul_vec8")?,
             embedding: f("embedding", "embedding")?,
             rope: f("rope", "rope")?,
+            qkv_rope_write: f("qkv", "qkv_rope_write")?,
+            qkv_rope_write_vec8: f("qkv", "qkv_rope_write_vec8")?,
+            fill_uniform: f("init", "fill_uniform")?,
+            sample_rows: f("sampling", "sample_rows")?,
             attention: super::attention::AttentionKernels::load(&f)?,
         };
         let gemm = super::gemm::Gemm::new(&stream)?;
@@ -195,6 +203,40 @@ impl Device {
             format!("buffer has {} elements, host slice {}", dst.len(), host.len())
         })?;
         self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err("cuda_write"))
+    }
+
+    /// Copies rows `src_row..src_row + n_rows` of `src` to rows `dst_row..` of `dst`, both
+    /// seen as `[_, row_len]` (a device-to-device copy queued on the stream).
+    pub fn copy_rows<T: Elem>(
+        &self,
+        dst: &mut Buf<T>,
+        dst_row: usize,
+        src: &Buf<T>,
+        src_row: usize,
+        n_rows: usize,
+        row_len: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_copy_rows";
+        let range = |row: usize| -> Option<(usize, usize)> {
+            let a = row.checked_mul(row_len)?;
+            Some((a, a.checked_add(n_rows.checked_mul(row_len)?)?))
+        };
+        let (Some((s0, s1)), Some((d0, d1))) = (range(src_row), range(dst_row)) else {
+            return Err(KernelError::Shape { op: OP, detail: format!("{n_rows} rows of {row_len} overflow") });
+        };
+        crate::error::check(s1 <= src.len() && d1 <= dst.len(), OP, || {
+            format!(
+                "rows {src_row}+{n_rows} of src ({}) to {dst_row}+ of dst ({}), rows of {row_len}",
+                src.len(),
+                dst.len()
+            )
+        })?;
+        if n_rows == 0 || row_len == 0 {
+            return Ok(());
+        }
+        let from = src.inner.slice(s0..s1);
+        let mut to = dst.inner.slice_mut(d0..d1);
+        self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err(OP))
     }
 
     /// Waits for the queued work, then copies `src` to the host. Errors of earlier

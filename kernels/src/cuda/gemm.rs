@@ -1,6 +1,6 @@
 //! bf16 GEMM through cuBLASLt: `out = x · Wᵀ` with `x` `[m, cols]`, `W` `[rows, cols]`
 //! (the layout weights are stored in: one output feature per row), `out` `[m, rows]`, all
-//! row-major bf16, f32 accumulation.
+//! row-major bf16 (or `out` f32 for logits: [`Device::matmul_f32`]), f32 accumulation.
 //!
 //! cuBLASLt is column-major. A row-major `[r, c]` matrix is the column-major `[c, r]`
 //! one, so `out` (row-major `[m, rows]`) is column-major `outᵀ = W · xᵀ`: cuBLAS's
@@ -73,9 +73,16 @@ impl Drop for Partial {
 }
 
 impl Plan {
-    fn new(handle: sys::cublasLtHandle_t, m: u64, rows: u64, cols: u64) -> Result<Self, result::CublasError> {
+    fn new(
+        handle: sys::cublasLtHandle_t,
+        m: u64,
+        rows: u64,
+        cols: u64,
+        out_f32: bool,
+    ) -> Result<Self, result::CublasError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        let out_ty = if out_f32 { sys::cudaDataType_t::CUDA_R_32F } else { bf };
         let mut p = Partial { desc: None, layouts: Vec::new() };
         let desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)?;
@@ -93,9 +100,9 @@ impl Plan {
         }
         // A: W as column-major [cols, rows] (transposed by TRANSA); B: x as [cols, m];
         // D: out as [rows, m].
-        for (r, c, ld) in [(cols, rows, cols), (cols, m, cols), (rows, m, rows)] {
+        for (ty, r, c, ld) in [(bf, cols, rows, cols), (bf, cols, m, cols), (out_ty, rows, m, rows)] {
             let ld = i64::try_from(ld).unwrap_or(i64::MAX);
-            p.layouts.push(result::create_matrix_layout(bf, r, c, ld)?);
+            p.layouts.push(result::create_matrix_layout(ty, r, c, ld)?);
         }
         let pref = result::create_matmul_pref()?;
         let ws = WORKSPACE_BYTES;
@@ -132,7 +139,8 @@ impl Plan {
 pub(crate) struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    plans: Mutex<HashMap<(usize, usize, usize), Arc<Plan>>>,
+    /// Keyed by (m, rows, cols, f32 output).
+    plans: Mutex<HashMap<(usize, usize, usize, bool), Arc<Plan>>>,
 }
 
 // SAFETY: the handle is used only through &self methods that serialise plan creation with
@@ -164,20 +172,21 @@ impl Gemm {
         Ok(Gemm { handle, workspace, plans: Mutex::new(HashMap::new()) })
     }
 
-    fn plan(&self, m: usize, rows: usize, cols: usize) -> Result<Arc<Plan>, KernelError> {
+    fn plan(&self, m: usize, rows: usize, cols: usize, out_f32: bool) -> Result<Arc<Plan>, KernelError> {
         let mut plans = self.plans.lock().map_err(|_| KernelError::Device {
             op: "cuda_matmul",
             detail: "GEMM plan cache poisoned by a panic".into(),
         })?;
-        if let Some(p) = plans.get(&(m, rows, cols)) {
+        if let Some(p) = plans.get(&(m, rows, cols, out_f32)) {
             return Ok(p.clone());
         }
-        let p =
-            Arc::new(Plan::new(self.handle, m as u64, rows as u64, cols as u64).map_err(|e| KernelError::Device {
+        let p = Arc::new(Plan::new(self.handle, m as u64, rows as u64, cols as u64, out_f32).map_err(|e| {
+            KernelError::Device {
                 op: "cuda_matmul",
                 detail: format!("no cuBLASLt plan for m={m} {rows}x{cols}: {e:?}"),
-            })?);
-        plans.insert((m, rows, cols), p.clone());
+            }
+        })?);
+        plans.insert((m, rows, cols, out_f32), p.clone());
         Ok(p)
     }
 }
@@ -187,6 +196,34 @@ impl Device {
     pub fn matmul(
         &self,
         out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        self.gemm_into(&mut out.inner, false, x, m, w, rows, cols)
+    }
+
+    /// [`Device::matmul`] with an f32 `out` (the LM head: logits keep the accumulator's
+    /// precision for sampling and log-probabilities).
+    pub fn matmul_f32(
+        &self,
+        out: &mut Buf<f32>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        self.gemm_into(&mut out.inner, true, x, m, w, rows, cols)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_into<T>(
+        &self,
+        out: &mut CudaSlice<T>,
+        out_f32: bool,
         x: &Buf<bf16>,
         m: usize,
         w: &Buf<bf16>,
@@ -207,15 +244,16 @@ impl Device {
         if m == 0 {
             return Ok(());
         }
-        let plan = self.gemm.plan(m, rows, cols)?;
+        let plan = self.gemm.plan(m, rows, cols, out_f32)?;
         let s = &self.stream;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _g1) = w.inner.device_ptr(s);
         let (xp, _g2) = x.inner.device_ptr(s);
-        let (op, _g3) = out.inner.device_ptr_mut(s);
+        let (op, _g3) = out.device_ptr_mut(s);
         let (ws, _g4) = self.gemm.workspace.device_ptr(s);
-        // SAFETY: the plan was made for exactly these shapes; the buffers' lengths were
-        // checked against them; beta = 0 so C (aliased to D) is not read.
+        // SAFETY: the plan was made for exactly these shapes and this output type (the
+        // callers pair `out_f32` with `T`); the buffers' lengths were checked against them;
+        // beta = 0 so C (aliased to D) is not read.
         unsafe {
             result::matmul(
                 self.gemm.handle,

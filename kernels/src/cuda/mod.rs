@@ -11,8 +11,10 @@
 //! Submodules: `arch` and `module_cache` (pure, always built and tested); with the feature,
 //! `sources` (the embedded .cu text), `nvrtc` (compile + cache), `device` (context, stream,
 //! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `attention` (paged
-//! attention launchers); without it, `stub`. `paged` (the attention batch description and
-//! split planning) is always built.
+//! attention launchers), `qkv` (fused Q/K/V preparation), `init` (random fill), `sampling`
+//! (token sampling); without it, `stub`. Always built: `paged` (the attention batch
+//! description and split planning), `qkv_args` (the inputs of the fused Q/K/V preparation)
+//! and `sample_params` (sampling parameters and results, CPU copies of the kernel's rules).
 //!
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
 
@@ -27,9 +29,19 @@ mod device;
 #[cfg(feature = "cuda")]
 mod gemm;
 #[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
+mod init;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod ops;
+#[cfg(feature = "cuda")]
+mod qkv;
+mod qkv_args;
+pub mod sample_params;
+#[cfg(feature = "cuda")]
+mod sampling;
 #[cfg(feature = "cuda")]
 mod sources;
 #[cfg(not(feature = "cuda"))]
@@ -40,10 +52,16 @@ pub use arch::Arch;
 pub use attention::DecodeWorkspace;
 #[cfg(feature = "cuda")]
 pub use device::{Buf, Device, RopeCache};
+#[cfg(feature = "cuda")]
+pub use graph::Graph;
 pub use module_cache::{ModuleCache, ModuleReport};
 pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
+pub use qkv_args::QkvPrep;
+pub use sample_params::{SampleParams, SampledRow};
+#[cfg(feature = "cuda")]
+pub use sampling::SampleOutput;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{Buf, DecodeWorkspace, Device, RopeCache};
+pub use stub::{Buf, DecodeWorkspace, Device, Graph, RopeCache, SampleOutput};
 
 /// `bf16` as the CUDA platform stores activations and weights.
 pub use half::bf16;

@@ -18,9 +18,11 @@ pub(crate) const DECODE_CTAS_PER_SM: usize = 4;
 /// below this the reduction and the CTA's start-up cost more than the parallelism gives.
 pub(crate) const MIN_SPLIT_TOKENS: usize = 64;
 /// Prefill CTA geometry (must match PF_R, PF_BK in the .cu): rows of (query token, head)
-/// and KV positions per tile.
+/// and KV positions per tile, and the K/V tiles in flight (tile j + 1 loads while tile j
+/// computes).
 pub(crate) const PF_ROWS: usize = 64;
 pub(crate) const PF_KEYS: usize = 64;
+pub(crate) const PF_STAGES: usize = 2;
 
 /// A batch of sequences over one layer's paged K/V cache, as both attention kernels read
 /// it.
@@ -72,11 +74,11 @@ pub(crate) fn plan_splits(
     DecodePlan { n_splits: ctx.div_ceil(len).max(1), split_len: len }
 }
 
-/// Dynamic shared memory of a prefill CTA: Q, K, V tiles (f32, rows padded by 4 floats to
-/// spread banks), the score tile (padded likewise), and three per-row values (m, l, alpha).
+/// Dynamic shared memory of a prefill CTA: two stages of a K and a V tile, `PF_KEYS` rows
+/// of `head_dim` bf16 each (unpadded: the kernel permutes 16-byte chunks instead). Q is
+/// staged through one of the K buffers, so it needs no room of its own.
 pub(crate) fn prefill_smem_bytes(head_dim: usize) -> usize {
-    let ld = head_dim + 4;
-    4 * (PF_ROWS * ld + 2 * PF_KEYS * ld + PF_ROWS * (PF_KEYS + 4) + 3 * PF_ROWS)
+    PF_STAGES * 2 * PF_KEYS * head_dim * 2
 }
 
 #[cfg(test)]
@@ -112,9 +114,12 @@ mod tests {
 
     #[test]
     fn prefill_smem_fits_hopper_opt_in() {
-        // 227 KB is Hopper's opt-in limit per block; rows stay 16-byte aligned.
-        assert!(prefill_smem_bytes(128) <= 227 * 1024);
-        assert_eq!(prefill_smem_bytes(64), 4 * (64 * 68 * 3 + 64 * 68 + 192));
-        assert_eq!((HEAD_DIMS[1] + 4) * 4 % 16, 0);
+        // 227 KB is Hopper's opt-in limit per SM: head dim 128 fits two CTAs, 64 three
+        // (the register budgets of the kernels' launch bounds).
+        assert_eq!(prefill_smem_bytes(128), 64 * 1024);
+        assert_eq!(prefill_smem_bytes(64), 32 * 1024);
+        assert!(2 * prefill_smem_bytes(128) <= 227 * 1024 && 3 * prefill_smem_bytes(64) <= 227 * 1024);
+        // Rows are whole 16-byte chunks (cp.async, ldmatrix) in pairs (two loader lanes a row).
+        assert!(HEAD_DIMS.iter().all(|&d| d * 2 % 32 == 0));
     }
 }

@@ -11,6 +11,9 @@ pub const MODULES: &[(&str, &str)] = &[
     ("embedding", include_str!("../../cuda/embedding.cu")),
     ("rope", include_str!("../../cuda/rope.cu")),
     ("attention", include_str!("../../cuda/attention.cu")),
+    ("qkv", include_str!("../../cuda/qkv.cu")),
+    ("init", include_str!("../../cuda/init.cu")),
+    ("sampling", include_str!("../../cuda/sampling.cu")),
 ];
 
 /// The full text NVRTC compiles for a module body.

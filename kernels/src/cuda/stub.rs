@@ -56,6 +56,33 @@ impl DecodeWorkspace {
     }
 }
 
+/// Per-row sampling outputs (never constructed without the `cuda` feature).
+pub struct SampleOutput {
+    never: Infallible,
+}
+
+impl SampleOutput {
+    pub fn max_rows(&self) -> usize {
+        match self.never {}
+    }
+    pub fn max_logprobs(&self) -> usize {
+        match self.never {}
+    }
+    pub fn tokens(&self) -> &Buf<u32> {
+        match self.never {}
+    }
+    #[allow(unused_variables)]
+    pub fn read(&self, dev: &Device, n_rows: usize) -> Result<Vec<super::SampledRow>, KernelError> {
+        match self.never {}
+    }
+}
+
+/// A captured CUDA graph (never constructed without the `cuda` feature).
+pub struct Graph {
+    #[allow(dead_code)]
+    never: Infallible,
+}
+
 /// A CUDA device (never constructed without the `cuda` feature).
 pub struct Device {
     never: Infallible,
@@ -169,6 +196,47 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
+    pub fn capture(&self, f: impl FnOnce() -> Result<(), KernelError>) -> Result<Graph, KernelError> {
+        match self.never {}
+    }
+    pub fn launch_graph(&self, graph: &Graph) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn matmul_f32(
+        &self,
+        out: &mut Buf<f32>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn copy_rows<T: Elem>(
+        &self,
+        dst: &mut Buf<T>,
+        dst_row: usize,
+        src: &Buf<T>,
+        src_row: usize,
+        n_rows: usize,
+        row_len: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn qkv_rope_write(
+        &self,
+        q_out: &mut Buf<bf16>,
+        k_cache: &mut Buf<bf16>,
+        v_cache: &mut Buf<bf16>,
+        cache: &PagedKv,
+        p: &super::QkvPrep,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn fill_uniform(&self, buf: &mut Buf<bf16>, seed: u64, lo: f32, hi: f32) -> Result<(), KernelError> {
+        match self.never {}
+    }
     pub fn write_kv(
         &self,
         cache: &PagedKv,
@@ -177,6 +245,24 @@ impl Device {
         k: &Buf<bf16>,
         v: &Buf<bf16>,
         slots: &Buf<u32>,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn sample_output(&self, max_rows: usize, max_logprobs: usize) -> Result<SampleOutput, KernelError> {
+        match self.never {}
+    }
+    pub fn sample(
+        &self,
+        out: &mut SampleOutput,
+        logits: &mut Buf<f32>,
+        vocab: usize,
+        params: &Buf<super::SampleParams>,
+        pen_offsets: &Buf<u32>,
+        pen_tokens: &Buf<u32>,
+        pen_counts: &Buf<u32>,
+        bias_offsets: &Buf<u32>,
+        bias_tokens: &Buf<u32>,
+        bias_values: &Buf<f32>,
     ) -> Result<(), KernelError> {
         match self.never {}
     }

@@ -1,0 +1,201 @@
+//! Host side of GPU sampling (`kernels/cuda/sampling.cu`): the preallocated per-row outputs
+//! ([`SampleOutput`]), the shape checks and the launch of one CTA per row.
+//!
+//! Semantics are the CPU sampler's (`worker/src/sampling.rs`: bias, penalties, logprobs of
+//! the adjusted logits, greedy or temperature + top-k + top-p + min-p + draw), with two
+//! documented differences: the random stream is the counter-based Gumbel-max of
+//! [`gumbel_noise`] (deterministic per `(seed, draw)`), and top-k / top-p keep or drop
+//! equal logits at their boundary together (see the .cu file's header).
+//!
+//! [`gumbel_noise`]: super::sample_params::gumbel_noise
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::device::{dev_err, Buf, Device};
+use super::sample_params::{SampleParams, SampledRow, MAX_SAMPLE_VOCAB, MAX_TOP_LOGPROBS};
+use crate::error::check;
+use crate::KernelError;
+
+/// Threads of a sampling CTA (must match SAMPLE_THREADS in the .cu).
+const SAMPLE_THREADS: u32 = 1024;
+/// Bias and penalty lists are indexed with u32 offsets plus a thread stride on the device.
+const MAX_ENTRIES: usize = 1 << 31;
+
+/// Per-row results of [`Device::sample`], allocated once for up to `max_rows` rows and
+/// `max_logprobs` alternatives per row, reused every step.
+pub struct SampleOutput {
+    /// `[max_rows]` sampled ids, readable by the next step's embedding on the device.
+    token: Buf<u32>,
+    /// `[max_rows]` log-probability of `token`.
+    logprob: Buf<f32>,
+    /// `[max_rows, max_logprobs]` (at least one element): most likely ids, best first.
+    top_ids: Buf<u32>,
+    /// Same shape: their log-probabilities.
+    top_logprobs: Buf<f32>,
+    /// `[max_rows]` how many top entries each row wrote.
+    n_top: Buf<u32>,
+    /// `[max_rows]` [`SampledRow::flags`].
+    flags: Buf<u32>,
+    max_rows: usize,
+    max_logprobs: usize,
+}
+
+impl SampleOutput {
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    pub fn max_logprobs(&self) -> usize {
+        self.max_logprobs
+    }
+
+    /// `[max_rows]` sampled token ids of the last call (its first `n_rows` are valid).
+    pub fn tokens(&self) -> &Buf<u32> {
+        &self.token
+    }
+
+    /// Waits for the queued work and copies the first `n_rows` rows to the host.
+    pub fn read(&self, dev: &Device, n_rows: usize) -> Result<Vec<SampledRow>, KernelError> {
+        const OP: &str = "cuda_sample_read";
+        check(n_rows <= self.max_rows, OP, || format!("{n_rows} rows asked for, the output holds {}", self.max_rows))?;
+        if n_rows == 0 {
+            return Ok(Vec::new());
+        }
+        let s = &dev.stream;
+        let token = s.clone_dtoh(&self.token.inner.slice(..n_rows)).map_err(dev_err(OP))?;
+        let logprob = s.clone_dtoh(&self.logprob.inner.slice(..n_rows)).map_err(dev_err(OP))?;
+        let n_top = s.clone_dtoh(&self.n_top.inner.slice(..n_rows)).map_err(dev_err(OP))?;
+        let flags = s.clone_dtoh(&self.flags.inner.slice(..n_rows)).map_err(dev_err(OP))?;
+        let l = self.max_logprobs;
+        let (ids, lps) = if l > 0 {
+            (
+                s.clone_dtoh(&self.top_ids.inner.slice(..n_rows * l)).map_err(dev_err(OP))?,
+                s.clone_dtoh(&self.top_logprobs.inner.slice(..n_rows * l)).map_err(dev_err(OP))?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        dev.synchronize()?;
+        Ok((0..n_rows)
+            .map(|r| {
+                let n = (n_top[r] as usize).min(l);
+                let top = (r * l..r * l + n).map(|o| (ids[o], lps[o])).collect();
+                SampledRow { token: token[r], logprob: logprob[r], top, flags: flags[r] }
+            })
+            .collect())
+    }
+}
+
+/// Checks one CSR list: `offsets` has `n_rows + 1` entries, the two entry arrays agree.
+fn check_csr(
+    op: &'static str,
+    what: &str,
+    offsets: usize,
+    n_rows: usize,
+    a: usize,
+    b: usize,
+) -> Result<(), KernelError> {
+    check(offsets == n_rows + 1, op, || format!("{what} offsets have {offsets} entries for {n_rows} rows"))?;
+    check(a == b, op, || format!("{what} lists disagree: {a} tokens, {b} values"))?;
+    check(a < MAX_ENTRIES, op, || format!("{a} {what} entries exceed {MAX_ENTRIES}"))
+}
+
+impl Device {
+    /// Outputs for up to `max_rows` rows with up to `max_logprobs` (at most
+    /// [`MAX_TOP_LOGPROBS`]) alternatives each.
+    pub fn sample_output(&self, max_rows: usize, max_logprobs: usize) -> Result<SampleOutput, KernelError> {
+        const OP: &str = "cuda_sample_output";
+        check(max_rows > 0 && max_rows <= i32::MAX as usize, OP, || {
+            format!("max_rows {max_rows} must be in 1..=2^31-1")
+        })?;
+        check(max_logprobs <= MAX_TOP_LOGPROBS, OP, || {
+            format!("max_logprobs {max_logprobs} exceeds {MAX_TOP_LOGPROBS}")
+        })?;
+        let top = max_rows.checked_mul(max_logprobs).ok_or_else(|| KernelError::Shape {
+            op: OP,
+            detail: format!("{max_rows} rows x {max_logprobs} logprobs overflow"),
+        })?;
+        Ok(SampleOutput {
+            token: self.alloc(max_rows)?,
+            logprob: self.alloc(max_rows)?,
+            top_ids: self.alloc(top.max(1))?,
+            top_logprobs: self.alloc(top.max(1))?,
+            n_top: self.alloc(max_rows)?,
+            flags: self.alloc(max_rows)?,
+            max_rows,
+            max_logprobs,
+        })
+    }
+
+    /// Samples one token per row of `logits` (`[n_rows, vocab]` f32, `n_rows =
+    /// logits.len() / vocab`) with `params[r]` (`[n_rows]`), into the first `n_rows` rows
+    /// of `out`. On return `logits` holds the biased and penalised values.
+    ///
+    /// Per-row adjustments are CSR lists: row `r` owns entries `offsets[r]..offsets[r + 1]`
+    /// (`offsets`: `[n_rows + 1]`). Bias entries `(bias_tokens, bias_values)` are added
+    /// first, then penalties apply to `(pen_tokens, pen_counts)` = (token, occurrences in
+    /// the history; 0 = not seen). Within a row a token appears at most once per list.
+    /// Entry arrays may be longer than the offsets use (e.g. padded so that none is empty).
+    /// Device-side values cannot be checked here: a token `>= vocab` or offsets out of
+    /// order are skipped and reported in [`SampledRow::flags`], as are NaN / +inf logits
+    /// and all-banned rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample(
+        &self,
+        out: &mut SampleOutput,
+        logits: &mut Buf<f32>,
+        vocab: usize,
+        params: &Buf<SampleParams>,
+        pen_offsets: &Buf<u32>,
+        pen_tokens: &Buf<u32>,
+        pen_counts: &Buf<u32>,
+        bias_offsets: &Buf<u32>,
+        bias_tokens: &Buf<u32>,
+        bias_values: &Buf<f32>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_sample";
+        check(vocab > 0 && vocab <= MAX_SAMPLE_VOCAB, OP, || {
+            format!("vocab {vocab} must be in 1..={MAX_SAMPLE_VOCAB}")
+        })?;
+        check(logits.len() % vocab == 0, OP, || {
+            format!("logits have {} values, not a whole number of rows of {vocab}", logits.len())
+        })?;
+        let n_rows = logits.len() / vocab;
+        check(params.len() == n_rows, OP, || format!("{} params for {n_rows} rows", params.len()))?;
+        check(n_rows <= out.max_rows, OP, || format!("{n_rows} rows, the output holds {}", out.max_rows))?;
+        check_csr(OP, "penalty", pen_offsets.len(), n_rows, pen_tokens.len(), pen_counts.len())?;
+        check_csr(OP, "bias", bias_offsets.len(), n_rows, bias_tokens.len(), bias_values.len())?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        // All below fit u32: vocab <= 2^20, entries < 2^31, rows <= max_rows < 2^31, logprobs <= 20.
+        let (v, pen_len, bias_len) = (vocab as u32, pen_tokens.len() as u32, bias_tokens.len() as u32);
+        let max_top = out.max_logprobs as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (n_rows as u32, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.kernels.sample_rows);
+        b.arg(&mut logits.inner)
+            .arg(&v)
+            .arg(&params.inner)
+            .arg(&pen_offsets.inner)
+            .arg(&pen_tokens.inner)
+            .arg(&pen_counts.inner)
+            .arg(&pen_len)
+            .arg(&bias_offsets.inner)
+            .arg(&bias_tokens.inner)
+            .arg(&bias_values.inner)
+            .arg(&bias_len)
+            .arg(&mut out.token.inner)
+            .arg(&mut out.logprob.inner)
+            .arg(&mut out.top_ids.inner)
+            .arg(&mut out.top_logprobs.inner)
+            .arg(&mut out.n_top.inner)
+            .arg(&mut out.flags.inner)
+            .arg(&max_top);
+        // SAFETY: argument order and types match `sample_rows`; CTA r touches only logits row
+        // r (n_rows x vocab checked), params[r], offsets[r..=r + 1] (n_rows + 1 checked),
+        // entries below the lengths passed (the kernel bounds them, and tokens by vocab), and
+        // output row r (n_rows <= max_rows; top rows of max_top <= the allocation).
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+}
