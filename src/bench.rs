@@ -31,9 +31,31 @@ pub struct BenchArgs {
     /// CPU threads (default: all cores).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
+    /// Where to run: `cpu`, or `cuda` / `cuda:N` for the GPU benchmark (bench_gpu.rs).
+    #[arg(long, default_value = "cpu")]
+    pub device: tessera_worker::service::DeviceChoice,
+    /// GPU only: a random-weight model of this shape instead of a file (llama-3.1-8b,
+    /// llama-3-8b-v49k, qwen3-8b, qwen3-32b, ...).
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// GPU only: prefill lengths to measure.
+    #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+    pub prompts: Vec<usize>,
+    /// GPU only: concurrent sequences of the decode test.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128,256")]
+    pub batches: Vec<usize>,
+    /// GPU only: prompt tokens of each sequence in the decode test.
+    #[arg(long, default_value_t = 512)]
+    pub decode_prompt: usize,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let tessera_worker::service::DeviceChoice::Cuda(ordinal) = args.device {
+        return crate::bench_gpu::run(&args, ordinal);
+    }
+    if args.synthetic.is_some() {
+        anyhow::bail!("--synthetic models are generated on the GPU: add --device cuda");
+    }
     crate::threads::init(args.threads)?;
     let path = crate::default_model::resolve(args.model.as_deref())?;
     let files = Arc::new(ModelFiles::open(&path).with_context(|| format!("opening {}", path.display()))?);

@@ -2,6 +2,7 @@
 //! environment variables.
 
 mod bench;
+mod bench_gpu;
 mod coordinator_cmd;
 mod default_model;
 mod gateway_cmd;

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result};
 use clap::Args;
 use tessera_proto::worker::worker_server::WorkerServer;
-use tessera_worker::service::WorkerService;
+use tessera_worker::service::{DeviceChoice, WorkerService};
 
 /// Run one worker process.
 #[derive(Debug, Args)]
@@ -17,6 +17,9 @@ pub struct WorkerArgs {
     /// CPU threads for the kernels (default: all cores).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
+    /// Where the model runs: `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    #[arg(long, env = "TESSERA_DEVICE", default_value = "cpu")]
+    pub device: DeviceChoice,
 }
 
 pub fn run(args: WorkerArgs) -> Result<()> {
@@ -28,7 +31,7 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         // The bound address on one line, so a parent that asked for port 0 can read it.
         println!("tessera worker listening on {}", listener.local_addr()?);
         tonic::transport::Server::builder()
-            .add_service(WorkerServer::new(WorkerService::new()).max_decoding_message_size(64 << 20))
+            .add_service(WorkerServer::new(WorkerService::on(args.device)).max_decoding_message_size(64 << 20))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
                 tessera_gateway::serve::shutdown_signal(),

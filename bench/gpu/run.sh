@@ -1,72 +1,112 @@
 #!/usr/bin/env bash
-# CUDA kernel tests and micro-benchmarks of tessera-kernels, in one call on a GPU machine.
+# Every GPU test and benchmark of Tessera in one call on a GPU machine.
 #
-#   bench/gpu/run.sh prepare   # here (no GPU needed): build the test binaries into .gpu/
-#   bench/gpu/run.sh           # on the GPU machine: run tests, then benchmarks, print a table
+#   bench/gpu/run.sh prepare        # here (no GPU needed): build into .gpu/ (xz-compressed)
+#   bench/gpu/run.sh [STAGES]       # on the GPU machine; STAGES (default: all) of
+#                                   #   kernels  - kernel tests vs CPU references, then micro-benchmarks
+#                                   #   model    - CUDA backend end to end (SmolLM2 vs llama.cpp / CPU,
+#                                   #              batching, bad input; random Qwen3 vs PyTorch)
+#                                   #   bench    - `tessera bench --device cuda` on synthetic 8B shapes
 #
-# The device machine has no Rust: `prepare` builds `tests/cuda_ops.rs` and
-# `tests/cuda_attention.rs` with the `cuda` feature (cudarc loads libcuda/libnvrtc/
-# libcublasLt at run time, so no toolkit is needed here), strips them and copies them to
-# .gpu/<test name>. .gpu/ is listed in .git/info/exclude and
-# travels with the device tool's `carry: [".gpu"]`. Logs go to $OUT (or /tmp) as tests.log
-# and bench.log.
+# The device machine has no Rust: `prepare` builds the kernel tests (tessera-kernels/tests/cuda_*.rs),
+# the worker's tests/cuda_model.rs and the `tessera` binary with the `cuda` feature (cudarc loads
+# libcuda/libnvrtc/libcublasLt at run time, so no toolkit is needed here), strips and xz-compresses
+# them into .gpu/ (listed in .git/info/exclude; carried with the device tool's `carry: [".gpu"]`).
+# The default model (98 MB) is over one call's carry limit: `prepare` also splits it into
+# .gpumodel/part-a and .gpu/part-b: an earlier call on the same warm machine carries .gpumodel and
+# runs `cp .gpumodel/part-a /tmp/`; the `model` stage joins the parts. Logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TESTS="cuda_ops cuda_attention"
+KERNEL_TESTS="cuda_ops cuda_attention cuda_qkv cuda_init cuda_sampling"
+MODEL=${TESSERA_MODEL_PATH:-$HOME/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
-if [[ "${1:-}" == prepare ]]; then
-    set -e
-    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
-    mkdir -p .gpu
-    for t in $TESTS; do
-        exe=$(cargo test --release -p tessera-kernels --features cuda --test "$t" --no-run --message-format=json 2>/dev/null \
-            | T="$t" python3 -c 'import json,os,sys
+test_exe() { # crate test-name features -> path of the built test binary
+    cargo test --release -p "$1" --features "$3" --test "$2" --no-run --message-format=json 2>/dev/null \
+        | T="$2" python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == os.environ["T"]:
-        print(m["executable"])')
-        cp "$exe" ".gpu/$t"
-        strip ".gpu/$t"
-        ls -l ".gpu/$t"
-    done
+        print(m["executable"])'
+}
+
+if [[ "${1:-}" == prepare ]]; then
+    set -e
+    for d in .gpu .gpumodel; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+    rm -rf .gpu .gpumodel && mkdir -p .gpu .gpumodel
+    for t in $KERNEL_TESTS; do cp "$(test_exe tessera-kernels "$t" cuda)" ".gpu/$t"; done
+    cp "$(test_exe tessera-worker cuda_model cuda)" .gpu/cuda_model
+    cargo build --release --features cuda
+    cp target/release/tessera .gpu/tessera
+    strip .gpu/*
+    xz -T0 -6 .gpu/*
+    if [[ -f "$MODEL" ]]; then
+        half=$(( $(stat -c %s "$MODEL") / 2 ))
+        head -c "$half" "$MODEL" > .gpumodel/part-a
+        tail -c +"$(( half + 1 ))" "$MODEL" > .gpu/part-b
+        sha256sum "$MODEL" | cut -d' ' -f1 > .gpu/model.sha256
+    fi
+    du -sh .gpu .gpumodel; ls -l .gpu
     exit 0
 fi
 
-BINDIR=${BINDIR:-.gpu}
+STAGES=${*:-kernels model bench}
 LOG=${OUT:-/tmp}
+BIN=/tmp/tessera-gpu-bin
+mkdir -p "$BIN"
+for f in .gpu/*.xz; do xz -dc "$f" > "$BIN/$(basename "$f" .xz)"; chmod +x "$BIN/$(basename "$f" .xz)"; done
 # A fresh kernel cache: the first Device compiles with NVRTC, later ones hit the cache.
 export TESSERA_CACHE_DIR=$(mktemp -d)
+rc_all=0
+run() { # label logfile command...
+    local label=$1 log=$2; shift 2
+    echo "== $label" | tee -a "$log"
+    "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    (( rc != 0 )) && { echo "!! $label exited $rc" | tee -a "$log"; rc_all=1; }
+    return 0
+}
 
 echo "== device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,utilization.gpu,memory.used \
     --format=csv 2>&1 | tee "$LOG/device.txt"
 
-tests_rc=0
-bench_rc=0
-: > "$LOG/tests.log"
-: > "$LOG/bench.log"
-for t in $TESTS; do
-    echo "== tests $t (TESSERA_GPU_TESTS=1)" | tee -a "$LOG/tests.log"
-    TESSERA_GPU_TESTS=1 "$BINDIR/$t" --test-threads=1 --nocapture --skip bench_ 2>&1 | tee -a "$LOG/tests.log"
-    rc=${PIPESTATUS[0]}; (( rc != 0 )) && tests_rc=$rc
-done
-for t in $TESTS; do
-    echo "== benchmarks $t (TESSERA_GPU_BENCH=1)" | tee -a "$LOG/bench.log"
-    TESSERA_GPU_BENCH=1 "$BINDIR/$t" --test-threads=1 --nocapture bench_ 2>&1 | tee -a "$LOG/bench.log"
-    rc=${PIPESTATUS[0]}; (( rc != 0 )) && bench_rc=$rc
-done
+if [[ " $STAGES " == *" kernels "* ]]; then
+    : > "$LOG/kernels.log"
+    for t in $KERNEL_TESTS; do
+        run "kernel tests $t" "$LOG/kernels.log" env TESSERA_GPU_TESTS=1 "$BIN/$t" --test-threads=1 --skip bench_
+    done
+    for t in $KERNEL_TESTS; do
+        run "kernel benchmarks $t" "$LOG/kernels.log" env TESSERA_GPU_BENCH=1 "$BIN/$t" --test-threads=1 --nocapture bench_
+    done
+    run "peer: PyTorch bf16 GEMM" "$LOG/kernels.log" python3 bench/gpu/torch_gemm.py
+fi
 
-echo "== peer: PyTorch bf16 GEMM at the same shapes"
-python3 bench/gpu/torch_gemm.py 2>&1 | tee "$LOG/torch.log"
+if [[ " $STAGES " == *" model "* ]]; then
+    : > "$LOG/model.log"
+    # part-a arrives in an earlier call (carry .gpumodel; that call copies it to /tmp).
+    [[ -f .gpumodel/part-a ]] && cp .gpumodel/part-a /tmp/part-a
+    if [[ -f /tmp/part-a && -f .gpu/part-b ]]; then
+        cat /tmp/part-a .gpu/part-b > /tmp/smollm2.gguf
+        echo "$(cat .gpu/model.sha256)  /tmp/smollm2.gguf" | sha256sum -c - | tee -a "$LOG/model.log"
+        export TESSERA_MODEL_PATH=/tmp/smollm2.gguf
+    fi
+    run "PyTorch reference: random Qwen3" "$LOG/model.log" python3 bench/gpu/torch_qwen3_ref.py /tmp/qwen3-ref
+    run "model tests" "$LOG/model.log" env TESSERA_GPU_TESTS=1 TESSERA_TORCH_REF=/tmp/qwen3-ref \
+        "$BIN/cuda_model" --test-threads=1 --nocapture
+fi
+
+if [[ " $STAGES " == *" bench "* ]]; then
+    : > "$LOG/bench.log"
+    for shape in ${BENCH_SHAPES:-llama-3-8b-v49k llama-3.1-8b}; do
+        run "tessera bench --device cuda --synthetic $shape" "$LOG/bench.log" \
+            "$BIN/tessera" bench --device cuda --synthetic "$shape" ${BENCH_ARGS:-}
+    done
+fi
 
 echo
-echo "== summary"
-grep -E '^== |^test result:|FAILED|panicked' "$LOG/tests.log" "$LOG/bench.log" | sed 's/^/  /'
-grep -oE 'module .* compiled in .*|device NVIDIA.*' "$LOG/tests.log" | sed 's/^/  /'
-echo "  tests exit $tests_rc, benchmarks exit $bench_rc"
-echo
-echo "| op | shape | time | rate | bandwidth |"
-echo "|---|---|---|---|---|"
-grep -oE 'BENCH \|.*' "$LOG/bench.log" | sed 's/^BENCH //; s/$/ |/'
-grep -oE 'TORCH \|.*' "$LOG/torch.log" | sed 's/^TORCH | gemm/| torch gemm/; s/$/ |/'
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+echo "== summary ($STAGES)"
+cat "$LOG"/kernels.log "$LOG"/model.log 2>/dev/null | grep -E '^== |^test result:|FAILED|panicked|^!! |RESULT|TORCH' | sed 's/^/  /'
+[[ -f "$LOG/kernels.log" ]] && { echo "| op | shape | time | rate | bandwidth |"; echo "|---|---|---|---|---|";
+    grep -oE 'BENCH \|.*' "$LOG/kernels.log" | sed 's/^BENCH //; s/$/ |/'; }
+[[ -f "$LOG/bench.log" ]] && grep -E '^(#|\|)' "$LOG/bench.log"
+exit $rc_all

@@ -59,3 +59,35 @@ impl Logits {
         &mut self.data[start * self.vocab..(start + rows) * self.vocab]
     }
 }
+
+/// Rejects a batch that would index outside the vocabulary or the KV cache: every
+/// backend calls this before touching memory, so bad ids are an error, never a wild read.
+pub fn validate_chunks(
+    chunks: &[SeqChunk],
+    vocab: usize,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<(), crate::error::WorkerError> {
+    use crate::error::WorkerError;
+    for (i, s) in chunks.iter().enumerate() {
+        if s.tokens.is_empty() {
+            return Err(WorkerError::InvalidBatch(format!("chunk {i} has no tokens")));
+        }
+        if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(WorkerError::InvalidBatch(format!(
+                "chunk {i}: token id {t} outside the vocabulary of {vocab}"
+            )));
+        }
+        let end = s.first_pos + s.tokens.len();
+        if s.block_table.len() * block_size < end {
+            return Err(WorkerError::InvalidBatch(format!(
+                "chunk {i}: block table covers {} positions, {end} needed",
+                s.block_table.len() * block_size
+            )));
+        }
+        if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(WorkerError::InvalidBatch(format!("chunk {i}: block id {b} >= {num_blocks}")));
+        }
+    }
+    Ok(())
+}

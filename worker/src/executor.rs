@@ -8,10 +8,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use crate::backend::Backend;
 use crate::batch::{LogitsWanted, SeqChunk};
 use crate::error::WorkerError;
-use crate::kv_cache::KvCache;
-use crate::llama::LlamaModel;
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 
 /// A sequence the executor has not seen before.
@@ -64,27 +63,25 @@ struct SeqState {
 
 /// A loaded model with its KV memory and live sequences.
 pub struct Executor {
-    model: LlamaModel,
-    kv: KvCache,
+    backend: Backend,
     seqs: HashMap<u64, SeqState>,
 }
 
 impl Executor {
-    pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
-        let kv = model.new_kv_cache(num_blocks, block_size);
-        Executor { model, kv, seqs: HashMap::new() }
+    pub fn new(backend: Backend) -> Self {
+        Executor { backend, seqs: HashMap::new() }
     }
 
-    pub fn model(&self) -> &LlamaModel {
-        &self.model
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.kv.num_blocks
+        self.backend.num_blocks()
     }
 
     pub fn block_size(&self) -> usize {
-        self.kv.block_size
+        self.backend.block_size()
     }
 
     /// Sequences with state on this worker.
@@ -132,7 +129,7 @@ impl Executor {
             });
         }
         let t0 = Instant::now();
-        let mut logits = self.model.forward(&chunks, &mut self.kv)?;
+        let mut logits = self.backend.forward(&chunks)?;
         let forward_us = t0.elapsed().as_micros() as u64;
 
         let t1 = Instant::now();

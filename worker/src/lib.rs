@@ -1,7 +1,9 @@
 //! The worker: loads a model's weights, keeps its KV cache and runs the forward pass
 //! through `tessera-kernels`, then samples the next tokens.
 
+pub mod backend;
 pub mod batch;
+pub mod cuda;
 pub mod error;
 pub mod executor;
 pub mod kv_cache;

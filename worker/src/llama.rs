@@ -188,7 +188,7 @@ impl LlamaModel {
     /// each chunk asked for.
     pub fn forward(&self, chunks: &[SeqChunk], kv: &mut KvCache) -> Result<Logits, WorkerError> {
         let c = &self.config;
-        self.check_batch(chunks, kv)?;
+        crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size)?;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_dim, kv_dim, ffn) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
         let t_total: usize = chunks.iter().map(|s| s.tokens.len()).sum();
@@ -298,31 +298,5 @@ impl LlamaModel {
             matmul::matmul(&mut data, &seln, picked.len(), &self.lm_head.weight())?;
         }
         Ok(Logits { vocab: c.vocab_size, data, spans })
-    }
-
-    /// Rejects a batch that would index outside the vocabulary or the KV cache.
-    fn check_batch(&self, chunks: &[SeqChunk], kv: &KvCache) -> Result<(), WorkerError> {
-        for (i, s) in chunks.iter().enumerate() {
-            if s.tokens.is_empty() {
-                return Err(WorkerError::InvalidBatch(format!("chunk {i} has no tokens")));
-            }
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-                return Err(WorkerError::InvalidBatch(format!(
-                    "chunk {i}: token id {t} outside the vocabulary of {}",
-                    self.config.vocab_size
-                )));
-            }
-            let end = s.first_pos + s.tokens.len();
-            if s.block_table.len() * kv.block_size < end {
-                return Err(WorkerError::InvalidBatch(format!(
-                    "chunk {i}: block table covers {} positions, {end} needed",
-                    s.block_table.len() * kv.block_size
-                )));
-            }
-            if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= kv.num_blocks) {
-                return Err(WorkerError::InvalidBatch(format!("chunk {i}: block id {b} >= {}", kv.num_blocks)));
-            }
-        }
-        Ok(())
     }
 }

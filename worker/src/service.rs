@@ -13,6 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::backend::Backend;
+use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions};
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
 use crate::kv_cache::KvCache;
 use crate::llama::LlamaModel;
@@ -21,10 +23,37 @@ use crate::sampling::SamplingParams;
 /// KV memory a CPU worker allocates when the load request leaves it to the worker.
 const DEFAULT_KV_BYTES: u64 = 1 << 30;
 
+/// Where a worker runs its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    #[default]
+    Cpu,
+    /// GPU ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+
+    /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?}: expected cpu, cuda or cuda:N")),
+        }
+    }
+}
+
 /// The service state: at most one loaded model.
 #[derive(Clone, Default)]
 pub struct WorkerService {
     state: Arc<Mutex<Option<Loaded>>>,
+    device: DeviceChoice,
 }
 
 struct Loaded {
@@ -37,15 +66,25 @@ impl WorkerService {
         Self::default()
     }
 
+    /// A service that loads models onto `device`.
+    pub fn on(device: DeviceChoice) -> Self {
+        WorkerService { state: Arc::default(), device }
+    }
+
     fn info(&self) -> pb::WorkerInfo {
         let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut info = pb::WorkerInfo {
-            device: "cpu".into(),
+            device: match self.device {
+                DeviceChoice::Cpu => "cpu".into(),
+                DeviceChoice::Cuda(_) => "cuda".into(),
+            },
             device_name: format!("cpu ({} threads)", rayon::current_num_threads()),
             ..Default::default()
         };
         if let Some(l) = guard.as_ref() {
-            let c = &l.exec.model().config;
+            let (kind, name) = l.exec.backend().device();
+            (info.device, info.device_name) = (kind.into(), name);
+            let c = l.exec.backend().config();
             info.model = l.name.clone();
             info.num_blocks = l.exec.num_blocks() as u32;
             info.block_size = l.exec.block_size() as u32;
@@ -56,30 +95,55 @@ impl WorkerService {
     }
 }
 
-fn load(req: &pb::LoadRequest) -> Result<Loaded, Status> {
+fn load(req: &pb::LoadRequest, device: DeviceChoice) -> Result<Loaded, Status> {
     let path = PathBuf::from(&req.model_path);
     let files =
         ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
-    let model = LlamaModel::load(Arc::new(files)).map_err(|e| Status::invalid_argument(e.to_string()))?;
     if let Some(s) = &req.shard {
         if s.tp_size > 1 || s.pp_size > 1 {
             return Err(Status::unimplemented("tensor and pipeline parallel shards are not supported yet"));
         }
     }
     let block_size = if req.block_size == 0 { 16 } else { req.block_size as usize };
-    let c = &model.config;
-    let num_blocks = if req.num_blocks > 0 {
-        req.num_blocks as usize
-    } else {
-        let budget = if req.kv_memory_bytes > 0 { req.kv_memory_bytes } else { DEFAULT_KV_BYTES };
-        let per = KvCache::bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim) as u64;
-        (budget / per.max(1)) as usize
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let backend = match device {
+        DeviceChoice::Cpu => {
+            let model = LlamaModel::load(Arc::new(files)).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let c = &model.config;
+            let per = KvCache::bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim) as u64;
+            let num_blocks = blocks_for(req, per, DEFAULT_KV_BYTES)?;
+            Backend::cpu(model, num_blocks.unwrap_or(0), block_size)
+        }
+        DeviceChoice::Cuda(ordinal) => {
+            let config = files.config().map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let per = kv_bytes_per_block(&config, block_size) as u64;
+            // No budget given: the GPU backend sizes the cache from its free memory.
+            let num_blocks = blocks_for(req, per, 0)?;
+            let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
+            let model = CudaModel::load(&files, &opts).map_err(|e| Status::failed_precondition(e.to_string()))?;
+            Backend::Cuda(Box::new(model))
+        }
     };
-    if num_blocks == 0 {
+    if backend.num_blocks() == 0 {
         return Err(Status::invalid_argument("the KV memory budget holds no block"));
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(Loaded { name, exec: Executor::new(model, num_blocks, block_size) })
+    Ok(Loaded { name, exec: Executor::new(backend) })
+}
+
+/// KV blocks the request asks for: its count, or its budget (else `default_budget`; 0
+/// means "let the backend decide") over `per_block` bytes.
+fn blocks_for(req: &pb::LoadRequest, per_block: u64, default_budget: u64) -> Result<Option<usize>, Status> {
+    if req.num_blocks > 0 {
+        return Ok(Some(req.num_blocks as usize));
+    }
+    let budget = if req.kv_memory_bytes > 0 { req.kv_memory_bytes } else { default_budget };
+    if budget == 0 {
+        return Ok(None);
+    }
+    match (budget / per_block.max(1)) as usize {
+        0 => Err(Status::invalid_argument("the KV memory budget holds no block")),
+        n => Ok(Some(n)),
+    }
 }
 
 fn params_from(p: Option<pb::SamplingParams>) -> SamplingParams {
@@ -151,7 +215,8 @@ impl pb::worker_server::Worker for WorkerService {
     async fn load(&self, req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReply>, Status> {
         let req = req.into_inner();
         let t0 = Instant::now();
-        let loaded = tokio::task::spawn_blocking(move || load(&req))
+        let device = self.device;
+        let loaded = tokio::task::spawn_blocking(move || load(&req, device))
             .await
             .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
@@ -194,5 +259,20 @@ impl pb::worker_server::Worker for WorkerService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceChoice;
+
+    #[test]
+    fn device_choice_parses_cpu_and_cuda_ordinals() {
+        assert_eq!("cpu".parse::<DeviceChoice>(), Ok(DeviceChoice::Cpu));
+        assert_eq!("cuda".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(0)));
+        assert_eq!("cuda:3".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+            assert!(bad.parse::<DeviceChoice>().is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -5,6 +5,7 @@ mod common;
 
 use common::synthetic::{self, Family, TINY};
 use tessera_kernels::GgmlType;
+use tessera_worker::backend::Backend;
 use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
 use tessera_worker::llama::LlamaModel;
 use tessera_worker::sampling::{argmax, SamplingParams};
@@ -45,7 +46,7 @@ fn steps_with_deltas_reproduce_greedy_decoding() {
     let b = synthetic::tokens(TINY.vocab, 5, 2);
     let want_a = greedy_alone(&m, &a, 6);
     let want_b = greedy_alone(&m, &b, 6);
-    let mut ex = Executor::new(model(), 8, 4);
+    let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
     // Step 0: both prompts; a's table has 2 blocks, b's 2; more blocks are appended later.
     let out = ex
         .step(StepInput {
@@ -98,7 +99,7 @@ fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
     let m = model();
     let prompt = synthetic::tokens(TINY.vocab, 10, 3);
     let want = greedy_alone(&m, &prompt, 1);
-    let mut ex = Executor::new(model(), 8, 4);
+    let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
     // Sequence 1 computes the first 8 positions (blocks 2 and 4).
     ex.step(StepInput {
         new_sequences: vec![new_seq(1, vec![2, 4], vec![])],
@@ -119,7 +120,7 @@ fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
 
 #[test]
 fn malformed_steps_are_errors_and_leave_others_working() {
-    let mut ex = Executor::new(model(), 8, 4);
+    let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
     let run = |id, first_pos| Run { seq_id: id, tokens: vec![1, 2], first_pos, sample: true };
     assert!(ex.step(StepInput { runs: vec![run(9, 0)], ..Default::default() }).is_err(), "unknown sequence");
     ex.step(StepInput { new_sequences: vec![new_seq(1, vec![0, 1], vec![])], ..Default::default() }).expect("new");

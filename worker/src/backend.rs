@@ -1,0 +1,62 @@
+//! The forward-pass backends an executor can drive: the CPU model with its f32 KV cache,
+//! or a model on a GPU. Both take the same batch ([`SeqChunk`]s) and return the same
+//! [`Logits`], so the executor, the service and everything above them are unchanged.
+
+use tessera_model::config::ModelConfig;
+
+use crate::batch::{Logits, SeqChunk};
+use crate::cuda::CudaModel;
+use crate::error::WorkerError;
+use crate::kv_cache::KvCache;
+use crate::llama::LlamaModel;
+
+/// A loaded model with its KV memory.
+pub enum Backend {
+    Cpu { model: LlamaModel, kv: KvCache },
+    Cuda(Box<CudaModel>),
+}
+
+impl Backend {
+    /// The CPU model with a cache of `num_blocks` blocks of `block_size` positions.
+    pub fn cpu(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
+        let kv = model.new_kv_cache(num_blocks, block_size);
+        Backend::Cpu { model, kv }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Backend::Cpu { model, .. } => &model.config,
+            Backend::Cuda(m) => m.config(),
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        match self {
+            Backend::Cpu { kv, .. } => kv.num_blocks,
+            Backend::Cuda(m) => m.num_blocks(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        match self {
+            Backend::Cpu { kv, .. } => kv.block_size,
+            Backend::Cuda(m) => m.block_size(),
+        }
+    }
+
+    /// `("cpu" | "cuda", a description of the device)`.
+    pub fn device(&self) -> (&'static str, String) {
+        match self {
+            Backend::Cpu { .. } => ("cpu", format!("cpu ({} threads)", rayon::current_num_threads())),
+            Backend::Cuda(m) => ("cuda", format!("{} (GPU {})", m.device().name(), m.device().ordinal())),
+        }
+    }
+
+    /// Runs one step over `chunks`, writing their K/V, and returns the logits asked for.
+    pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
+        match self {
+            Backend::Cpu { model, kv } => model.forward(chunks, kv),
+            Backend::Cuda(m) => m.forward(chunks),
+        }
+    }
+}

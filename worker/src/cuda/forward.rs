@@ -1,0 +1,551 @@
+//! The Llama-family forward pass on the CUDA kernels, over a paged bf16 KV cache in GPU
+//! memory. Same batch semantics as the CPU model (`crate::llama`): all chunks' tokens are
+//! stacked into one `[T, hidden]` activation so every weight is streamed once per step;
+//! attention reads each sequence's own block table.
+//!
+//! Per layer: `add_rms_norm` (the previous sublayer's residual add fused with this norm),
+//! the q|k|v GEMM, `qkv_rope_write` (bias, Qwen3 QK-norm, RoPE, K/V into the cache, in one
+//! kernel), paged attention (split-KV decode when every chunk is one token, else the
+//! causal prefill kernel, which handles mixed batches), the o GEMM, `add_rms_norm`, the
+//! gate|up GEMM, SwiGLU, the down GEMM. The residual stream is bf16, as in HF's bf16
+//! models. Logits come out of the LM head GEMM in f32.
+//!
+//! Activations live in a [`Scratch`] sized for the step's token count and kept for reuse.
+//! Decode steps (one token per sequence, up to [`MAX_GRAPH_BATCH`] sequences) replay a
+//! CUDA graph captured at load for the next larger batch bucket: its inputs are fixed
+//! buffers overwritten before each replay (padding rows have context 0 and write no K/V),
+//! so such a step is a handful of host-to-device copies and one launch.
+
+use std::time::{Duration, Instant};
+
+use tessera_kernels::cpu::attention::PagedKv;
+use tessera_kernels::cuda::{bf16, Buf, DecodeWorkspace, Device, Graph, PagedBatch, QkvPrep};
+use tessera_model::config::ModelConfig;
+
+use crate::batch::{validate_chunks, Logits, SeqChunk};
+use crate::error::WorkerError;
+
+use super::greedy::GreedySampler;
+use super::weights::GpuWeights;
+
+/// Decode-attention scratch: (sequence, head, split) rows for this many sequence-splits
+/// per head (e.g. one sequence in 512 splits, or 64 in 8).
+const DECODE_SPLIT_ROWS: usize = 512;
+/// Activation sets kept for reuse (one per recent step size).
+const SCRATCH_KEPT: usize = 4;
+/// Decode batch sizes with a captured graph; a batch runs in the smallest that holds it.
+const GRAPH_BUCKETS: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256];
+/// The largest decode batch replayed from a graph; larger ones launch kernel by kernel.
+pub const MAX_GRAPH_BATCH: usize = 256;
+/// Longest context a graph serves (its block tables are this wide); longer sequences'
+/// steps launch kernel by kernel.
+const GRAPH_MAX_CONTEXT: usize = 8192;
+
+/// One layer's K and V caches, `[num_blocks, block_size, n_kv_heads, head_dim]` bf16.
+pub(crate) struct GpuKv {
+    pub k: Vec<Buf<bf16>>,
+    pub v: Vec<Buf<bf16>>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+/// Activations of a step of `t` tokens.
+pub(crate) struct Scratch {
+    t: usize,
+    /// Residual stream and its normalised copy, `[t, hidden]`.
+    x: Buf<bf16>,
+    xn: Buf<bf16>,
+    /// `[t, q + 2 kv]`.
+    qkv: Buf<bf16>,
+    /// Rotated queries and attention output, `[t, n_heads * head_dim]`.
+    q: Buf<bf16>,
+    attn: Buf<bf16>,
+    /// Sublayer output before its residual add, `[t, hidden]`.
+    out: Buf<bf16>,
+    /// `[t, 2 ffn]` and `[t, ffn]`.
+    gate_up: Buf<bf16>,
+    act: Buf<bf16>,
+}
+
+impl Scratch {
+    fn new(dev: &Device, c: &ModelConfig, t: usize) -> Result<Self, WorkerError> {
+        let (h, qd, kvd, ffn) =
+            (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        Ok(Scratch {
+            t,
+            x: dev.alloc(t * h)?,
+            xn: dev.alloc(t * h)?,
+            qkv: dev.alloc(t * (qd + 2 * kvd))?,
+            q: dev.alloc(t * qd)?,
+            attn: dev.alloc(t * qd)?,
+            out: dev.alloc(t * h)?,
+            gate_up: dev.alloc(t * 2 * ffn)?,
+            act: dev.alloc(t * ffn)?,
+        })
+    }
+
+    /// Device bytes per token of a scratch set.
+    pub(crate) fn bytes_per_token(c: &ModelConfig) -> usize {
+        let (h, qd, kvd, ffn) =
+            (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        2 * (3 * h + qd + 2 * kvd + 2 * qd + 3 * ffn)
+    }
+}
+
+/// The step's index data, uploaded once and read by the kernels of every layer.
+struct StepIndex {
+    ids: Buf<u32>,
+    positions: Buf<u32>,
+    slots: Buf<u32>,
+    block_tables: Buf<u32>,
+    max_blocks: usize,
+    context_lens: Buf<u32>,
+    /// Prefill only: `[num_seqs + 1]` query offsets.
+    cu_q: Option<Buf<u32>>,
+    max_context: usize,
+    max_q: usize,
+    /// `(first row, rows)` of the stacked batch whose logits are wanted, per chunk.
+    picked: Vec<(usize, usize)>,
+}
+
+/// Host copies of a graph's padded inputs (kept to avoid allocating per step).
+struct GraphHost {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    slots: Vec<u32>,
+    tables: Vec<u32>,
+    ctx: Vec<u32>,
+}
+
+/// A decode step of up to `b` sequences, captured: fixed inputs, activations and logits.
+struct DecodeGraph {
+    b: usize,
+    idx: StepIndex,
+    host: GraphHost,
+    /// The activations the graph reads and writes: owned here so they live as long as it.
+    _scratch: Scratch,
+    /// `[b, vocab]`.
+    logits: Buf<f32>,
+    graph: Graph,
+}
+
+impl StepIndex {
+    /// Fixed input buffers of a `b`-row decode graph with tables `max_blocks` wide, and the
+    /// host arrays that fill them.
+    fn fixed(dev: &Device, b: usize, max_blocks: usize, block_size: usize) -> Result<(Self, GraphHost), WorkerError> {
+        let host = GraphHost {
+            ids: vec![0; b],
+            positions: vec![0; b],
+            slots: vec![u32::MAX; b],
+            tables: vec![0; b * max_blocks],
+            ctx: vec![0; b],
+        };
+        let idx = StepIndex {
+            ids: dev.upload(&host.ids)?,
+            positions: dev.upload(&host.positions)?,
+            slots: dev.upload(&host.slots)?,
+            block_tables: dev.upload(&host.tables)?,
+            max_blocks,
+            context_lens: dev.upload(&host.ctx)?,
+            cu_q: None,
+            max_context: max_blocks * block_size,
+            max_q: 1,
+            picked: (0..b).map(|i| (i, 1)).collect(),
+        };
+        Ok((idx, host))
+    }
+
+    /// Writes a decode batch (one token per chunk, `chunks.len() <= b`) into a graph's
+    /// inputs; rows past the batch are padding.
+    fn refill(
+        &mut self,
+        dev: &Device,
+        host: &mut GraphHost,
+        chunks: &[SeqChunk],
+        block_size: usize,
+    ) -> Result<(), WorkerError> {
+        let mb = self.max_blocks;
+        host.ids.fill(0);
+        host.positions.fill(0);
+        host.slots.fill(u32::MAX);
+        host.ctx.fill(0);
+        for (i, s) in chunks.iter().enumerate() {
+            let p = s.first_pos;
+            host.ids[i] = s.tokens[0];
+            host.positions[i] = p as u32;
+            host.slots[i] = s.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32;
+            host.ctx[i] = (p + 1) as u32;
+            let used = (p + 1).div_ceil(block_size);
+            host.tables[i * mb..i * mb + used].copy_from_slice(&s.block_table[..used]);
+        }
+        dev.write(&mut self.ids, &host.ids)?;
+        dev.write(&mut self.positions, &host.positions)?;
+        dev.write(&mut self.slots, &host.slots)?;
+        dev.write(&mut self.block_tables, &host.tables)?;
+        dev.write(&mut self.context_lens, &host.ctx)?;
+        Ok(())
+    }
+
+    fn build(dev: &Device, chunks: &[SeqChunk], block_size: usize) -> Result<Self, WorkerError> {
+        let t: usize = chunks.iter().map(|s| s.tokens.len()).sum();
+        let (mut ids, mut positions, mut slots) = (Vec::with_capacity(t), Vec::with_capacity(t), Vec::with_capacity(t));
+        let max_blocks = chunks.iter().map(|s| (s.first_pos + s.tokens.len()).div_ceil(block_size)).max().unwrap_or(1);
+        let mut tables = vec![0u32; chunks.len() * max_blocks];
+        let (mut ctx, mut cu_q) = (Vec::with_capacity(chunks.len()), Vec::with_capacity(chunks.len() + 1));
+        let mut picked = Vec::with_capacity(chunks.len());
+        let (mut row, mut max_q) = (0usize, 0usize);
+        cu_q.push(0u32);
+        for (i, s) in chunks.iter().enumerate() {
+            let n = s.tokens.len();
+            ids.extend_from_slice(s.tokens);
+            for p in s.first_pos..s.first_pos + n {
+                positions.push(p as u32);
+                slots.push(s.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32);
+            }
+            let used = (s.first_pos + n).div_ceil(block_size);
+            tables[i * max_blocks..i * max_blocks + used].copy_from_slice(&s.block_table[..used]);
+            ctx.push((s.first_pos + n) as u32);
+            row += n;
+            cu_q.push(row as u32);
+            max_q = max_q.max(n);
+            let rows = s.logits.rows(n);
+            picked.push((row - rows, rows));
+        }
+        let all_decode = max_q == 1;
+        Ok(StepIndex {
+            ids: dev.upload(&ids)?,
+            positions: dev.upload(&positions)?,
+            slots: dev.upload(&slots)?,
+            block_tables: dev.upload(&tables)?,
+            max_blocks,
+            max_context: ctx.iter().copied().max().unwrap_or(0) as usize,
+            context_lens: dev.upload(&ctx)?,
+            cu_q: if all_decode { None } else { Some(dev.upload(&cu_q)?) },
+            max_q,
+            picked,
+        })
+    }
+}
+
+/// Host time of the last step: `prep` (validation, index building, uploads: the GPU has
+/// nothing of this step to run yet) and `enqueue` (launching the kernels or the graph; the
+/// GPU runs them meanwhile). Their sum is the CPU cost of a step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTiming {
+    pub prep: Duration,
+    pub enqueue: Duration,
+    /// Whether the step replayed a captured graph.
+    pub graph: bool,
+}
+
+/// A step's logits on the device: the first `rows` rows of `buf` (`[padded rows, vocab]`
+/// f32; a graph's padding rows follow them) and each chunk's (first row, rows).
+pub struct DeviceLogits<'a> {
+    pub buf: &'a mut Buf<f32>,
+    pub rows: usize,
+    pub spans: Vec<(usize, usize)>,
+}
+
+/// What every step reads: the device, the config and the weights.
+struct Core {
+    dev: Device,
+    config: ModelConfig,
+    w: GpuWeights,
+}
+
+/// A model on one GPU with its KV cache: the CUDA backend of the executor.
+pub struct CudaModel {
+    core: Core,
+    kv: GpuKv,
+    decode_ws: DecodeWorkspace,
+    scratch: Vec<Scratch>,
+    /// Logits of the last step run kernel by kernel.
+    eager_logits: Option<Buf<f32>>,
+    graphs: Vec<DecodeGraph>,
+    timing: StepTiming,
+}
+
+impl CudaModel {
+    pub(crate) fn new(
+        dev: Device,
+        config: ModelConfig,
+        w: GpuWeights,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, WorkerError> {
+        let c = &config;
+        let per_layer = num_blocks * block_size * c.num_kv_heads * c.head_dim;
+        let mut kv = GpuKv { k: Vec::new(), v: Vec::new(), num_blocks, block_size };
+        for _ in 0..c.num_layers {
+            kv.k.push(dev.alloc(per_layer)?);
+            kv.v.push(dev.alloc(per_layer)?);
+        }
+        let decode_ws = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
+        Ok(CudaModel {
+            core: Core { dev, config, w },
+            kv,
+            decode_ws,
+            scratch: Vec::new(),
+            eager_logits: None,
+            graphs: Vec::new(),
+            timing: StepTiming::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.core.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.core.dev
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.kv.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+
+    /// Host time of the last [`CudaModel::forward_device`].
+    pub fn last_step_timing(&self) -> StepTiming {
+        self.timing
+    }
+
+    /// Batch sizes with a captured decode graph.
+    pub fn graph_batches(&self) -> Vec<usize> {
+        self.graphs.iter().map(|g| g.b).collect()
+    }
+
+    /// Captures the decode graphs of every bucket up to `max_batch` (at load: a few
+    /// hundred ms). Capturing only records; a replay writes K/V only for real rows.
+    pub fn capture_decode_graphs(&mut self, max_batch: usize) -> Result<(), WorkerError> {
+        let bs = self.kv.block_size;
+        let max_ctx = GRAPH_MAX_CONTEXT.min(self.core.config.max_position.max(1));
+        let max_blocks = max_ctx.div_ceil(bs);
+        self.graphs.clear();
+        for &b in GRAPH_BUCKETS.iter().filter(|&&b| b <= max_batch.min(MAX_GRAPH_BATCH)) {
+            let (idx, host) = StepIndex::fixed(&self.core.dev, b, max_blocks, bs)?;
+            let mut scratch = Scratch::new(&self.core.dev, &self.core.config, b)?;
+            let mut logits = self.core.dev.alloc::<f32>(b * self.core.config.vocab_size)?;
+            // One eager run first: creates the GEMM plans (host work) outside the capture.
+            run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut scratch, &idx)?;
+            lm_head(&self.core, &scratch, &idx, &mut logits)?;
+            self.core.dev.synchronize()?;
+            let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.decode_ws);
+            let graph = core.dev.capture(|| {
+                run_layers(core, kv, ws, &mut scratch, &idx).map_err(into_kernel)?;
+                lm_head(core, &scratch, &idx, &mut logits).map_err(into_kernel)
+            })?;
+            self.graphs.push(DecodeGraph { b, idx, host, _scratch: scratch, logits, graph });
+        }
+        Ok(())
+    }
+
+    /// Takes the scratch set for `t` tokens out of the pool (allocating it when new).
+    fn take_scratch(&mut self, t: usize) -> Result<Scratch, WorkerError> {
+        match self.scratch.iter().position(|s| s.t == t) {
+            Some(i) => Ok(self.scratch.remove(i)),
+            None => Scratch::new(&self.core.dev, &self.core.config, t),
+        }
+    }
+
+    fn put_scratch(&mut self, s: Scratch) {
+        if self.scratch.len() >= SCRATCH_KEPT {
+            self.scratch.remove(0);
+        }
+        self.scratch.push(s);
+    }
+
+    /// Runs one step and returns the logits each chunk asked for, on the host.
+    pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
+        let vocab = self.core.config.vocab_size;
+        let (graph, rows, spans) = self.step(chunks)?;
+        let buf = match graph {
+            Some(g) => &self.graphs[g].logits,
+            None => self.eager_logits.as_ref().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
+        };
+        let mut data = self.core.dev.download(buf)?;
+        data.truncate(rows * vocab);
+        Ok(Logits { vocab, data, spans })
+    }
+
+    /// Runs one step, leaving the wanted logits on the device.
+    pub fn forward_device(&mut self, chunks: &[SeqChunk]) -> Result<DeviceLogits<'_>, WorkerError> {
+        let (graph, rows, spans) = self.step(chunks)?;
+        let buf = match graph {
+            Some(g) => &mut self.graphs[g].logits,
+            None => self.eager_logits.as_mut().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
+        };
+        Ok(DeviceLogits { buf, rows, spans })
+    }
+
+    /// Runs one step and takes the argmax of each wanted row on the GPU (only the token
+    /// ids come back to the host). `sampler` is (re)made for the step's padded row count.
+    pub fn forward_greedy(
+        &mut self,
+        chunks: &[SeqChunk],
+        sampler: &mut Option<GreedySampler>,
+    ) -> Result<Vec<u32>, WorkerError> {
+        let (graph, rows, _) = self.step(chunks)?;
+        let buf = match graph {
+            Some(g) => &mut self.graphs[g].logits,
+            None => self.eager_logits.as_mut().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
+        };
+        let vocab = self.core.config.vocab_size;
+        let padded = buf.len() / vocab;
+        let s = match sampler {
+            Some(s) if s.rows() == padded => s,
+            _ => sampler.insert(GreedySampler::new(&self.core.dev, padded)?),
+        };
+        let mut tokens = s.sample(&self.core.dev, buf, vocab)?;
+        tokens.truncate(rows);
+        Ok(tokens)
+    }
+
+    /// Runs one step: the graph whose logits buffer holds the result (`None`: the eager
+    /// one), the wanted rows and each chunk's span.
+    #[allow(clippy::type_complexity)]
+    fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
+        let t0 = Instant::now();
+        let c = &self.core.config;
+        validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size)?;
+        let bs = self.kv.block_size;
+        let decode = chunks.iter().all(|s| s.tokens.len() == 1);
+        let graph = if decode { self.graphs.iter().position(|g| g.b >= chunks.len()) } else { None };
+        let graph = graph.filter(|&g| {
+            let mb = self.graphs[g].idx.max_blocks;
+            chunks.iter().all(|s| (s.first_pos + 1).div_ceil(bs) <= mb)
+        });
+        if let Some(g) = graph {
+            let dg = &mut self.graphs[g];
+            dg.idx.refill(&self.core.dev, &mut dg.host, chunks, bs)?;
+            let t1 = Instant::now();
+            self.core.dev.launch_graph(&dg.graph)?;
+            self.timing = StepTiming { prep: t1 - t0, enqueue: t1.elapsed(), graph: true };
+            let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
+            return Ok((Some(g), chunks.len(), spans));
+        }
+        let t: usize = chunks.iter().map(|s| s.tokens.len()).sum();
+        let idx = StepIndex::build(&self.core.dev, chunks, bs)?;
+        let mut s = self.take_scratch(t)?;
+        let rows: usize = idx.picked.iter().map(|p| p.1).sum();
+        let mut spans = Vec::with_capacity(idx.picked.len());
+        let mut at = 0;
+        for &(_, n) in &idx.picked {
+            spans.push((at, n));
+            at += n;
+        }
+        let vocab = self.core.config.vocab_size;
+        let mut logits = match self.eager_logits.take() {
+            Some(l) if l.len() == rows * vocab => l,
+            _ => self.core.dev.alloc::<f32>(rows * vocab)?,
+        };
+        let t1 = Instant::now();
+        let r = run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut s, &idx);
+        let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits));
+        self.put_scratch(s);
+        self.timing = StepTiming { prep: t1 - t0, enqueue: t1.elapsed(), graph: false };
+        self.eager_logits = Some(logits);
+        r?;
+        Ok((None, rows, spans))
+    }
+}
+
+/// Graph capture needs a `KernelError`; a forward error inside it is one already, or a
+/// batch problem that cannot happen for the fixed inputs.
+fn into_kernel(e: WorkerError) -> tessera_kernels::KernelError {
+    match e {
+        WorkerError::Kernel(k) => k,
+        other => tessera_kernels::KernelError::Device { op: "cuda_forward", detail: other.to_string() },
+    }
+}
+
+/// Every decoder layer and the final norm over `s.t` tokens, K/V into `kv`.
+fn run_layers(
+    core: &Core,
+    kv: &mut GpuKv,
+    decode_ws: &mut DecodeWorkspace,
+    s: &mut Scratch,
+    idx: &StepIndex,
+) -> Result<(), WorkerError> {
+    let (dev, w, c) = (&core.dev, &core.w, &core.config);
+    let (h, hd, ffn, t) = (c.hidden_size, c.head_dim, c.intermediate_size, s.t);
+    let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
+    let eps = c.rms_norm_eps;
+    let cache = PagedKv { block_size: kv.block_size, n_kv_heads: c.num_kv_heads, head_dim: hd };
+    let scale = 1.0 / (hd as f32).sqrt();
+    dev.embedding(&mut s.x, &w.embed, &idx.ids, h)?;
+    for (li, l) in w.layers.iter().enumerate() {
+        if li == 0 {
+            dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
+        } else {
+            dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.attn_norm, t, eps)?;
+        }
+        dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
+        let prep = QkvPrep {
+            qkv: &s.qkv,
+            n_tokens: t,
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: hd,
+            bias: l.qkv_bias.as_ref(),
+            qk_norm: l.qk_norm.as_ref().map(|(a, b)| (a, b)),
+            eps,
+            positions: &idx.positions,
+            rope: &w.rope,
+            style: w.rope_style,
+            slots: &idx.slots,
+        };
+        dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
+        let batch = PagedBatch {
+            cache,
+            k_cache: &kv.k[li],
+            v_cache: &kv.v[li],
+            block_tables: &idx.block_tables,
+            max_blocks: idx.max_blocks,
+            context_lens: &idx.context_lens,
+        };
+        match &idx.cu_q {
+            None => {
+                let ws = Some(&mut *decode_ws);
+                dev.paged_decode_attention(&mut s.attn, &s.q, &batch, c.num_heads, scale, idx.max_context, None, ws)?;
+            }
+            Some(cu_q) => {
+                dev.paged_prefill_attention(&mut s.attn, &s.q, &batch, cu_q, idx.max_q, c.num_heads, scale)?;
+            }
+        }
+        dev.matmul(&mut s.out, &s.attn, t, &l.o, h, qd)?;
+        dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.ffn_norm, t, eps)?;
+        dev.matmul(&mut s.gate_up, &s.xn, t, &l.gate_up, 2 * ffn, h)?;
+        dev.silu_mul_packed(&mut s.act, &s.gate_up, t)?;
+        dev.matmul(&mut s.out, &s.act, t, &l.down, h, ffn)?;
+    }
+    dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &w.norm, t, eps)?;
+    Ok(())
+}
+
+/// The LM head over the wanted rows of the final normalised activations, into `logits`
+/// (`[wanted rows, vocab]`).
+fn lm_head(core: &Core, s: &Scratch, idx: &StepIndex, logits: &mut Buf<f32>) -> Result<(), WorkerError> {
+    let (dev, c) = (&core.dev, &core.config);
+    let (h, vocab) = (c.hidden_size, c.vocab_size);
+    let rows: usize = idx.picked.iter().map(|p| p.1).sum();
+    let head = core.w.lm_head.as_ref().unwrap_or(&core.w.embed);
+    if rows == 0 {
+        return Ok(());
+    }
+    if rows == s.t {
+        dev.matmul_f32(logits, &s.xn, rows, head, vocab, h)?;
+    } else {
+        let mut sel = dev.alloc::<bf16>(rows * h)?;
+        let mut at = 0;
+        for &(first, n) in &idx.picked {
+            dev.copy_rows(&mut sel, at, &s.xn, first, n, h)?;
+            at += n;
+        }
+        dev.matmul_f32(logits, &sel, rows, head, vocab, h)?;
+    }
+    Ok(())
+}

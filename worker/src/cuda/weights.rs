@@ -1,0 +1,209 @@
+//! A model's weights on the GPU, bf16: read from a model file (GGUF types dequantised on
+//! the host, safetensors bf16 copied as is) or generated on the device for `--synthetic`.
+//!
+//! Projections computed together are stored stacked, as one GEMM operand: q|k|v rows
+//! (`[(n_heads + 2 n_kv) * head_dim, hidden]`) and gate|up rows (`[2 * ffn, hidden]`, gate
+//! first, the layout `silu_mul_packed` reads).
+
+use rayon::prelude::*;
+
+use tessera_kernels::cpu::rope::{Llama3Scaling, RopeParams, RopeStyle};
+use tessera_kernels::cuda::{bf16, Buf, Device, RopeCache};
+use tessera_model::config::{self, ModelConfig};
+use tessera_model::weights::ModelFiles;
+
+use crate::error::WorkerError;
+
+/// One decoder layer's tensors.
+pub(crate) struct GpuLayer {
+    pub attn_norm: Buf<bf16>,
+    pub qkv: Buf<bf16>,
+    /// Qwen2: the q|k|v bias, `[(n_heads + 2 n_kv) * head_dim]`.
+    pub qkv_bias: Option<Buf<bf16>>,
+    /// Qwen3: per-head RMSNorm weights of q and k, `[head_dim]` each.
+    pub qk_norm: Option<(Buf<bf16>, Buf<bf16>)>,
+    pub o: Buf<bf16>,
+    pub ffn_norm: Buf<bf16>,
+    pub gate_up: Buf<bf16>,
+    pub down: Buf<bf16>,
+}
+
+/// Every tensor of the model, on one device.
+pub(crate) struct GpuWeights {
+    /// `[vocab, hidden]`.
+    pub embed: Buf<bf16>,
+    /// `[vocab, hidden]`; `None` when tied to `embed`.
+    pub lm_head: Option<Buf<bf16>>,
+    pub norm: Buf<bf16>,
+    pub layers: Vec<GpuLayer>,
+    pub rope: RopeCache,
+    pub rope_style: RopeStyle,
+}
+
+/// The RoPE of `c`: Llama-3 scaling from the HF config, or GGUF's precomputed
+/// `rope_freqs.weight` factors when the file has them.
+pub(crate) fn rope_params(c: &ModelConfig, freq_factors: Option<Vec<f32>>) -> Result<RopeParams, WorkerError> {
+    Ok(RopeParams::new(
+        c.head_dim,
+        c.rope_theta,
+        c.rope_scaling.as_ref().map(|s| Llama3Scaling {
+            factor: s.factor,
+            low_freq_factor: s.low_freq_factor,
+            high_freq_factor: s.high_freq_factor,
+            original_max_position: s.original_max_position,
+        }),
+        freq_factors,
+    )?)
+}
+
+pub(crate) fn rope_style(c: &ModelConfig) -> RopeStyle {
+    match c.rope_style {
+        config::RopeStyle::Interleaved => RopeStyle::Interleaved,
+        config::RopeStyle::Neox => RopeStyle::Neox,
+    }
+}
+
+/// Positions the RoPE table covers: the model's context, at most 128k (its memory is
+/// `positions * head_dim * 4` bytes).
+fn rope_positions(c: &ModelConfig) -> usize {
+    c.max_position.clamp(1, 131072)
+}
+
+/// Reads tensors from a file, converting to bf16 on the host.
+struct FileReader<'a> {
+    files: &'a ModelFiles,
+}
+
+impl FileReader<'_> {
+    /// Tensor `name` as bf16, checked to hold `rows x cols` values.
+    fn host(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<bf16>, WorkerError> {
+        let v = self.files.tensor(name)?;
+        if v.rows * v.cols != rows * cols || (rows > 1 && (v.rows != rows || v.cols != cols)) {
+            return Err(WorkerError::TensorShape {
+                name: name.to_string(),
+                expected: format!("[{rows}, {cols}]"),
+                found: format!("[{}, {}]", v.rows, v.cols),
+            });
+        }
+        let (ty, vcols) = (v.ty, v.cols);
+        let row_bytes = ty.bytes_for(vcols).ok_or_else(|| WorkerError::TensorShape {
+            name: name.to_string(),
+            expected: format!("rows of whole {ty} blocks"),
+            found: format!("{vcols} columns"),
+        })?;
+        let mut out = vec![bf16::ZERO; v.rows * vcols];
+        out.par_chunks_mut(vcols).zip(v.data.par_chunks(row_bytes)).try_for_each_init(
+            || vec![0f32; vcols],
+            |tmp, (dst, src)| -> Result<(), WorkerError> {
+                tessera_kernels::quant::dequantize_row(ty, src, tmp)?;
+                for (d, &s) in dst.iter_mut().zip(tmp.iter()) {
+                    *d = bf16::from_f32(s);
+                }
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+
+    fn upload(&self, dev: &Device, name: &str, rows: usize, cols: usize) -> Result<Buf<bf16>, WorkerError> {
+        Ok(dev.upload(&self.host(name, rows, cols)?)?)
+    }
+
+    /// The tensors stacked row-wise in one upload.
+    fn stacked(&self, dev: &Device, parts: &[(String, usize)], cols: usize) -> Result<Buf<bf16>, WorkerError> {
+        let mut all = Vec::with_capacity(parts.iter().map(|p| p.1).sum::<usize>() * cols);
+        for (name, rows) in parts {
+            all.extend(self.host(name, *rows, cols)?);
+        }
+        Ok(dev.upload(&all)?)
+    }
+}
+
+impl GpuWeights {
+    /// Uploads every tensor `c` calls for from `files`.
+    pub(crate) fn load(dev: &Device, c: &ModelConfig, files: &ModelFiles) -> Result<Self, WorkerError> {
+        let r = FileReader { files };
+        let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let embed = r.upload(dev, "token_embd.weight", c.vocab_size, h)?;
+        let lm_head = if files.has_tensor("output.weight") {
+            Some(r.upload(dev, "output.weight", c.vocab_size, h)?)
+        } else {
+            None
+        };
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let qkv_bias = if c.qkv_bias {
+                let mut b = r.host(&n("attn_q.bias"), 1, q_dim)?;
+                b.extend(r.host(&n("attn_k.bias"), 1, kv_dim)?);
+                b.extend(r.host(&n("attn_v.bias"), 1, kv_dim)?);
+                Some(dev.upload(&b)?)
+            } else {
+                None
+            };
+            let qk_norm = if c.qk_norm {
+                Some((r.upload(dev, &n("attn_q_norm.weight"), 1, hd)?, r.upload(dev, &n("attn_k_norm.weight"), 1, hd)?))
+            } else {
+                None
+            };
+            layers.push(GpuLayer {
+                attn_norm: r.upload(dev, &n("attn_norm.weight"), 1, h)?,
+                qkv: r.stacked(
+                    dev,
+                    &[(n("attn_q.weight"), q_dim), (n("attn_k.weight"), kv_dim), (n("attn_v.weight"), kv_dim)],
+                    h,
+                )?,
+                qkv_bias,
+                qk_norm,
+                o: r.upload(dev, &n("attn_output.weight"), h, q_dim)?,
+                ffn_norm: r.upload(dev, &n("ffn_norm.weight"), 1, h)?,
+                gate_up: r.stacked(dev, &[(n("ffn_gate.weight"), ffn), (n("ffn_up.weight"), ffn)], h)?,
+                down: r.upload(dev, &n("ffn_down.weight"), h, ffn)?,
+            });
+        }
+        let norm = r.upload(dev, "output_norm.weight", 1, h)?;
+        let freq = if files.has_tensor("rope_freqs.weight") {
+            Some(r.host("rope_freqs.weight", 1, hd / 2)?.iter().map(|v| v.to_f32()).collect())
+        } else {
+            None
+        };
+        let rope = dev.rope_cache(&rope_params(c, freq)?, rope_positions(c))?;
+        Ok(GpuWeights { embed, lm_head, norm, layers, rope, rope_style: rope_style(c) })
+    }
+
+    /// Random weights of shape `c`, generated on the device from `seed`: matrices uniform
+    /// with the standard deviation 0.02 of HF's initialiser, norm weights near 1, so
+    /// activations stay in a realistic range through every layer.
+    pub(crate) fn synthetic(dev: &Device, c: &ModelConfig, seed: u64) -> Result<Self, WorkerError> {
+        let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let a = 0.02 * 3f32.sqrt();
+        let mut next = seed;
+        let mut rand = |len: usize, lo: f32, hi: f32| -> Result<Buf<bf16>, WorkerError> {
+            let mut b = dev.alloc::<bf16>(len)?;
+            next = next.wrapping_add(1);
+            dev.fill_uniform(&mut b, next, lo, hi)?;
+            Ok(b)
+        };
+        let embed = rand(c.vocab_size * h, -a, a)?;
+        let lm_head = if c.tie_embeddings { None } else { Some(rand(c.vocab_size * h, -a, a)?) };
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            layers.push(GpuLayer {
+                attn_norm: rand(h, 0.9, 1.1)?,
+                qkv: rand((q_dim + 2 * kv_dim) * h, -a, a)?,
+                qkv_bias: if c.qkv_bias { Some(rand(q_dim + 2 * kv_dim, -0.1, 0.1)?) } else { None },
+                qk_norm: if c.qk_norm { Some((rand(hd, 0.9, 1.1)?, rand(hd, 0.9, 1.1)?)) } else { None },
+                o: rand(h * q_dim, -a, a)?,
+                ffn_norm: rand(h, 0.9, 1.1)?,
+                gate_up: rand(2 * ffn * h, -a, a)?,
+                down: rand(h * ffn, -a, a)?,
+            });
+        }
+        let norm = rand(h, 0.9, 1.1)?;
+        let rope = dev.rope_cache(&rope_params(c, None)?, rope_positions(c))?;
+        dev.synchronize()?;
+        Ok(GpuWeights { embed, lm_head, norm, layers, rope, rope_style: rope_style(c) })
+    }
+}
