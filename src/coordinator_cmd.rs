@@ -29,7 +29,8 @@ pub struct CoordinatorArgs {
     /// Positions per KV block.
     #[arg(long, env = "TESSERA_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: u32,
-    /// KV memory per worker in MiB (the worker sizes its block pool from it).
+    /// KV memory per worker in MiB (the worker sizes its block pool from it); 0 lets each
+    /// worker decide (1 GiB on a CPU, most of the free memory on a GPU).
     #[arg(long, env = "TESSERA_KV_MEMORY_MIB", default_value_t = 1024)]
     pub kv_memory_mib: u64,
     /// Most sequences running at once per replica.

@@ -14,7 +14,12 @@ mod worker_cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "tessera", version, about = "An LLM serving cluster for the Llama/Qwen family")]
+#[command(
+    name = "tessera",
+    version,
+    about = "An LLM serving cluster for the Llama/Qwen family",
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use tessera_worker::service::DeviceChoice;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -30,6 +31,11 @@ pub struct ServeArgs {
     /// CPU threads per worker (default: cores / workers).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
+    /// Where the workers run: `cpu`, or `cuda` / `cuda:N` (worker i on GPU N + i; the KV
+    /// cache then takes most of each GPU's free memory and the batch limits grow to GPU
+    /// sizes unless --coordinator-args sets them).
+    #[arg(long, env = "TESSERA_DEVICE", default_value = "cpu")]
+    pub device: tessera_worker::service::DeviceChoice,
     /// Extra flags passed to the coordinator (e.g. "--max-waiting 8").
     #[arg(long, env = "TESSERA_COORDINATOR_ARGS", default_value = "", allow_hyphen_values = true)]
     pub coordinator_args: String,
@@ -84,6 +90,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         for i in 0..args.workers {
             let mut cmd = Command::new(&exe);
             cmd.args(["worker", "--listen", "127.0.0.1:0", "--threads", &threads.to_string()]);
+            if let DeviceChoice::Cuda(first) = args.device {
+                cmd.args(["--device", &format!("cuda:{}", first + i)]);
+            }
             let (child, addr) = start(&format!("worker {i}"), cmd, Duration::from_secs(30)).await?;
             children.push((format!("worker {i}"), child));
             worker_addrs.push(addr);
@@ -91,8 +100,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let mut cmd = Command::new(&exe);
         cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--workers", &worker_addrs.join(",")])
             .arg("--model")
-            .arg(&model)
-            .args(split_args(&args.coordinator_args));
+            .arg(&model);
+        if matches!(args.device, DeviceChoice::Cuda(_)) {
+            // GPU sizes first; flags given in --coordinator-args come later and win.
+            cmd.args(["--kv-memory-mib", "0", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192"]);
+        }
+        cmd.args(split_args(&args.coordinator_args));
         let (child, coord_addr) = start("coordinator", cmd, Duration::from_secs(300)).await?;
         children.push(("coordinator".into(), child));
         let mut cmd = Command::new(&exe);

@@ -6,6 +6,8 @@
 #                                   #   kernels  - kernel tests vs CPU references, then micro-benchmarks
 #                                   #   model    - CUDA backend end to end (SmolLM2 vs llama.cpp / CPU,
 #                                   #              batching, bad input; random Qwen3 vs PyTorch)
+#                                   #   serve    - `tessera serve --device cuda` end to end (bench/gpu/serve_check.py)
+#                                   #              and loadgen at 1/16/64 sessions
 #                                   #   bench    - `tessera bench --device cuda` on synthetic 8B shapes
 #
 # The device machine has no Rust: `prepare` builds the kernel tests (tessera-kernels/tests/cuda_*.rs),
@@ -49,7 +51,7 @@ if [[ "${1:-}" == prepare ]]; then
     exit 0
 fi
 
-STAGES=${*:-kernels model bench}
+STAGES=${*:-kernels model serve bench}
 LOG=${OUT:-/tmp}
 BIN=/tmp/tessera-gpu-bin
 mkdir -p "$BIN"
@@ -65,6 +67,14 @@ run() { # label logfile command...
     (( rc != 0 )) && { echo "!! $label exited $rc" | tee -a "$log"; rc_all=1; }
     return 0
 }
+
+# part-a arrives in an earlier call (carry .gpumodel; that call copies it to /tmp).
+[[ -f .gpumodel/part-a ]] && cp .gpumodel/part-a /tmp/part-a
+if [[ -f /tmp/part-a && -f .gpu/part-b ]]; then
+    cat /tmp/part-a .gpu/part-b > /tmp/smollm2.gguf
+    echo "$(cat .gpu/model.sha256)  /tmp/smollm2.gguf" | sha256sum -c -
+    export TESSERA_MODEL_PATH=/tmp/smollm2.gguf
+fi
 
 echo "== device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,utilization.gpu,memory.used \
@@ -83,16 +93,24 @@ fi
 
 if [[ " $STAGES " == *" model "* ]]; then
     : > "$LOG/model.log"
-    # part-a arrives in an earlier call (carry .gpumodel; that call copies it to /tmp).
-    [[ -f .gpumodel/part-a ]] && cp .gpumodel/part-a /tmp/part-a
-    if [[ -f /tmp/part-a && -f .gpu/part-b ]]; then
-        cat /tmp/part-a .gpu/part-b > /tmp/smollm2.gguf
-        echo "$(cat .gpu/model.sha256)  /tmp/smollm2.gguf" | sha256sum -c - | tee -a "$LOG/model.log"
-        export TESSERA_MODEL_PATH=/tmp/smollm2.gguf
-    fi
     run "PyTorch reference: random Qwen3" "$LOG/model.log" python3 bench/gpu/torch_qwen3_ref.py /tmp/qwen3-ref
     run "model tests" "$LOG/model.log" env TESSERA_GPU_TESTS=1 TESSERA_TORCH_REF=/tmp/qwen3-ref \
         "$BIN/cuda_model" --test-threads=1 --nocapture
+fi
+
+if [[ " $STAGES " == *" serve "* ]]; then
+    : > "$LOG/serve.log"
+    if [[ -f /tmp/smollm2.gguf ]]; then
+        run "tessera serve --device cuda (SmolLM2)" "$LOG/serve.log" python3 bench/gpu/serve_check.py "$BIN/tessera" /tmp/smollm2.gguf
+        for c in 1 16 64; do
+            run "loadgen c=$c" "$LOG/serve.log" sh -c "$BIN/tessera serve --device cuda --model /tmp/smollm2.gguf --port 8124 >/tmp/serve-load.log 2>&1 & p=\$!; \
+                for i in \$(seq 120); do curl -sf localhost:8124/ready >/dev/null && break; sleep 0.5; done; \
+                python3 bench/loadgen.py --url http://127.0.0.1:8124 --concurrency $c --duration 15 --prompt-tokens 128 \
+                    --max-tokens 128 --ignore-eos --label 'tessera cuda c=$c' --header; kill \$p; wait \$p"
+        done
+    else
+        echo "!! no /tmp/smollm2.gguf: carry .gpumodel in an earlier call" | tee -a "$LOG/serve.log"
+    fi
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
@@ -105,7 +123,8 @@ fi
 
 echo
 echo "== summary ($STAGES)"
-cat "$LOG"/kernels.log "$LOG"/model.log 2>/dev/null | grep -E '^== |^test result:|FAILED|panicked|^!! |RESULT|TORCH' | sed 's/^/  /'
+cat "$LOG"/kernels.log "$LOG"/model.log "$LOG"/serve.log 2>/dev/null \
+    | grep -E '^== |^test result:|FAILED|FAIL |panicked|^!! |RESULT|TORCH|^\| tessera' | sed 's/^/  /'
 [[ -f "$LOG/kernels.log" ]] && { echo "| op | shape | time | rate | bandwidth |"; echo "|---|---|---|---|---|";
     grep -oE 'BENCH \|.*' "$LOG/kernels.log" | sed 's/^BENCH //; s/$/ |/'; }
 [[ -f "$LOG/bench.log" ]] && grep -E '^(#|\|)' "$LOG/bench.log"

@@ -5,15 +5,19 @@
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{Logits, SeqChunk};
-use crate::cuda::CudaModel;
+use crate::cuda::{CudaModel, GpuSampler};
 use crate::error::WorkerError;
 use crate::kv_cache::KvCache;
 use crate::llama::LlamaModel;
 
 /// A loaded model with its KV memory.
 pub enum Backend {
-    Cpu { model: LlamaModel, kv: KvCache },
-    Cuda(Box<CudaModel>),
+    Cpu {
+        model: LlamaModel,
+        kv: KvCache,
+    },
+    /// The model and its sampler (the CUDA backend samples on the GPU, see executor.rs).
+    Cuda(Box<CudaModel>, GpuSampler),
 }
 
 impl Backend {
@@ -23,24 +27,29 @@ impl Backend {
         Backend::Cpu { model, kv }
     }
 
+    /// A model on a GPU.
+    pub fn cuda(model: CudaModel) -> Self {
+        Backend::Cuda(Box::new(model), GpuSampler::new())
+    }
+
     pub fn config(&self) -> &ModelConfig {
         match self {
             Backend::Cpu { model, .. } => &model.config,
-            Backend::Cuda(m) => m.config(),
+            Backend::Cuda(m, _) => m.config(),
         }
     }
 
     pub fn num_blocks(&self) -> usize {
         match self {
             Backend::Cpu { kv, .. } => kv.num_blocks,
-            Backend::Cuda(m) => m.num_blocks(),
+            Backend::Cuda(m, _) => m.num_blocks(),
         }
     }
 
     pub fn block_size(&self) -> usize {
         match self {
             Backend::Cpu { kv, .. } => kv.block_size,
-            Backend::Cuda(m) => m.block_size(),
+            Backend::Cuda(m, _) => m.block_size(),
         }
     }
 
@@ -48,7 +57,7 @@ impl Backend {
     pub fn device(&self) -> (&'static str, String) {
         match self {
             Backend::Cpu { .. } => ("cpu", format!("cpu ({} threads)", rayon::current_num_threads())),
-            Backend::Cuda(m) => ("cuda", format!("{} (GPU {})", m.device().name(), m.device().ordinal())),
+            Backend::Cuda(m, _) => ("cuda", format!("{} (GPU {})", m.device().name(), m.device().ordinal())),
         }
     }
 
@@ -56,7 +65,7 @@ impl Backend {
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         match self {
             Backend::Cpu { model, kv } => model.forward(chunks, kv),
-            Backend::Cuda(m) => m.forward(chunks),
+            Backend::Cuda(m, _) => m.forward(chunks),
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::batch::{LogitsWanted, SeqChunk};
+use crate::cuda::RowRequest;
 use crate::error::WorkerError;
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 
@@ -110,7 +111,11 @@ impl Executor {
         if input.runs.is_empty() {
             return Ok(StepOutput::default());
         }
+        let gpu = matches!(self.backend, Backend::Cuda(..));
+        let vocab = self.backend.config().vocab_size;
         let mut chunks = Vec::with_capacity(input.runs.len());
+        // GPU backend: what each sampled row needs, built while the histories are borrowed.
+        let mut requests = Vec::new();
         for r in &input.runs {
             let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             if st.history.len() < r.first_pos {
@@ -121,6 +126,15 @@ impl Executor {
                     st.history.len()
                 )));
             }
+            if gpu && r.sample {
+                let (seed, draw) = st.sampler.stream_position();
+                let mut history = Vec::new();
+                if st.sampler.penalises() {
+                    history.extend_from_slice(&st.history[..r.first_pos]);
+                    history.extend_from_slice(&r.tokens);
+                }
+                requests.push(RowRequest::new(st.sampler.params(), seed, draw, &history, vocab)?);
+            }
             chunks.push(SeqChunk {
                 tokens: &r.tokens,
                 first_pos: r.first_pos,
@@ -129,7 +143,10 @@ impl Executor {
             });
         }
         let t0 = Instant::now();
-        let mut logits = self.backend.forward(&chunks)?;
+        let (mut logits, mut gpu_sampled) = match &mut self.backend {
+            Backend::Cuda(m, sampler) => (None, Some(m.forward_sample(&chunks, &requests, sampler)?.into_iter())),
+            backend => (Some(backend.forward(&chunks)?), None),
+        };
         let forward_us = t0.elapsed().as_micros() as u64;
 
         let t1 = Instant::now();
@@ -139,9 +156,17 @@ impl Executor {
             // History covers exactly the positions now in the cache.
             st.history.truncate(r.first_pos);
             st.history.extend_from_slice(&r.tokens);
-            if r.sample {
-                let row = logits.chunk_mut(i);
-                sampled.push((r.seq_id, st.sampler.sample(row, &st.history)?));
+            if !r.sample {
+                continue;
+            }
+            match (&mut logits, &mut gpu_sampled) {
+                (Some(l), _) => sampled.push((r.seq_id, st.sampler.sample(l.chunk_mut(i), &st.history)?)),
+                (None, Some(g)) => {
+                    let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
+                    st.sampler.note_external_draw();
+                    sampled.push((r.seq_id, s));
+                }
+                (None, None) => return Err(WorkerError::InvalidBatch("no logits were computed".into())),
             }
         }
         Ok(StepOutput { sampled, forward_us, sample_us: t1.elapsed().as_micros() as u64 })

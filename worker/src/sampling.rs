@@ -152,6 +152,10 @@ pub struct Sampled {
 /// replays exactly) and scratch buffers reused across steps.
 pub struct Sampler {
     params: SamplingParams,
+    /// The resolved seed (drawn from OS randomness when the request gave none).
+    seed: u64,
+    /// Non-greedy draws made so far (the position in the random stream).
+    draws: u64,
     rng: ChaCha8Rng,
     /// `[vocab]` occurrence counts of the current history; all zero between calls.
     counts: Vec<u32>,
@@ -174,6 +178,8 @@ impl Sampler {
         });
         Ok(Self {
             params,
+            seed,
+            draws: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
             counts: Vec::new(),
             seen: Vec::new(),
@@ -192,8 +198,29 @@ impl Sampler {
     /// (two ChaCha words); greedy sampling draws nothing.
     pub fn resume_at(&mut self, draws: u64) {
         if !self.params.is_greedy() {
+            self.draws = draws;
             self.rng.set_word_pos(2 * u128::from(draws));
         }
+    }
+
+    /// The resolved seed and the index of the next draw: what a sampler on another device
+    /// (the GPU's, keyed by (seed, draw)) needs to continue this sequence's stream.
+    pub fn stream_position(&self) -> (u64, u64) {
+        (self.seed, self.draws)
+    }
+
+    /// Records a draw made elsewhere (on the GPU) so the stream position advances as if
+    /// this sampler had made it.
+    pub fn note_external_draw(&mut self) {
+        if !self.params.is_greedy() {
+            self.draws += 1;
+            self.rng.set_word_pos(2 * u128::from(self.draws));
+        }
+    }
+
+    /// Whether any of the repetition, presence or frequency penalties is on.
+    pub fn penalises(&self) -> bool {
+        self.params.has_penalties()
     }
 
     /// Picks the next token from `logits` (`[vocab]`; finite or -inf), given the
@@ -241,7 +268,12 @@ impl Sampler {
         let lse = f64::from(max) + logits.iter().map(|&l| f64::from((l - max).exp())).sum::<f64>().ln();
         let logprob = |t: u32| (f64::from(logits[t as usize]) - lse) as f32;
 
-        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits, max) };
+        let token = if self.params.is_greedy() {
+            argmax(logits)
+        } else {
+            self.draws += 1;
+            self.draw(logits, max)
+        };
         let top = match self.params.logprobs {
             Some(n) if n > 0 => {
                 let n = n.min(vocab);

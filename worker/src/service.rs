@@ -121,7 +121,7 @@ fn load(req: &pb::LoadRequest, device: DeviceChoice) -> Result<Loaded, Status> {
             let num_blocks = blocks_for(req, per, 0)?;
             let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
             let model = CudaModel::load(&files, &opts).map_err(|e| Status::failed_precondition(e.to_string()))?;
-            Backend::Cuda(Box::new(model))
+            Backend::cuda(model)
         }
     };
     if backend.num_blocks() == 0 {

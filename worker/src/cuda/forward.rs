@@ -26,7 +26,9 @@ use crate::batch::{validate_chunks, Logits, SeqChunk};
 use crate::error::WorkerError;
 
 use super::greedy::GreedySampler;
+use super::sampler::{GpuSampler, RowRequest};
 use super::weights::GpuWeights;
+use crate::sampling::Sampled;
 
 /// Decode-attention scratch: (sequence, head, split) rows for this many sequence-splits
 /// per head (e.g. one sequence in 512 splits, or 64 in 8).
@@ -402,6 +404,25 @@ impl CudaModel {
         let mut tokens = s.sample(&self.core.dev, buf, vocab)?;
         tokens.truncate(rows);
         Ok(tokens)
+    }
+
+    /// Runs one step and samples each wanted row on the GPU with `requests` (one per
+    /// chunk that asked for logits, in order; each such chunk must want one row).
+    pub fn forward_sample(
+        &mut self,
+        chunks: &[SeqChunk],
+        requests: &[RowRequest],
+        sampler: &mut GpuSampler,
+    ) -> Result<Vec<Sampled>, WorkerError> {
+        let (graph, rows, _) = self.step(chunks)?;
+        if rows != requests.len() {
+            return Err(WorkerError::InvalidBatch(format!("{rows} logit rows, {} sample requests", requests.len())));
+        }
+        let buf = match graph {
+            Some(g) => &mut self.graphs[g].logits,
+            None => self.eager_logits.as_mut().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
+        };
+        sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)
     }
 
     /// Runs one step: the graph whose logits buffer holds the result (`None`: the eager

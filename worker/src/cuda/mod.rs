@@ -5,6 +5,7 @@
 
 mod forward;
 mod greedy;
+mod sampler;
 pub mod shapes;
 mod weights;
 
@@ -16,6 +17,7 @@ use crate::error::WorkerError;
 
 pub use forward::{CudaModel, DeviceLogits, StepTiming, MAX_GRAPH_BATCH};
 pub use greedy::GreedySampler;
+pub use sampler::{GpuSampler, RowRequest};
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]

@@ -1,0 +1,171 @@
+//! Sampling on the GPU for the executor: each sampled row's parameters, penalty counts
+//! and logit bias go up as small arrays, the kernel picks every row's token (and top-N
+//! logprobs), and only those come back: the `[rows, vocab]` logits never leave the GPU.
+//!
+//! Same semantics as the CPU [`Sampler`](crate::sampling::Sampler) (bias, penalties,
+//! logprobs before temperature, greedy / temperature / top-k / top-p / min-p); the random
+//! stream is the kernel's, keyed by the sequence's seed and draw index, so a seeded
+//! sequence replays exactly on the GPU backend (not the same draws as on the CPU one).
+
+use tessera_kernels::cuda::{Buf, Device, SampleOutput, SampleParams, SampledRow};
+
+use crate::error::WorkerError;
+use crate::sampling::{Sampled, SamplingError, SamplingParams, MAX_LOGPROBS};
+
+/// What one row needs besides its logits.
+#[derive(Debug, Clone)]
+pub struct RowRequest {
+    pub params: SampleParams,
+    /// `(token, occurrences in the history)` of each distinct token, when a penalty is on.
+    pub penalties: Vec<(u32, u32)>,
+    pub bias: Vec<(u32, f32)>,
+}
+
+impl RowRequest {
+    /// The request of a sequence with `params`, at stream position `(seed, draw)`, whose
+    /// history (prompt and generated tokens) is `history` (read only for penalties).
+    /// Token ids are checked against `vocab` here, as the CPU sampler does.
+    pub fn new(
+        params: &SamplingParams,
+        seed: u64,
+        draw: u64,
+        history: &[u32],
+        vocab: usize,
+    ) -> Result<Self, SamplingError> {
+        let check = |what, token: u32| {
+            if (token as usize) < vocab {
+                Ok(())
+            } else {
+                Err(SamplingError::TokenOutOfVocab { what, token, vocab })
+            }
+        };
+        for &(t, _) in &params.logit_bias {
+            check("logit_bias", t)?;
+        }
+        let penalise =
+            params.repetition_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
+        let mut penalties = Vec::new();
+        if penalise {
+            let mut sorted = history.to_vec();
+            sorted.sort_unstable();
+            for run in sorted.chunk_by(|a, b| a == b) {
+                check("history", run[0])?;
+                penalties.push((run[0], run.len() as u32));
+            }
+        }
+        // Several biases of one token add up on the CPU; the kernel takes one entry each.
+        let mut bias: Vec<(u32, f32)> = Vec::with_capacity(params.logit_bias.len());
+        for &(t, b) in &params.logit_bias {
+            match bias.iter_mut().find(|e| e.0 == t) {
+                Some(e) => e.1 += b,
+                None => bias.push((t, b)),
+            }
+        }
+        Ok(RowRequest {
+            params: SampleParams {
+                seed,
+                draw,
+                temperature: params.temperature,
+                top_k: params.top_k,
+                top_p: params.top_p,
+                min_p: params.min_p,
+                repetition_penalty: params.repetition_penalty,
+                presence_penalty: params.presence_penalty,
+                frequency_penalty: params.frequency_penalty,
+                n_logprobs: params.logprobs.unwrap_or(0).min(MAX_LOGPROBS) as u32,
+            },
+            penalties,
+            bias,
+        })
+    }
+}
+
+/// The kernel's output buffers, grown to the largest step seen.
+pub struct GpuSampler {
+    out: Option<SampleOutput>,
+}
+
+impl GpuSampler {
+    pub fn new() -> Self {
+        GpuSampler { out: None }
+    }
+
+    /// Samples the first `requests.len()` rows of `logits` (`[padded rows, vocab]`; rows
+    /// past the requests are a graph's padding and sampled greedily, unused).
+    pub fn sample(
+        &mut self,
+        dev: &Device,
+        logits: &mut Buf<f32>,
+        vocab: usize,
+        requests: &[RowRequest],
+    ) -> Result<Vec<Sampled>, WorkerError> {
+        let padded = logits.len() / vocab.max(1);
+        if requests.len() > padded {
+            return Err(WorkerError::InvalidBatch(format!(
+                "{} rows to sample, {padded} rows of logits",
+                requests.len()
+            )));
+        }
+        let out = match self.out.take() {
+            Some(o) if o.max_rows() >= padded => o,
+            _ => dev.sample_output(padded.max(1), MAX_LOGPROBS)?,
+        };
+        let out = self.out.insert(out);
+        let mut params: Vec<SampleParams> = requests.iter().map(|r| r.params).collect();
+        params.resize(padded, SampleParams::greedy());
+        let csr = |lists: &mut dyn Iterator<Item = usize>| -> Vec<u32> {
+            let mut offsets = vec![0u32];
+            for n in lists {
+                let last = *offsets.last().unwrap_or(&0);
+                offsets.push(last + n as u32);
+            }
+            offsets.resize(padded + 1, *offsets.last().unwrap_or(&0));
+            offsets
+        };
+        let pen_offsets = csr(&mut requests.iter().map(|r| r.penalties.len()));
+        let bias_offsets = csr(&mut requests.iter().map(|r| r.bias.len()));
+        // Entry arrays are never empty (a device buffer cannot be).
+        let mut pen_tokens: Vec<u32> = requests.iter().flat_map(|r| r.penalties.iter().map(|p| p.0)).collect();
+        let mut pen_counts: Vec<u32> = requests.iter().flat_map(|r| r.penalties.iter().map(|p| p.1)).collect();
+        let mut bias_tokens: Vec<u32> = requests.iter().flat_map(|r| r.bias.iter().map(|p| p.0)).collect();
+        let mut bias_values: Vec<f32> = requests.iter().flat_map(|r| r.bias.iter().map(|p| p.1)).collect();
+        for v in [&mut pen_tokens, &mut pen_counts, &mut bias_tokens] {
+            if v.is_empty() {
+                v.push(0);
+            }
+        }
+        if bias_values.is_empty() {
+            bias_values.push(0.0);
+        }
+        dev.sample(
+            out,
+            logits,
+            vocab,
+            &dev.upload(&params)?,
+            &dev.upload(&pen_offsets)?,
+            &dev.upload(&pen_tokens)?,
+            &dev.upload(&pen_counts)?,
+            &dev.upload(&bias_offsets)?,
+            &dev.upload(&bias_tokens)?,
+            &dev.upload(&bias_values)?,
+        )?;
+        let rows = out.read(dev, requests.len())?;
+        rows.into_iter().map(to_sampled).collect()
+    }
+}
+
+impl Default for GpuSampler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn to_sampled(r: SampledRow) -> Result<Sampled, WorkerError> {
+    if r.flags & SampledRow::ALL_BANNED != 0 {
+        return Err(SamplingError::AllBanned.into());
+    }
+    if r.flags & SampledRow::BAD_LOGIT != 0 {
+        return Err(SamplingError::BadLogit { token: r.token as usize, value: f32::NAN }.into());
+    }
+    Ok(Sampled { token: r.token, logprob: r.logprob, top: r.top })
+}
