@@ -1,15 +1,16 @@
 // Paged attention on bf16 KV caches: the write of new K/V into the cache, decode attention
-// (one query token per sequence, split-KV "flash-decoding" with a reduction kernel) and
-// prefill attention (a causal chunk of queries per sequence, flash-attention 2 on tensor
-// cores). Same semantics as the CPU reference, kernels/src/cpu/attention.rs.
+// (one query token per sequence, split-KV "flash-decoding", the splits merged by the last
+// CTA of each sequence) and prefill attention (a causal chunk of queries per sequence,
+// flash-attention 2), both on tensor cores. Same semantics as the CPU reference,
+// kernels/src/cpu/attention.rs.
 //
 // Cache, per layer: k_cache, v_cache [num_blocks, block_size, n_kv, HD] bf16. Position p of a
 // sequence lives in block block_table[p / block_size], slot p % block_size; a slot id is
 // block * block_size + slot. Query head h reads kv head h / group (GQA). Scores are
 // scale * q.k, computed in the log2 domain (exp2 of scores times scale * log2(e)) with f32
-// softmax and accumulation. Decode is f32 throughout (q pre-multiplied by the scale);
-// prefill multiplies bf16 q and k exactly into f32 and rounds the softmax weights to bf16
-// for the P V product.
+// softmax and accumulation. Both multiply bf16 q and k exactly into f32; prefill rounds the
+// softmax weights to bf16 for the P V product, decode applies each weight as two bf16 terms
+// (about 16 significant bits: the bf16 output is that of f32 weights).
 //
 // Bad device-side indices never cause wild reads: a block id >= num_blocks, or a position
 // past the block table, turns the affected query rows into NaN; a context of 0 (a padding
@@ -49,247 +50,6 @@ extern "C" __global__ void write_kv(bf16* __restrict__ k_cache, bf16* __restrict
         vd[i] = vs[i];
     }
 }
-
-// ------------------------------------------------------------------------- decode
-// q, out: [num_seqs, n_heads, HD]; block_tables [num_seqs, max_blocks]; ctx_lens [num_seqs]
-// (the query is the last position, ctx - 1, and attends to 0..ctx).
-// Grid: (num_seqs, n_kv * hchunks, n_splits); 128 threads. A CTA serves the `gcount <= GM`
-// query heads of one chunk of one kv head, so each K/V row is read from memory once for all
-// of them, over the positions [split * split_len, ...) of one split (the last split runs to
-// ctx). Lanes form groups of HD/8 lanes, one token per group, each lane owning 8 dims (one
-// 16-byte load of K and of V); q.k is reduced across the group with shuffles. Every group
-// keeps its own online softmax (m, l, acc) in registers; the CTA merges its groups through
-// shared memory at the end. With one split the CTA writes `out`; otherwise (o / l, log2 of
-// the softmax mass) go to part_o / part_lse for decode_reduce.
-
-#define DEC_THREADS 128
-// Slot markers for positions past the split's end and for positions the table does not
-// map (the host keeps num_blocks * block_size below both).
-#define SLOT_UNMAPPED 0xffffffffu
-#define SLOT_PAST 0xfffffffeu
-
-// slot[u] = cache slot (block * block_size + offset) of position p0 + u * NG, or a marker.
-// u32, not an element offset: four fewer registers in the decode loop.
-template <int U, int NG>
-__device__ __forceinline__ void decode_slots(u32 (&slot)[U], u32 p0, u32 end, const u32* __restrict__ table,
-                                             u32 max_blocks, u32 block_size, u32 num_blocks) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const u32 p = p0 + u * NG, bi = p / block_size;
-        u32 s = SLOT_PAST;
-        if (p < end) {
-            const u32 blk = bi < max_blocks ? table[bi] : SLOT_UNMAPPED;
-            s = blk < num_blocks ? blk * block_size + (p - bi * block_size) : SLOT_UNMAPPED;
-        }
-        slot[u] = s;
-    }
-}
-
-template <int HD, int GM, int U>
-__device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
-                                            float* __restrict__ part_lse, const bf16* __restrict__ q,
-                                            const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                                            const u32* __restrict__ block_tables, u32 max_blocks,
-                                            const u32* __restrict__ ctx_lens, u32 num_blocks, u32 block_size,
-                                            u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits,
-                                            float scale_log2) {
-    constexpr int LANES = HD / 8;            // lanes per token group
-    constexpr int TPW = 32 / LANES;          // tokens per warp
-    constexpr int NG = (DEC_THREADS / 32) * TPW;  // token groups per CTA
-    __shared__ float sm_m[NG][GM];
-    __shared__ float sm_l[NG][GM];
-    __shared__ float sm_acc[NG][GM][HD];
-
-    const u32 seq = blockIdx.x, split = blockIdx.z;
-    const u32 hchunks = (group + gt - 1) / gt;
-    const u32 kvh = blockIdx.y / hchunks, chunk = blockIdx.y % hchunks;
-    const u32 g0 = chunk * gt;
-    const u32 gcount = min(gt, group - g0);
-    const u32 head0 = kvh * group + g0;
-    const u32 ctx = ctx_lens[seq];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int li = lane % LANES, grp = warp * TPW + lane / LANES;
-
-    if (ctx == 0) {  // a padding row: zeros, written once
-        if (n_splits == 1 && split == 0)
-            for (u32 i = threadIdx.x; i < gcount * HD; i += DEC_THREADS)
-                out[((u64)seq * n_heads + head0 + i / HD) * HD + i % HD] = 0;
-        return;
-    }
-    const u32 start = split * split_len;
-    if (start >= ctx) return;  // decode_reduce reads only the splits that start before ctx
-    const u32 end = split + 1 == n_splits ? ctx : min(ctx, start + split_len);
-
-    float qr[GM][8];
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-        if ((u32)g < gcount) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(q + ((u64)seq * n_heads + head0 + g) * HD + li * 8);
-            unpack8(raw, qr[g]);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) qr[g][e] *= scale_log2;
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) qr[g][e] = 0.f;
-        }
-    }
-    float m[GM], l[GM], acc[GM][8];
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-        m[g] = ATT_NEG_INF;
-        l[g] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-    }
-    float poison = 0.f;  // NaN once a bad block id was met
-
-    const u32* table = block_tables + (u64)seq * max_blocks;
-    const u64 slot_stride = (u64)n_kv * HD;
-    const bf16* kb = k_cache + (u64)kvh * HD + li * 8;
-    const bf16* vb = v_cache + (u64)kvh * HD + li * 8;
-
-    // Slot offsets of this group's positions, read from the block table one iteration
-    // ahead: the table reads of step i+1 are in flight with the K/V reads of step i instead
-    // of preceding them (a dependent load would double each step's latency).
-    u32 slot[U];
-    decode_slots<U, NG>(slot, start + grp, end, table, max_blocks, block_size, num_blocks);
-
-    // Uniform trip count for the whole CTA (the shuffles need every lane of a warp).
-    for (u32 base = start; base < end; base += NG * U) {
-        uint4 kr[U], vr[U];
-        bool valid[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            valid[u] = slot[u] < SLOT_PAST;
-            if (slot[u] == SLOT_UNMAPPED) poison = ATT_NAN;
-            kr[u] = make_uint4(0, 0, 0, 0);
-            vr[u] = make_uint4(0, 0, 0, 0);
-            if (valid[u]) {
-                kr[u] = *reinterpret_cast<const uint4*>(kb + (u64)slot[u] * slot_stride);
-                vr[u] = *reinterpret_cast<const uint4*>(vb + (u64)slot[u] * slot_stride);
-            }
-        }
-        decode_slots<U, NG>(slot, base + NG * U + grp, end, table, max_blocks, block_size, num_blocks);
-        float s[U][GM];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            float kf[8];
-            unpack8(kr[u], kf);
-#pragma unroll
-            for (int g = 0; g < GM; ++g) {
-                float d = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d = fmaf(qr[g][e], kf[e], d);
-#pragma unroll
-                for (int o = LANES / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                s[u][g] = valid[u] ? d : ATT_NEG_INF;
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            float mn = m[g];
-#pragma unroll
-            for (int u = 0; u < U; ++u) mn = fmaxf(mn, s[u][g]);
-            if (mn == ATT_NEG_INF) continue;  // no valid token for this group in this step
-            const float alpha = exp2f(m[g] - mn);
-            m[g] = mn;
-            l[g] *= alpha;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const float p = exp2f(s[u][g] - mn);
-                l[g] += p;
-                float vf[8];
-                unpack8(vr[u], vf);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
-            }
-        }
-    }
-
-    // Merge the NG groups of the CTA.
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-        if (li == 0) {
-            sm_m[grp][g] = m[g];
-            sm_l[grp][g] = l[g] + poison;
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sm_acc[grp][g][li * 8 + e] = acc[g][e] + poison;
-    }
-    __syncthreads();
-    for (u32 i = threadIdx.x; i < gcount * HD; i += DEC_THREADS) {
-        const u32 g = i / HD, d = i % HD;
-        float mx = ATT_NEG_INF;
-#pragma unroll
-        for (int j = 0; j < NG; ++j) mx = fmaxf(mx, sm_m[j][g]);
-        float lsum = 0.f, o = 0.f;
-#pragma unroll
-        for (int j = 0; j < NG; ++j) {
-            // A group that saw no token has m = -inf, l = acc = 0: weight 0. mx is finite
-            // because the split holds at least one position.
-            const float w = sm_m[j][g] == ATT_NEG_INF ? 0.f : exp2f(sm_m[j][g] - mx);
-            lsum = fmaf(w, sm_l[j][g], lsum);
-            o = fmaf(w, sm_acc[j][g][d], o);
-        }
-        // All positions of the split unmapped: mx = -inf, lsum = 0; poison made sm_l NaN.
-        const u32 head = head0 + g;
-        if (n_splits == 1) {
-            out[((u64)seq * n_heads + head) * HD + d] = f32_to_bf16(o / lsum);
-        } else {
-            const u64 row = ((u64)seq * n_heads + head) * n_splits + split;
-            part_o[row * HD + d] = o / lsum;
-            if (d == 0) part_lse[row] = mx + log2f(lsum);
-        }
-    }
-}
-
-// out[seq, head] = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse), over the splits
-// that start before ctx. Grid (num_seqs, n_heads), HD threads.
-extern "C" __global__ void decode_reduce(bf16* __restrict__ out, const float* __restrict__ part_o,
-                                         const float* __restrict__ part_lse, const u32* __restrict__ ctx_lens,
-                                         u32 n_heads, u32 head_dim, u32 split_len, u32 n_splits) {
-    const u32 seq = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    if (d >= head_dim) return;
-    const u32 ctx = ctx_lens[seq];
-    const u64 row0 = ((u64)seq * n_heads + head) * n_splits;
-    const u64 o_idx = ((u64)seq * n_heads + head) * head_dim + d;
-    const u32 n_valid = min(n_splits, (ctx + split_len - 1) / split_len);
-    if (n_valid == 0) {
-        out[o_idx] = 0;
-        return;
-    }
-    float mx = ATT_NEG_INF;
-    for (u32 s = 0; s < n_valid; ++s) mx = fmaxf(mx, part_lse[row0 + s]);
-    float wsum = 0.f, o = 0.f;
-    for (u32 s = 0; s < n_valid; ++s) {
-        const float w = exp2f(part_lse[row0 + s] - mx);
-        wsum += w;
-        o = fmaf(w, part_o[(row0 + s) * head_dim + d], o);
-    }
-    out[o_idx] = f32_to_bf16(o / wsum);
-}
-
-// Groups of up to 4 heads are capped at 128 registers: 4 CTAs (16 warps) per SM.
-#define DECODE_KERNEL(HD, GM, U)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, GM <= 4 ? 4 : 2) paged_decode_hd##HD##_g##GM(         \
-        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, const bf16* __restrict__ q, \
-        const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables,   \
-        u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv,     \
-        u32 group, u32 gt, u32 split_len, u32 n_splits, float scale_log2) {                                          \
-        decode_body<HD, GM, U>(out, part_o, part_lse, q, k_cache, v_cache, block_tables, max_blocks, ctx_lens,      \
-                               num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits, scale_log2);   \
-    }
-
-DECODE_KERNEL(64, 1, 4)
-DECODE_KERNEL(64, 2, 4)
-DECODE_KERNEL(64, 4, 4)
-DECODE_KERNEL(64, 8, 2)
-DECODE_KERNEL(128, 1, 4)
-DECODE_KERNEL(128, 2, 4)
-DECODE_KERNEL(128, 4, 4)
-DECODE_KERNEL(128, 8, 2)
 
 // ------------------------------------------------------------------------- prefill
 // q, out: [total_tokens, n_heads, HD]; cu_q [num_seqs + 1]: sequence s owns query tokens
@@ -600,3 +360,371 @@ __device__ __forceinline__ void prefill_body(bf16* __restrict__ out, const bf16*
 // slower on an H200 (188 vs 215 TFLOP/s at 4096 tokens). Head dim 64 fits 3 without spills.
 PREFILL_KERNEL(64, 3)
 PREFILL_KERNEL(128, 2)
+
+// ------------------------------------------------------------------------- decode
+// q, out: [num_seqs, n_heads, HD]; block_tables [num_seqs, max_blocks]; ctx_lens [num_seqs]
+// (the query is the last position, ctx - 1, and attends to 0..ctx).
+//
+// Grid (num_seqs, n_kv * hchunks, n_splits), DEC_WARPS warps. A CTA serves the gcount <= 8
+// query heads of one chunk of one kv head over one split of the positions, so each K/V row
+// is read once for all of them. With split_len > 0, split s covers [s len, (s + 1) len) and
+// the last split runs to ctx. With split_len = 0 every sequence divides its own context:
+// len = ceil(ctx / n_splits), at least min_split, rounded up to whole tiles; so a grid
+// sized for a long max_context (a captured graph) splits a short sequence as if planned
+// for it. Splits that start at or past ctx exit at once.
+//
+// Tensor cores (mma.sync m16n8k16, bf16 inputs, f32 accumulators), one warp per tile of
+// DEC_TILE = 16 positions; MMA row g (lane / 4) is head g of the CTA:
+//   S = Q K^T   Q's A fragments stay in registers (rows 8..15 zero), K's B fragments
+//               come from ldmatrix: bf16 products, exact in f32, summed in f32;
+//   softmax     online, f32, log2 domain (exp2), per warp; a rescale of O only when some
+//               row's max moved;
+//   O += P V    each weight p is applied as two bf16 terms, hi = bf16(p) in row g and
+//               lo = bf16(p - hi) in row g + 8 of the same A fragment, so one mma carries
+//               about 16 significant bits of p (f32 weights would give the same bf16
+//               output); V's B fragments from ldmatrix.trans; O = rows g + rows g + 8.
+// Warps take the split's tiles round robin, each through its own DEC_STAGES-deep cp.async
+// ring in shared memory (no CTA barrier in the loop: DEC_STAGES - 1 tiles are in flight
+// while one is computed); block-table reads run one tile ahead of the copies that need
+// them. Shared-memory rows permute their 16-byte chunks as the prefill tiles do (pf_chunk).
+// At the end the CTA merges its warps' (m, l, O) through shared memory.
+//
+// Where one split covers the context (n_valid = 1) the CTA writes `out`. Otherwise it
+// writes (o / l, log2 of the softmax mass) to part_o / part_lse, and the last of the
+// n_valid CTAs of its (sequence, head chunk) to finish (counted in `counters`, which that
+// CTA resets to 0 for the next launch) merges the partials into `out`: one launch, no
+// separate reduction kernel.
+//
+// A position the table does not map loads K = NaN, V = 0 (NaN scores, so NaN rows);
+// positions past the split's end load zeros and are masked.
+
+#define DEC_WARPS 4
+#define DEC_THREADS (DEC_WARPS * 32)
+#define DEC_TILE 16
+#define DEC_STAGES 3
+// Slot markers for positions past the split's end and for positions the table does not
+// map (the host keeps num_blocks * block_size below both).
+#define SLOT_UNMAPPED 0xffffffffu
+#define SLOT_PAST 0xfffffffeu
+
+// Cache slot (block * block_size + offset) of position p, or a marker.
+__device__ __forceinline__ u32 dec_slot(const u32* __restrict__ table, u32 max_blocks, u32 p, u32 end,
+                                        u32 block_size, u32 num_blocks) {
+    if (p >= end) return SLOT_PAST;
+    const u32 bi = p / block_size;
+    const u32 blk = bi < max_blocks ? table[bi] : SLOT_UNMAPPED;
+    return blk < num_blocks ? blk * block_size + (p - bi * block_size) : SLOT_UNMAPPED;
+}
+
+// Positions per split of a sequence with context ctx > 0 (see above).
+__device__ __forceinline__ u32 dec_split_len(u32 ctx, u32 split_len, u32 n_splits, u32 min_split) {
+    if (split_len > 0) return split_len;
+    const u32 len = max((ctx - 1) / n_splits + 1, min_split);
+    return (len - 1) / DEC_TILE * DEC_TILE + DEC_TILE;
+}
+
+template <int HD>
+__device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
+                                            float* __restrict__ part_lse, u32* __restrict__ counters,
+                                            const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                                            const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables,
+                                            u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,
+                                            u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len,
+                                            u32 n_splits, u32 min_split, float scale_log2) {
+    constexpr u32 ROW_B = HD * 2;             // bytes of a shared-memory row
+    constexpr u32 TILE_B = DEC_TILE * ROW_B;  // one K or V tile
+    constexpr u32 STAGE_B = 2 * TILE_B;
+    constexpr u32 WARP_B = DEC_STAGES * STAGE_B;  // one warp's ring
+    constexpr int NKS = HD / 16;              // k16 steps of Q K^T
+    constexpr int NDT = HD / 8;               // n8 tiles of O
+    constexpr u32 O_STRIDE = HD + 8;          // floats per row of the merge area (fewer bank conflicts)
+    extern __shared__ uint4 dec_smem[];
+    __shared__ u32 dec_last;
+    const u32 sbase = (u32)__cvta_generic_to_shared(dec_smem);
+
+    const u32 seq = blockIdx.x, split = blockIdx.z;
+    const u32 hchunks = (group + gt - 1) / gt;
+    const u32 kvh = blockIdx.y / hchunks, chunk = blockIdx.y % hchunks;
+    const u32 g0 = chunk * gt;
+    const u32 gcount = min(gt, group - g0);
+    const u32 head0 = kvh * group + g0;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 g = lane >> 2, t4 = lane & 3;
+
+    const u32 ctx = ctx_lens[seq];
+    if (ctx == 0) {  // a padding row: zeros, written once
+        if (split == 0)
+            for (u32 i = tid; i < gcount * HD; i += DEC_THREADS)
+                out[((u64)seq * n_heads + head0 + i / HD) * HD + i % HD] = 0;
+        return;
+    }
+    const u32 len = dec_split_len(ctx, split_len, n_splits, min_split);
+    const u32 n_valid = min(n_splits, (ctx - 1) / len + 1);
+    if (split >= n_valid) return;
+    const u32 start = split * len;  // < ctx
+    const u32 end = split + 1 == n_splits || ctx - start <= len ? ctx : start + len;
+
+    // Q's A fragments: row g = head g (zero past gcount), dims 16 kk + 2 t4 ..+1 and +8.
+    u32 qa[NKS][2];
+    {
+        const bool ok = g < gcount;
+        const u32* qrow = reinterpret_cast<const u32*>(q + ((u64)seq * n_heads + head0 + (ok ? g : 0)) * HD);
+#pragma unroll
+        for (int kk = 0; kk < NKS; ++kk) {
+            qa[kk][0] = ok ? qrow[8 * kk + t4] : 0u;
+            qa[kk][1] = ok ? qrow[8 * kk + 4 + t4] : 0u;
+        }
+    }
+
+    // This warp's tiles: j = 0.. at positions start + (warp + j DEC_WARPS) DEC_TILE.
+    const u32 n_tiles = (end - start - 1) / DEC_TILE + 1;
+    const u32 my_tiles = n_tiles > warp ? (n_tiles - warp - 1) / DEC_WARPS + 1 : 0;
+    const u32 wbase = sbase + warp * WARP_B;
+    // Copies: lane l looks up the slot of tile row l % 16; each warp-wide copy then moves
+    // RPI whole rows (lane l: row l / CPR, chunk l % CPR), so every 256- (128-) byte K or V
+    // row is asked of memory by one instruction, whole lines rather than scattered sectors
+    // (with each row copied as two lanes' alternate chunks, a warp instruction touched 16
+    // rows a sector each, and decode at batch 256 read 2.3 TB/s on an H200 instead of 3.9).
+    constexpr u32 CPR = HD / 8;    // 16-byte chunks per row
+    constexpr u32 RPI = 32 / CPR;  // rows per warp-wide copy
+    const u32 lc = lane % CPR, lrow = lane / CPR;
+    const u32* table = block_tables + (u64)seq * max_blocks;
+    const u64 slot_stride = (u64)n_kv * HD;
+    const bf16* kbase = k_cache + (u64)kvh * HD + lc * 8;
+    const bf16* vbase = v_cache + (u64)kvh * HD + lc * 8;
+    auto tile_pos = [&](u32 j) { return start + (warp + j * DEC_WARPS) * DEC_TILE; };
+    auto row_slot = [&](u32 j) {
+        return j < my_tiles ? dec_slot(table, max_blocks, tile_pos(j) + (lane & 15), end, block_size, num_blocks)
+                            : SLOT_PAST;
+    };
+    // Warp-uniform call: `slot` is this lane's row_slot of the tile going into `stage`.
+    auto issue = [&](u32 slot, u32 stage) {
+        const u32 kd = wbase + stage * STAGE_B, vd = kd + TILE_B;
+#pragma unroll
+        for (u32 i = 0; i < DEC_TILE / RPI; ++i) {
+            const u32 r = i * RPI + lrow;
+            const u32 rs = __shfl_sync(0xffffffffu, slot, r);
+            const u32 at = r * ROW_B + pf_chunk(r, lc) * 16;
+            if (rs < SLOT_PAST) {
+                cp_async16(kd + at, kbase + (u64)rs * slot_stride);
+                cp_async16(vd + at, vbase + (u64)rs * slot_stride);
+            } else {
+                const u32 kw = rs == SLOT_UNMAPPED ? 0x7fc07fc0u : 0u;
+                st_shared16(kd + at, make_uint4(kw, kw, kw, kw));
+                st_shared16(vd + at, make_uint4(0, 0, 0, 0));
+            }
+        }
+    };
+
+    float o[NDT][4];
+#pragma unroll
+    for (int d = 0; d < NDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m = ATT_NEG_INF, l = 0.f;  // row g's running max (log2 domain) and this lane's sum
+
+    {
+        u32 first[DEC_STAGES - 1];
+#pragma unroll
+        for (u32 j = 0; j < DEC_STAGES - 1; ++j) first[j] = row_slot(j);
+#pragma unroll
+        for (u32 j = 0; j < DEC_STAGES - 1; ++j) {
+            if (j < my_tiles) issue(first[j], j);
+            cp_async_commit();
+        }
+    }
+    u32 next = row_slot(DEC_STAGES - 1);
+    u32 stage = 0;
+    for (u32 j = 0; j < my_tiles; ++j) {
+        cp_async_wait<DEC_STAGES - 2>();
+        __syncwarp();  // tile j is visible to the warp; tile j - 1's stage is free
+        const u32 jn = j + DEC_STAGES - 1;
+        if (jn < my_tiles) issue(next, stage == 0 ? DEC_STAGES - 1 : stage - 1);
+        cp_async_commit();
+        next = row_slot(jn + 1);
+        const u32 kb = wbase + stage * STAGE_B, vb = kb + TILE_B;
+        stage = stage + 1 == DEC_STAGES ? 0 : stage + 1;
+
+        float s[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < NKS; ++kk) {
+            // Keys 0..15, dims 16 kk ..+16: B fragments of n tiles 0 and 1.
+            const u32 key = (lane & 7) + (lane >> 4) * 8;
+            u32 b[4];
+            ldsm_x4(kb + key * ROW_B + pf_chunk(key, 2 * kk + ((lane >> 3) & 1)) * 16, b);
+            const u32 a[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
+            mma_bf16(s[0], a, b[0], b[1]);
+            mma_bf16(s[1], a, b[2], b[3]);
+        }
+
+        // Row g's scores at positions p0 + 8 n + 2 t4 + e (e = 0, 1); [2], [3] are rows g + 8.
+        const u32 p0 = tile_pos(j);
+        float mx = ATT_NEG_INF;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float v = s[n][e] * scale_log2;
+                s[n][e] = p0 + 8 * n + 2 * t4 + e < end ? v : ATT_NEG_INF;
+                mx = fmaxf(mx, s[n][e]);  // fmaxf drops NaN scores: they reach the row through exp2
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);
+        if (__any_sync(0xffffffffu, m_new != m)) {
+            const float alpha = pf_exp2(m - (m_new == ATT_NEG_INF ? 0.f : m_new));
+            l *= alpha;
+#pragma unroll
+            for (int d = 0; d < NDT; ++d) {
+                o[d][0] *= alpha;
+                o[d][1] *= alpha;
+                o[d][2] *= alpha;
+                o[d][3] *= alpha;
+            }
+        }
+        m = m_new;
+        const float m_use = m == ATT_NEG_INF ? 0.f : m;  // no -inf - -inf
+
+        // P as the A fragment: rows g = hi, rows g + 8 = lo, keys 2 t4 ..+1 (n tile 0) and +8 (1).
+        u32 a[4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            const float p0f = pf_exp2(s[n][0] - m_use), p1f = pf_exp2(s[n][1] - m_use);
+            l += p0f + p1f;
+            const u32 hi = pack_bf16x2(p0f, p1f);
+            a[2 * n] = hi;
+            a[2 * n + 1] = pack_bf16x2(p0f - __uint_as_float(hi << 16), p1f - __uint_as_float(hi & 0xffff0000u));
+        }
+#pragma unroll
+        for (int dp = 0; dp < NDT / 2; ++dp) {
+            // Keys 0..15, dims 16 dp ..+16: B fragments of n tiles 2 dp, 2 dp + 1.
+            const u32 key = (lane & 7) + ((lane >> 3) & 1) * 8;
+            u32 b[4];
+            ldsm_x4_t(vb + key * ROW_B + pf_chunk(key, 2 * dp + (lane >> 4)) * 16, b);
+            mma_bf16(o[2 * dp], a, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+    cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
+    __syncwarp();
+
+    // Merge the warps: each writes m[8], l[8] and O[8][O_STRIDE] of its rows over its own
+    // ring, then the CTA combines them per (head, dim).
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    {
+        float* wf = reinterpret_cast<float*>(reinterpret_cast<char*>(dec_smem) + warp * WARP_B);
+        if (t4 == 0) {
+            wf[g] = m;
+            wf[8 + g] = l;
+        }
+#pragma unroll
+        for (int d = 0; d < NDT; ++d)
+            *reinterpret_cast<float2*>(wf + 16 + g * O_STRIDE + 8 * d + 2 * t4) =
+                make_float2(o[d][0] + o[d][2], o[d][1] + o[d][3]);
+    }
+    __syncthreads();
+    const bool direct = n_valid == 1;
+    for (u32 i = tid; i < gcount * HD; i += DEC_THREADS) {
+        const u32 hg = i / HD, d = i % HD;
+        float mx = ATT_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w)
+            mx = fmaxf(mx, reinterpret_cast<const float*>(reinterpret_cast<const char*>(dec_smem) + w * WARP_B)[hg]);
+        float lsum = 0.f, ov = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) {
+            const float* wf = reinterpret_cast<const float*>(reinterpret_cast<const char*>(dec_smem) + w * WARP_B);
+            // A warp that saw no position has m = -inf, l = O = 0: weight 0. One that saw only
+            // unmapped positions has m = -inf and NaN l, O: 0 x NaN keeps the row NaN.
+            const float wt = wf[hg] == ATT_NEG_INF ? 0.f : pf_exp2(wf[hg] - mx);
+            lsum = fmaf(wt, wf[8 + hg], lsum);
+            ov = fmaf(wt, wf[16 + hg * O_STRIDE + d], ov);
+        }
+        const u32 head = head0 + hg;
+        if (direct) {
+            out[((u64)seq * n_heads + head) * HD + d] = f32_to_bf16(ov / lsum);
+        } else {
+            const u64 row = ((u64)seq * n_heads + head) * n_splits + split;
+            part_o[row * HD + d] = ov / lsum;
+            if (d == 0) part_lse[row] = mx + log2f(lsum);
+        }
+    }
+    if (direct) return;
+
+    // The last CTA of this (sequence, head chunk) combines the splits:
+    // out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
+    __threadfence();  // this CTA's partials are visible before it is counted
+    __syncthreads();
+    if (tid == 0) {
+        u32* c = counters + (u64)seq * gridDim.y + blockIdx.y;
+        const u32 done = atomicAdd(c, 1u) + 1;
+        dec_last = done == n_valid;
+        if (done == n_valid) atomicExch(c, 0u);  // every CTA of this launch has counted
+    }
+    __syncthreads();
+    if (!dec_last) return;
+    __threadfence();
+    // A thread per 4 dims of a head; the splits in groups of DEC_MERGE, each group's loads
+    // (lse and o of every split) issued together and merged online: one round trip to L2
+    // per group rather than one per split.
+    constexpr u32 DEC_MERGE = 8;
+    for (u32 i = tid; i < gcount * (HD / 4); i += DEC_THREADS) {
+        const u32 head = head0 + i / (HD / 4), d4 = i % (HD / 4);
+        const u64 row0 = ((u64)seq * n_heads + head) * n_splits;
+        const float4* po = reinterpret_cast<const float4*>(part_o) + row0 * (HD / 4) + d4;
+        float mx = ATT_NEG_INF, wsum = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (u32 s0 = 0; s0 < n_valid; s0 += DEC_MERGE) {
+            float lse[DEC_MERGE];
+            float4 ov[DEC_MERGE];
+#pragma unroll
+            for (u32 k = 0; k < DEC_MERGE; ++k) {
+                const bool in = s0 + k < n_valid;
+                lse[k] = in ? __ldcg(part_lse + row0 + s0 + k) : ATT_NEG_INF;
+                ov[k] = in ? __ldcg(po + (u64)(s0 + k) * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            float mg = mx;
+#pragma unroll
+            for (u32 k = 0; k < DEC_MERGE; ++k) mg = fmaxf(mg, lse[k]);  // drops NaN: it arrives through w
+            const float m_use = mg == ATT_NEG_INF ? 0.f : mg;             // every lse so far NaN
+            const float alpha = pf_exp2(mx - m_use);
+            wsum *= alpha;
+            acc.x *= alpha;
+            acc.y *= alpha;
+            acc.z *= alpha;
+            acc.w *= alpha;
+            mx = mg;
+#pragma unroll
+            for (u32 k = 0; k < DEC_MERGE; ++k) {
+                const float w = pf_exp2(lse[k] - m_use);  // 0 for the splits past n_valid
+                wsum += w;
+                acc.x = fmaf(w, ov[k].x, acc.x);
+                acc.y = fmaf(w, ov[k].y, acc.y);
+                acc.z = fmaf(w, ov[k].z, acc.z);
+                acc.w = fmaf(w, ov[k].w, acc.w);
+            }
+        }
+        const float inv = 1.f / wsum;
+        const uint2 packed = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
+                                        (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
+        *reinterpret_cast<uint2*>(out + ((u64)seq * n_heads + head) * HD + 4 * d4) = packed;
+    }
+}
+
+// Head dim 128: a 96 KiB ring (4 warps x 3 stages x 8 KiB of K and V) allows 2 CTAs per SM;
+// head dim 64: 48 KiB, 4 CTAs.
+#define DECODE_KERNEL(HD, MINB)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) paged_decode_hd##HD(                            \
+        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters, \
+        const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,             \
+        const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
+        u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
+        float scale_log2) {                                                                                         \
+        decode_body<HD>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks, ctx_lens,   \
+                        num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits, min_split,           \
+                        scale_log2);                                                                                \
+    }
+
+DECODE_KERNEL(64, 4)
+DECODE_KERNEL(128, 2)

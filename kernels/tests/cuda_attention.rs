@@ -8,7 +8,10 @@
 //! every output starts as NaN. Shapes: GQA ratios 1, 3, 4, 8 and 12, head_dim 64 and 128,
 //! block size 16, contexts 1, 17, 500, 4096, batches of 1 and 33 sequences of different
 //! lengths, prefill chunks starting at 0 and mid-context; decode with the automatic split,
-//! a forced split of 64 positions (many splits + the reduction) and no split at all.
+//! a forced split of 64 positions (many splits merged by the last CTA) and no split at
+//! all, and with the engine's graph-sized `max_context` (8192, far past the real contexts,
+//! so most splits start past them), twice on one workspace (its merge counters must be
+//! back at zero after each launch).
 //!
 //! Prefill also runs chunks of 1..16 tokens mixed with decode-like rows, chunk lengths and
 //! contexts that are not multiples of the kernel's 16-row / 64-position tiles, groups 1, 3,
@@ -19,7 +22,8 @@
 //! computation on identical inputs: `|gpu - ref| <= 2^-7 |ref| + 1e-4` per element (the
 //! output's bf16 rounding, with room for f32 reordering and exp2 vs exp to flip it; 1e-4
 //! covers outputs that average out near zero, V being in [-1, 1)), and relative L2 error
-//! <= 4e-3 over the whole output. NaN never passes. Prefill (tensor cores) rounds each
+//! <= 4e-3 over the whole output. NaN never passes. Decode applies each softmax weight as
+//! two bf16 terms (relative error about 2^-17), inside these bounds. Prefill rounds each
 //! softmax weight `w_p` to bf16 (relative error <= 2^-8) before multiplying V, which moves
 //! an output by at most `2^-8 * sum_p w_p |v_p|`: its per-element bound adds exactly that,
 //! computed by the CPU reference run on `|V|`. The L2 bound stays 4e-3 (those roundings
@@ -332,6 +336,66 @@ fn decode_with_understated_max_context_is_still_right() {
         dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, Some(100), Some(&mut ws)).unwrap();
     assert_eq!(plan.n_splits, 3);
     assert_close("decode, max_context 300 for a 1000-position context", &dev.download(&out).unwrap(), &want);
+    // The automatic plan sizes the grid for 300 positions; each sequence then divides its
+    // own context among those splits.
+    let mut out = poisoned(&dev, s.q.len());
+    let plan = dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, None, Some(&mut ws)).unwrap();
+    assert!(plan.n_splits > 1, "{plan:?}");
+    let what = format!("decode, max_context 300 for a 1000-position context [auto: {} splits]", plan.n_splits);
+    assert_close(&what, &dev.download(&out).unwrap(), &want);
+}
+
+#[test]
+fn decode_with_graph_sized_max_context() {
+    // The engine's captured decode graphs pass max_context 8192 whatever the real contexts
+    // (and size the workspace for 512 sequence-splits per head). The automatic plan sizes
+    // the grid for 8192 positions, every sequence splits its own context and the splits
+    // past it exit; forced splits leave most of the grid past the contexts. Each call runs
+    // twice on the same workspace: the merge counters must be back at zero after a launch.
+    let Some(dev) = gpu("decode_with_graph_sized_max_context") else { return };
+    let mut r = rng(47);
+    let small = vec![600usize, 65, 9000]; // 9000: past max_context, handled by its last split
+    let mut large = vec![1usize, 16, 63, 64, 65, 600, 601, 1000, 2049];
+    while large.len() < 24 {
+        large.push(500 + r.next_u32() as usize % 200);
+    }
+    for (n_heads, n_kv, hd) in [(32usize, 8usize, 128usize), (9, 3, 64), (8, 8, 128)] {
+        for lens in [&small, &large] {
+            let scale = 1.0 / (hd as f32).sqrt();
+            let case = Case { n_heads, n_kv, hd, seqs: lens.iter().map(|&c| (c - 1, 1)).collect(), scale };
+            let s = case.setup(&dev, &mut r);
+            let want = case.reference(&s);
+            let mut ws = dev.decode_workspace(512, n_heads, hd, 1).unwrap();
+            for (label, split) in [("auto", None), ("split 64", Some(64))] {
+                for rep in 0..2 {
+                    let mut out = poisoned(&dev, s.q.len());
+                    let plan = dev
+                        .paged_decode_attention(
+                            &mut out,
+                            &s.q_d,
+                            &s.batch(),
+                            n_heads,
+                            scale,
+                            8192,
+                            split,
+                            Some(&mut ws),
+                        )
+                        .unwrap();
+                    if lens.len() < 4 {
+                        assert!(plan.n_splits > 1, "{label}: {plan:?}");
+                    }
+                    let what = format!(
+                        "decode {} max_context 8192 [{label}: {} splits of {}, call {}]",
+                        case.name(),
+                        plan.n_splits,
+                        plan.split_len,
+                        rep + 1
+                    );
+                    assert_close(&what, &dev.download(&out).unwrap(), &want);
+                }
+            }
+        }
+    }
 }
 
 fn prefill_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
@@ -485,9 +549,11 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
     let batch = PagedBatch { block_tables: &tables, context_lens: &ctx, ..s.batch() };
     let row = 8 * 64;
     let mut ws: DecodeWorkspace = dev.decode_workspace(3, 8, 64, 8).unwrap();
-    for split in [None, Some(16)] {
+    // Splits of 16: the NaN row merges a NaN split with good ones; max_context 8192: most
+    // splits start past the contexts.
+    for (split, max_ctx) in [(None, 41), (Some(16), 41), (None, 8192), (Some(16), 8192)] {
         let mut out = poisoned(&dev, s.q.len());
-        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, split, Some(&mut ws)).unwrap();
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, max_ctx, split, Some(&mut ws)).unwrap();
         let got = dev.download(&out).unwrap();
         assert_close("decode next to bad rows", &got[..row], &want[..row]);
         assert!(got[row..2 * row].iter().all(|v| v.is_nan()), "unmapped block must give NaN");
@@ -525,24 +591,34 @@ fn fast_rand_bf16(n: usize, seed: u64) -> Vec<bf16> {
         .collect()
 }
 
-/// A cache of `num_blocks` blocks filled on the GPU (write_kv from a 64k-token random pool),
-/// so tens of GB need no host upload.
-fn filled_cache(dev: &Device, cache: &PagedKv, num_blocks: usize) -> (Buf<bf16>, Buf<bf16>) {
+/// Random K and V rows (64k tokens) that [`filled_cache`] copies around the cache.
+struct KvPool {
+    k: Buf<bf16>,
+    v: Buf<bf16>,
+    tokens: usize,
+}
+
+fn kv_pool(dev: &Device, cache: &PagedKv) -> KvPool {
+    let (tokens, stride) = (65536, cache.n_kv_heads * cache.head_dim);
+    let k = dev.upload(&fast_rand_bf16(tokens * stride, 11)).unwrap();
+    let v = dev.upload(&fast_rand_bf16(tokens * stride, 12)).unwrap();
+    KvPool { k, v, tokens }
+}
+
+/// A cache of `num_blocks` blocks filled on the GPU (write_kv from the random pool), so tens
+/// of GB need no host upload.
+fn filled_cache(dev: &Device, cache: &PagedKv, pool: &KvPool, num_blocks: usize) -> (Buf<bf16>, Buf<bf16>) {
     let stride = cache.n_kv_heads * cache.head_dim;
     let slots_total = num_blocks * cache.block_size;
-    let pool = 65536usize.min(slots_total);
-    let (kp, vp) = (
-        dev.upload(&fast_rand_bf16(pool * stride, 11)).unwrap(),
-        dev.upload(&fast_rand_bf16(pool * stride, 12)).unwrap(),
-    );
     let (mut kc, mut vc) =
         (dev.alloc::<bf16>(slots_total * stride).unwrap(), dev.alloc::<bf16>(slots_total * stride).unwrap());
-    let mut slots = dev.alloc::<u32>(pool).unwrap();
-    for start in (0..slots_total).step_by(pool) {
-        // The last chunk may overlap the previous one: slots past the end would be skipped anyway.
-        let s0 = start.min(slots_total - pool) as u32;
-        dev.write(&mut slots, &(s0..s0 + pool as u32).collect::<Vec<_>>()).unwrap();
-        dev.write_kv(cache, &mut kc, &mut vc, &kp, &vp, &slots).unwrap();
+    let mut slots = dev.alloc::<u32>(pool.tokens).unwrap();
+    for start in (0..slots_total).step_by(pool.tokens) {
+        // Slots past the cache (u32::MAX) are skipped by write_kv.
+        let ids: Vec<u32> =
+            (start..start + pool.tokens).map(|s| if s < slots_total { s as u32 } else { u32::MAX }).collect();
+        dev.write(&mut slots, &ids).unwrap();
+        dev.write_kv(cache, &mut kc, &mut vc, &pool.k, &pool.v, &slots).unwrap();
     }
     dev.synchronize().unwrap();
     (kc, vc)
@@ -562,56 +638,122 @@ fn shuffled_tables(dev: &Device, copies: usize, batch: usize, blocks: usize) -> 
     ids.chunks(batch * blocks).map(|c| dev.upload(c).unwrap()).collect()
 }
 
-#[test]
-fn bench_decode_attention_llama8b() {
-    let Some(dev) = bench_enabled("bench_decode_attention_llama8b") else { return };
-    let (n_heads, n_kv, hd) = (32usize, 8usize, 128usize);
-    let cache = PagedKv { block_size: 16, n_kv_heads: n_kv, head_dim: hd };
-    let scale = 1.0 / (hd as f32).sqrt();
-    let token_bytes = n_kv * hd * 2 * 2; // K + V, bf16
-    let mut ws = dev.decode_workspace(256, n_heads, hd, 128).unwrap();
-    for batch in [1usize, 64, 256] {
-        for ctx in [512usize, 4096, 32768] {
-            let blocks = ctx.div_ceil(16);
-            let bytes = batch * ctx * token_bytes;
-            // Rotate over enough disjoint tables that one timing loop reads well over L2.
-            let copies = (512usize << 20).div_ceil(bytes).clamp(1, 64);
-            let (kc, vc) = filled_cache(&dev, &cache, copies * batch * blocks);
-            let tables = shuffled_tables(&dev, copies, batch, blocks);
-            let ctx_d = dev.upload(&vec![ctx as u32; batch]).unwrap();
-            let q = dev.upload(&fast_rand_bf16(batch * n_heads * hd, 13)).unwrap();
-            let mut out = dev.alloc::<bf16>(batch * n_heads * hd).unwrap();
-            let reps = if bytes > (1 << 30) { 3 } else { 20 };
-            let b = |i: usize| PagedBatch {
-                cache,
-                k_cache: &kc,
-                v_cache: &vc,
-                block_tables: &tables[i % copies],
-                max_blocks: blocks,
-                context_lens: &ctx_d,
+/// One decode benchmark shape at Llama-3.1-8B geometry (32 q heads, 8 kv heads, hd 128):
+/// `batch` sequences of `ctx` positions in tables `max_blocks` wide, `max_context` passed to
+/// the call (the engine's graphs pass 8192 whatever the contexts).
+struct DecodeBench<'a> {
+    dev: &'a Device,
+    pool: &'a KvPool,
+    ws: &'a mut DecodeWorkspace,
+    batch: usize,
+    ctx: usize,
+    max_context: usize,
+}
+
+impl DecodeBench<'_> {
+    const N_HEADS: usize = 32;
+    const CACHE: PagedKv = PagedKv { block_size: 16, n_kv_heads: 8, head_dim: 128 };
+
+    /// Runs `(label, split_len, use the workspace)` variants over one cache; prints a BENCH
+    /// line per variant (microseconds, KV bytes read per second).
+    fn run(&mut self, variants: &[(&str, Option<usize>, bool)]) {
+        let (dev, cache, n_heads) = (self.dev, Self::CACHE, Self::N_HEADS);
+        let (batch, ctx) = (self.batch, self.ctx);
+        let hd = cache.head_dim;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let blocks = ctx.div_ceil(16);
+        let max_blocks = blocks.max(self.max_context.div_ceil(16));
+        let bytes = batch * ctx * cache.n_kv_heads * hd * 2 * 2; // K + V, bf16
+                                                                 // Rotate over enough disjoint tables that one timing loop reads well over L2.
+        let copies = (512usize << 20).div_ceil(bytes).clamp(1, 64);
+        let (kc, vc) = filled_cache(dev, &cache, self.pool, copies * batch * blocks);
+        let tables: Vec<Buf<u32>> = shuffled_tables(dev, copies, batch, blocks)
+            .iter()
+            .map(|t| {
+                // Rows max_blocks wide, the entries past the context pointing nowhere.
+                let ids = dev.download(t).unwrap();
+                let mut flat = vec![u32::MAX; batch * max_blocks];
+                for (row, src) in flat.chunks_mut(max_blocks).zip(ids.chunks(blocks)) {
+                    row[..blocks].copy_from_slice(src);
+                }
+                dev.upload(&flat).unwrap()
+            })
+            .collect();
+        let ctx_d = dev.upload(&vec![ctx as u32; batch]).unwrap();
+        let q = dev.upload(&fast_rand_bf16(batch * n_heads * hd, 13)).unwrap();
+        let mut out = dev.alloc::<bf16>(batch * n_heads * hd).unwrap();
+        let reps = if bytes > (1 << 30) { 3 } else { 20 };
+        let b = |i: usize| PagedBatch {
+            cache,
+            k_cache: &kc,
+            v_cache: &vc,
+            block_tables: &tables[i % copies],
+            max_blocks,
+            context_lens: &ctx_d,
+        };
+        for &(label, split, use_ws) in variants {
+            let mut call = |i: usize, out: &mut Buf<bf16>| {
+                let ws = if use_ws { Some(&mut *self.ws) } else { None };
+                dev.paged_decode_attention(out, &q, &b(i), n_heads, scale, self.max_context, split, ws)
             };
-            let p = dev.paged_decode_attention(&mut out, &q, &b(0), n_heads, scale, ctx, None, Some(&mut ws)).unwrap();
-            let ms = median_ms(&dev, 5, reps, |i| {
-                dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, Some(&mut ws)).map(drop)
-            });
+            let p = call(0, &mut out).unwrap();
+            let ms = median_ms(dev, 5, reps, |i| call(i, &mut out).map(drop));
             let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+            let shown =
+                if self.max_context == ctx { String::new() } else { format!(", max_context {}", self.max_context) };
             println!(
-                "BENCH | decode attention | batch {batch} ctx {ctx} ({} split{} of {}) | {:.1} us | - | {gbs:.0} GB/s KV read ({:.0}% of 4300)",
+                "BENCH | decode attention{label} | batch {batch} ctx {ctx}{shown} ({} split{} of {}) | {:.1} us | - | {gbs:.0} GB/s KV read ({:.0}% of 4300)",
                 p.n_splits,
                 if p.n_splits == 1 { "" } else { "s" },
                 p.split_len,
                 ms * 1e3,
                 gbs / 43.0
             );
+        }
+    }
+}
+
+#[test]
+fn bench_decode_attention_llama8b() {
+    let Some(dev) = bench_enabled("bench_decode_attention_llama8b") else { return };
+    let pool = kv_pool(&dev, &DecodeBench::CACHE);
+    let mut ws = dev.decode_workspace(256, DecodeBench::N_HEADS, 128, 128).unwrap();
+    for batch in [1usize, 64, 256] {
+        for ctx in [512usize, 4096, 32768] {
+            let mut bench = DecodeBench { dev: &dev, pool: &pool, ws: &mut ws, batch, ctx, max_context: ctx };
             if batch == 1 && ctx >= 4096 {
                 // The same call without split-KV: what flash-decoding buys at batch 1.
-                let ms1 = median_ms(&dev, 5, reps, |i| {
-                    dev.paged_decode_attention(&mut out, &q, &b(i), n_heads, scale, ctx, None, None).map(drop)
-                });
-                let g1 = bytes as f64 / (ms1 * 1e-3) / 1e9;
-                println!("BENCH | decode attention, no split | batch {batch} ctx {ctx} | {:.1} us | - | {g1:.0} GB/s KV read", ms1 * 1e3);
+                bench.run(&[("", None, true), (", no split", None, false)]);
+            } else {
+                bench.run(&[("", None, true)]);
             }
         }
+    }
+}
+
+#[test]
+fn bench_decode_attention_engine_shapes() {
+    // The engine's decode graphs: max_context 8192 and a workspace of 512 sequence-splits
+    // per head, at the contexts of a chat workload; then forced split lengths, to compare
+    // the automatic plan with its neighbours.
+    let Some(dev) = bench_enabled("bench_decode_attention_engine_shapes") else { return };
+    let pool = kv_pool(&dev, &DecodeBench::CACHE);
+    let mut ws = dev.decode_workspace(512, DecodeBench::N_HEADS, 128, 1).unwrap();
+    for (batch, ctx) in [(1usize, 600usize), (16, 600), (64, 600), (256, 600)] {
+        DecodeBench { dev: &dev, pool: &pool, ws: &mut ws, batch, ctx, max_context: 8192 }.run(&[("", None, true)]);
+    }
+    let forced = |lens: &[usize]| -> Vec<(String, Option<usize>)> {
+        lens.iter().map(|&l| (format!(", forced split {l}"), Some(l))).collect()
+    };
+    for (batch, ctx, lens) in [
+        (1usize, 512usize, forced(&[64, 128, 256, 512])),
+        (1, 4096, forced(&[64, 128, 256, 512])),
+        (1, 32768, forced(&[512, 1024, 2048])),
+        (64, 600, forced(&[152, 304, 600])),
+        (64, 4096, forced(&[1024, 2048, 4096])),
+    ] {
+        let variants: Vec<(&str, Option<usize>, bool)> = lens.iter().map(|(l, s)| (l.as_str(), *s, true)).collect();
+        DecodeBench { dev: &dev, pool: &pool, ws: &mut ws, batch, ctx, max_context: ctx }.run(&variants);
     }
 }
 
@@ -620,9 +762,10 @@ fn bench_prefill_and_write_kv_llama8b() {
     let Some(dev) = bench_enabled("bench_prefill_and_write_kv_llama8b") else { return };
     let (n_heads, n_kv, hd) = (32usize, 8usize, 128usize);
     let cache = PagedKv { block_size: 16, n_kv_heads: n_kv, head_dim: hd };
+    let pool = kv_pool(&dev, &cache);
     for tokens in [512usize, 4096] {
         let blocks = tokens.div_ceil(16);
-        let (mut kc, mut vc) = filled_cache(&dev, &cache, blocks);
+        let (mut kc, mut vc) = filled_cache(&dev, &cache, &pool, blocks);
         let tables = shuffled_tables(&dev, 1, 1, blocks);
         let ctx_d = dev.upload(&[tokens as u32]).unwrap();
         let cu = dev.upload(&[0u32, tokens as u32]).unwrap();

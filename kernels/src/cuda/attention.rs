@@ -1,6 +1,7 @@
 //! Host launchers of the paged-attention kernels (`kernels/cuda/attention.cu`): the K/V
-//! cache write, decode attention (split-KV with a reduction when the grid would otherwise
-//! leave SMs idle) and causal prefill attention over a batch of sequences.
+//! cache write, decode attention (split-KV when the grid would otherwise leave SMs idle,
+//! the splits merged inside the same launch) and causal prefill attention over a batch of
+//! sequences.
 //!
 //! Layout and semantics are those of [`crate::cpu::attention`], with bf16 storage: one
 //! layer's K and V caches are `[num_blocks, block_size, n_kv_heads, head_dim]`, a sequence's
@@ -13,14 +14,17 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
-use super::paged::{plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS, PF_ROWS};
+use super::paged::{
+    decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS, MIN_SPLIT_TOKENS, PF_ROWS,
+};
 use crate::cpu::attention::PagedKv;
 use crate::error::check;
 use crate::KernelError;
 use half::bf16;
 
-/// Query heads one decode CTA serves at most (its registers hold q and the accumulators of
-/// each); larger GQA groups are split into chunks of at most this many heads.
+/// Query heads one decode CTA serves at most (the rows 0..8 of its MMA tiles; rows 8..16
+/// carry the low halves of the softmax weights); larger GQA groups are split into chunks of
+/// at most this many heads.
 const DECODE_MAX_GROUP: usize = 8;
 /// Threads of a decode CTA (must match DEC_THREADS in the .cu).
 const DECODE_THREADS: u32 = 128;
@@ -35,47 +39,53 @@ const LOG2_E: f32 = std::f32::consts::LOG2_E;
 /// The attention kernels, resolved at device start.
 pub(crate) struct AttentionKernels {
     write_kv: CudaFunction,
-    decode_reduce: CudaFunction,
-    /// `[head_dim index][log2 of the group bound]`: `paged_decode_hd{64,128}_g{1,2,4,8}`.
-    decode: [[CudaFunction; 4]; 2],
+    /// `paged_decode_hd{64,128}`.
+    decode: [CudaFunction; 2],
+    /// Decode CTAs resident per SM, per head dim (the driver's occupancy at the kernel's
+    /// registers and shared memory): the split plan aims at one wave of them.
+    decode_ctas_per_sm: [usize; 2],
     /// `paged_prefill_hd{64,128}`.
     prefill: [CudaFunction; 2],
 }
 
 impl AttentionKernels {
-    /// Resolves the kernels of module `attention` through `f(module, function)` and raises
-    /// the prefill kernels' dynamic shared-memory limit.
+    /// Resolves the kernels of module `attention` through `f(module, function)`, raises
+    /// the decode and prefill kernels' dynamic shared-memory limits and reads the decode
+    /// kernels' occupancy.
     pub(crate) fn load(f: &dyn Fn(&str, &str) -> Result<CudaFunction, KernelError>) -> Result<Self, KernelError> {
         let m = "attention";
-        let dec = |hd: usize| -> Result<[CudaFunction; 4], KernelError> {
-            Ok([
-                f(m, &format!("paged_decode_hd{hd}_g1"))?,
-                f(m, &format!("paged_decode_hd{hd}_g2"))?,
-                f(m, &format!("paged_decode_hd{hd}_g4"))?,
-                f(m, &format!("paged_decode_hd{hd}_g8"))?,
-            ])
+        let smem_limit = |func: &CudaFunction, bytes: usize| {
+            let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+            func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
+                .map_err(dev_err("cuda_attention_smem_limit"))
         };
         let prefill = [f(m, "paged_prefill_hd64")?, f(m, "paged_prefill_hd128")?];
         for (func, hd) in prefill.iter().zip(HEAD_DIMS) {
-            let bytes = i32::try_from(prefill_smem_bytes(hd)).unwrap_or(i32::MAX);
-            func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
-                .map_err(dev_err("cuda_attention_smem_limit"))?;
+            smem_limit(func, prefill_smem_bytes(hd))?;
         }
-        Ok(AttentionKernels {
-            write_kv: f(m, "write_kv")?,
-            decode_reduce: f(m, "decode_reduce")?,
-            decode: [dec(64)?, dec(128)?],
-            prefill,
-        })
+        let decode = [f(m, "paged_decode_hd64")?, f(m, "paged_decode_hd128")?];
+        let mut decode_ctas_per_sm = [1usize; 2];
+        for ((func, hd), per_sm) in decode.iter().zip(HEAD_DIMS).zip(&mut decode_ctas_per_sm) {
+            smem_limit(func, decode_smem_bytes(hd))?;
+            let n = func
+                .occupancy_max_active_blocks_per_multiprocessor(DECODE_THREADS, decode_smem_bytes(hd), None)
+                .map_err(dev_err("cuda_attention_occupancy"))?;
+            *per_sm = (n as usize).max(1);
+        }
+        Ok(AttentionKernels { write_kv: f(m, "write_kv")?, decode, decode_ctas_per_sm, prefill })
     }
 }
 
 /// Scratch of split-KV decode: per (sequence, head, split) the normalised partial output
-/// (`head_dim` f32) and its log2 softmax mass. Made once ([`Device::decode_workspace`]) and
-/// reused every step, so a decode step allocates nothing.
+/// (`head_dim` f32) and its log2 softmax mass, and per (sequence, kv head chunk) a count of
+/// the splits done (the last one merges; it leaves the count at 0). Made once
+/// ([`Device::decode_workspace`]) and reused every step, so a decode step allocates nothing.
 pub struct DecodeWorkspace {
     part_o: Buf<f32>,
     part_lse: Buf<f32>,
+    /// Zero between launches. Splitting needs room for two splits per head, so a call that
+    /// splits has at most `rows / 2` (sequence, head) pairs, and at most that many chunks.
+    counters: Buf<u32>,
     head_dim: usize,
 }
 
@@ -228,17 +238,31 @@ impl Device {
             op: OP,
             detail: format!("{rows} rows x head_dim {head_dim}: empty or overflowing"),
         })?;
-        Ok(DecodeWorkspace { part_o: self.alloc(o_len)?, part_lse: self.alloc(rows)?, head_dim })
+        Ok(DecodeWorkspace {
+            part_o: self.alloc(o_len)?,
+            part_lse: self.alloc(rows)?,
+            counters: self.alloc((rows / 2).max(1))?,
+            head_dim,
+        })
     }
 
     /// Decode attention: one query per sequence, `q`, `out` `[num_seqs, n_heads, head_dim]`,
     /// the query at position `context_lens[s] - 1` attending to positions
     /// `0..context_lens[s]`; scores `scale * q.k`, softmax and sums in f32.
     ///
-    /// `max_context` (the longest context in the batch) sizes the split-KV grid; a longer
-    /// context is still handled correctly, by its last split. `split_len` forces positions
-    /// per split (`None`: chosen to fill the GPU). Without a `workspace`, or with one too
-    /// small for two splits, each CTA covers a whole context. Returns the plan used.
+    /// `max_context` (the longest context in the batch) sizes the split-KV grid: with
+    /// `split_len` `None` the number of splits is chosen to fill the GPU and each sequence
+    /// divides its own context into that many splits (at least 64 positions each), so a
+    /// `max_context` far above the real contexts (a captured graph's) costs only the CTAs of
+    /// splits that have nothing to do, which exit at once; a longer context is still handled
+    /// correctly. `split_len` `Some(n)` forces `n` positions per split, the last split of a
+    /// sequence running to its end. Without a `workspace`, or with one too small for two
+    /// splits, each CTA covers a whole context. The splits of a sequence are merged by the
+    /// last of its CTAs to finish: one kernel launch either way. Returns the plan used.
+    ///
+    /// Runs on tensor cores: `q.k` is the exact bf16 products summed in f32; each softmax
+    /// weight multiplies V as two bf16 terms (about 16 significant bits), so the output is
+    /// that of f32 weights up to its own bf16 rounding.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_attention(
         &self,
@@ -274,18 +298,16 @@ impl Device {
             None => 1,
         };
         let ctas = g.num_seqs * batch.cache.n_kv_heads * g.hchunks;
-        let plan = plan_splits(ctas, max_context, split_len, capacity, self.sm_count);
+        let slots = self.sm_count * self.kernels.attention.decode_ctas_per_sm[g.hd_index];
+        let plan = plan_splits(ctas, max_context, split_len, capacity, slots);
 
-        let gm_index = match g.gt {
-            1 => 0,
-            2 => 1,
-            3 | 4 => 2,
-            _ => 3,
-        };
-        let func = &self.kernels.attention.decode[g.hd_index][gm_index];
+        let func = &self.kernels.attention.decode[g.hd_index];
         let u = |what: &str, v: usize| to_u32(OP, what, v);
         let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
-        let (n_splits, split) = (u("n_splits", plan.n_splits)?, u("split_len", plan.split_len)?);
+        // 0: every sequence derives its split length from its own context (the kernel's rule
+        // is paged::auto_split_len).
+        let dev_split = if split_len.is_some() { u("split_len", plan.split_len)? } else { 0 };
+        let n_splits = u("n_splits", plan.n_splits)?;
         let (max_blocks, num_blocks, block_size) = (
             u("max_blocks", batch.max_blocks)?,
             u("num_blocks", g.num_blocks)?,
@@ -293,57 +315,52 @@ impl Device {
         );
         let (nh, nkv, group, gt) =
             (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
+        let min_split = u("min_split", MIN_SPLIT_TOKENS)?;
         let scale_log2 = scale * LOG2_E;
+        let smem = u("shared memory", decode_smem_bytes(hd))?;
         let cfg =
-            LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: 0 };
+            LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: smem };
         let null = 0u64;
-        let mut ws = workspace.filter(|_| plan.n_splits > 1);
-        {
-            let mut b = self.stream.launch_builder(func);
-            b.arg(&mut out.inner);
-            match ws.as_deref_mut() {
-                Some(w) => {
-                    b.arg(&mut w.part_o.inner).arg(&mut w.part_lse.inner);
-                }
-                None => {
-                    b.arg(&null).arg(&null);
-                }
+        let ws = workspace.filter(|_| plan.n_splits > 1);
+        if let Some(w) = &ws {
+            // Guaranteed by the capacity rule (see DecodeWorkspace::counters); checked so a
+            // change there cannot turn into writes past the buffer.
+            check(g.num_seqs * batch.cache.n_kv_heads * g.hchunks <= w.counters.len(), OP, || {
+                format!("workspace holds {} split counters, {ctas} needed", w.counters.len())
+            })?;
+        }
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut out.inner);
+        match ws {
+            Some(w) => {
+                b.arg(&mut w.part_o.inner).arg(&mut w.part_lse.inner).arg(&mut w.counters.inner);
             }
-            b.arg(&q.inner)
-                .arg(&batch.k_cache.inner)
-                .arg(&batch.v_cache.inner)
-                .arg(&batch.block_tables.inner)
-                .arg(&max_blocks)
-                .arg(&batch.context_lens.inner)
-                .arg(&num_blocks)
-                .arg(&block_size)
-                .arg(&nh)
-                .arg(&nkv)
-                .arg(&group)
-                .arg(&gt)
-                .arg(&split)
-                .arg(&n_splits)
-                .arg(&scale_log2);
-            // SAFETY: argument order matches the kernel; q/out/table/cache lengths were
-            // checked; partials are written only with n_splits > 1, where the workspace holds
-            // num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by it).
-            unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
+            None => {
+                b.arg(&null).arg(&null).arg(&null);
+            }
         }
-        if let Some(w) = ws {
-            let hd32 = u("head_dim", hd)?;
-            let cfg = LaunchConfig { grid_dim: (seqs, nh, 1), block_dim: (hd32, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(&self.kernels.attention.decode_reduce);
-            b.arg(&mut out.inner)
-                .arg(&w.part_o.inner)
-                .arg(&w.part_lse.inner)
-                .arg(&batch.context_lens.inner)
-                .arg(&nh)
-                .arg(&hd32)
-                .arg(&split)
-                .arg(&n_splits);
-            // SAFETY: as above; the reduction reads only rows the first kernel wrote.
-            unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
-        }
+        b.arg(&q.inner)
+            .arg(&batch.k_cache.inner)
+            .arg(&batch.v_cache.inner)
+            .arg(&batch.block_tables.inner)
+            .arg(&max_blocks)
+            .arg(&batch.context_lens.inner)
+            .arg(&num_blocks)
+            .arg(&block_size)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&group)
+            .arg(&gt)
+            .arg(&dev_split)
+            .arg(&n_splits)
+            .arg(&min_split)
+            .arg(&scale_log2);
+        // SAFETY: argument order matches the kernel; q/out/table/cache lengths were
+        // checked; partials and counters are touched only with n_splits > 1, where the
+        // workspace holds num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by
+        // it; the kernel never lets more than n_splits splits of a sequence start before its
+        // context) and a counter per (sequence, kv head chunk).
+        unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
         Ok(plan)
     }
 

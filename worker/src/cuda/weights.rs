@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use tessera_kernels::cpu::rope::{Llama3Scaling, RopeParams, RopeStyle};
+use tessera_kernels::GgmlType;
 use tessera_kernels::cuda::{bf16, Buf, Device, RopeCache};
 use tessera_model::config::{self, ModelConfig};
 use tessera_model::weights::ModelFiles;
@@ -92,6 +93,13 @@ impl FileReader<'_> {
             found: format!("{vcols} columns"),
         })?;
         let mut out = vec![bf16::ZERO; v.rows * vcols];
+        if ty == GgmlType::BF16 {
+            // safetensors / GGUF bf16: the bits as they are.
+            out.par_iter_mut().zip(v.data.par_chunks_exact(2)).for_each(|(d, b)| {
+                *d = bf16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+            });
+            return Ok(out);
+        }
         out.par_chunks_mut(vcols).zip(v.data.par_chunks(row_bytes)).try_for_each_init(
             || vec![0f32; vcols],
             |tmp, (dst, src)| -> Result<(), WorkerError> {
