@@ -70,6 +70,7 @@ pub(crate) struct Kernels {
     pub fill_uniform: CudaFunction,
     pub sample_rows: CudaFunction,
     pub attention: super::attention::AttentionKernels,
+    pub gemv: super::gemv::GemvKernels,
 }
 
 /// A CUDA device with Tessera's kernels loaded.
@@ -113,6 +114,10 @@ impl Device {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(dev_err(OP))?;
         let sm_count = usize::try_from(sms).unwrap_or(1).max(1);
+        let smem_optin = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(dev_err(OP))?;
+        let smem_optin = usize::try_from(smem_optin).unwrap_or(0);
 
         let compiler = nvrtc::version()?;
         let mut modules: Vec<(&'static str, Arc<CudaModule>)> = Vec::new();
@@ -148,6 +153,7 @@ impl Device {
             fill_uniform: f("init", "fill_uniform")?,
             sample_rows: f("sampling", "sample_rows")?,
             attention: super::attention::AttentionKernels::load(&f)?,
+            gemv: super::gemv::GemvKernels::load(&f, smem_optin)?,
         };
         let gemm = super::gemm::Gemm::new(&stream)?;
         Ok(Device { ctx, stream, kernels, gemm, ordinal, sm_count, name, arch, reports })

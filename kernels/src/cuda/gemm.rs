@@ -10,6 +10,9 @@
 //! The descriptors and the heuristic's algorithm are made once per (m, rows, cols) and
 //! kept: asking the heuristic costs tens of µs of CPU, more than a decode GEMM takes on
 //! the GPU. A model has a handful of shapes per batch size, so the map stays small.
+//!
+//! Batches of at most 8 rows against weights of up to 64M values go to the GEMV kernel
+//! instead (`gemv.rs`), which is faster than cuBLASLt there.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -202,7 +205,7 @@ impl Device {
         rows: usize,
         cols: usize,
     ) -> Result<(), KernelError> {
-        self.gemm_into(&mut out.inner, false, x, m, w, rows, cols)
+        self.gemm_into(&mut out.inner, false, x, m, w, rows, cols, true)
     }
 
     /// [`Device::matmul`] with an f32 `out` (the LM head: logits keep the accumulator's
@@ -216,7 +219,35 @@ impl Device {
         rows: usize,
         cols: usize,
     ) -> Result<(), KernelError> {
-        self.gemm_into(&mut out.inner, true, x, m, w, rows, cols)
+        self.gemm_into(&mut out.inner, true, x, m, w, rows, cols, true)
+    }
+
+    /// [`Device::matmul`] always through cuBLASLt, never the GEMV (benchmarks compare them).
+    #[doc(hidden)]
+    pub fn matmul_cublaslt(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        self.gemm_into(&mut out.inner, false, x, m, w, rows, cols, false)
+    }
+
+    /// [`Device::matmul_f32`] always through cuBLASLt, never the GEMV.
+    #[doc(hidden)]
+    pub fn matmul_f32_cublaslt(
+        &self,
+        out: &mut Buf<f32>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        self.gemm_into(&mut out.inner, true, x, m, w, rows, cols, false)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -229,6 +260,7 @@ impl Device {
         w: &Buf<bf16>,
         rows: usize,
         cols: usize,
+        allow_gemv: bool,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_matmul";
         check(rows > 0 && cols > 0, OP, || format!("weight {rows}x{cols} is empty"))?;
@@ -243,6 +275,10 @@ impl Device {
         })?;
         if m == 0 {
             return Ok(());
+        }
+        // Decode batches stream W once: the GEMV does that at full bandwidth (gemv.rs).
+        if allow_gemv && super::gemv::applies(m, rows, cols) {
+            return self.gemv_into(out, out_f32, x, m, w, rows, cols);
         }
         let plan = self.gemm.plan(m, rows, cols, out_f32)?;
         let s = &self.stream;

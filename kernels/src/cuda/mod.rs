@@ -10,7 +10,8 @@
 //!
 //! Submodules: `arch` and `module_cache` (pure, always built and tested); with the feature,
 //! `sources` (the embedded .cu text), `nvrtc` (compile + cache), `device` (context, stream,
-//! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `attention` (paged
+//! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `gemv` (the decode GEMM
+//! for at most 8 rows, which `gemm` routes to), `attention` (paged
 //! attention launchers), `qkv` (fused Q/K/V preparation), `init` (random fill), `sampling`
 //! (token sampling); without it, `stub`. Always built: `paged` (the attention batch
 //! description and split planning), `qkv_args` (the inputs of the fused Q/K/V preparation)
@@ -28,6 +29,8 @@ mod attention;
 mod device;
 #[cfg(feature = "cuda")]
 mod gemm;
+#[cfg(feature = "cuda")]
+mod gemv;
 #[cfg(feature = "cuda")]
 mod graph;
 #[cfg(feature = "cuda")]

@@ -14,6 +14,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("qkv", include_str!("../../cuda/qkv.cu")),
     ("init", include_str!("../../cuda/init.cu")),
     ("sampling", include_str!("../../cuda/sampling.cu")),
+    ("gemv", include_str!("../../cuda/gemv.cu")),
 ];
 
 /// The full text NVRTC compiles for a module body.

@@ -213,6 +213,34 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
+    #[doc(hidden)]
+    pub fn matmul_cublaslt(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    #[doc(hidden)]
+    pub fn set_gemv_tuning(&self, stages: usize, warps: usize, persistent: bool, pdl: u8) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    #[doc(hidden)]
+    pub fn matmul_f32_cublaslt(
+        &self,
+        out: &mut Buf<f32>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
     pub fn copy_rows<T: Elem>(
         &self,
         dst: &mut Buf<T>,

@@ -283,6 +283,11 @@ impl CudaModel {
             kv.v.push(dev.alloc(per_layer)?);
         }
         let decode_ws = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
+        // Every GEMM this device runs from now on multiplies by a weight, and weights are
+        // written only at load (finished here): the small-batch GEMV may start streaming W
+        // before the previous kernel ends (6-stage ring, 8 warps, one wave, early PDL).
+        dev.synchronize()?;
+        dev.set_gemv_tuning(6, 8, true, 2)?;
         Ok(CudaModel {
             core: Core { dev, config, w },
             kv,

@@ -8,8 +8,8 @@
 use rayon::prelude::*;
 
 use tessera_kernels::cpu::rope::{Llama3Scaling, RopeParams, RopeStyle};
-use tessera_kernels::GgmlType;
 use tessera_kernels::cuda::{bf16, Buf, Device, RopeCache};
+use tessera_kernels::GgmlType;
 use tessera_model::config::{self, ModelConfig};
 use tessera_model::weights::ModelFiles;
 
