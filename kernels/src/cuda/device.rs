@@ -211,6 +211,22 @@ impl Device {
         self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err("cuda_write"))
     }
 
+    /// Overwrites `dst[offset..offset + host.len()]` with `host`.
+    pub fn write_at<T: Elem>(&self, dst: &mut Buf<T>, offset: usize, host: &[T]) -> Result<(), KernelError> {
+        let end = offset.checked_add(host.len()).filter(|&e| e <= dst.len());
+        let Some(end) = end else {
+            return Err(KernelError::Shape {
+                op: "cuda_write_at",
+                detail: format!("{} elements at {offset} do not fit a buffer of {}", host.len(), dst.len()),
+            });
+        };
+        if host.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.inner.slice_mut(offset..end);
+        self.stream.memcpy_htod(host, &mut view).map_err(dev_err("cuda_write_at"))
+    }
+
     /// Copies rows `src_row..src_row + n_rows` of `src` to rows `dst_row..` of `dst`, both
     /// seen as `[_, row_len]` (a device-to-device copy queued on the stream).
     pub fn copy_rows<T: Elem>(

@@ -158,7 +158,9 @@ impl StepIndex {
     }
 
     /// Writes a decode batch (one token per chunk, `chunks.len() <= b`) into a graph's
-    /// inputs; rows past the batch are padding.
+    /// inputs; rows past the batch are padding. `host.tables` mirrors the device's block
+    /// tables, so only the span of rows whose used blocks changed is uploaded (a decode
+    /// step usually changes none or a few; entries past a row's context are never read).
     fn refill(
         &mut self,
         dev: &Device,
@@ -171,6 +173,7 @@ impl StepIndex {
         host.positions.fill(0);
         host.slots.fill(u32::MAX);
         host.ctx.fill(0);
+        let mut dirty: Option<(usize, usize)> = None;
         for (i, s) in chunks.iter().enumerate() {
             let p = s.first_pos;
             host.ids[i] = s.tokens[0];
@@ -178,12 +181,18 @@ impl StepIndex {
             host.slots[i] = s.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32;
             host.ctx[i] = (p + 1) as u32;
             let used = (p + 1).div_ceil(block_size);
-            host.tables[i * mb..i * mb + used].copy_from_slice(&s.block_table[..used]);
+            let row = &mut host.tables[i * mb..i * mb + used];
+            if row != &s.block_table[..used] {
+                row.copy_from_slice(&s.block_table[..used]);
+                dirty = Some(dirty.map_or((i, i), |(a, _)| (a, i)));
+            }
         }
         dev.write(&mut self.ids, &host.ids)?;
         dev.write(&mut self.positions, &host.positions)?;
         dev.write(&mut self.slots, &host.slots)?;
-        dev.write(&mut self.block_tables, &host.tables)?;
+        if let Some((a, z)) = dirty {
+            dev.write_at(&mut self.block_tables, a * mb, &host.tables[a * mb..(z + 1) * mb])?;
+        }
         dev.write(&mut self.context_lens, &host.ctx)?;
         Ok(())
     }
