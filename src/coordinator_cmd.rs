@@ -1,4 +1,5 @@
-//! `tessera coordinator`: connects to its workers, has each load the model, builds one
+//! `tessera coordinator`: connects to its workers, has each load the model (or its shard:
+//! with `--tp T --pp P`, every T x P consecutive workers form one replica), builds one
 //! scheduler + engine loop per replica, and serves `tessera.coordinator.v1` to gateways.
 
 use std::net::SocketAddr;
@@ -8,11 +9,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessera_coordinator::engine::Engine;
+use tessera_coordinator::placement::Placement;
+use tessera_coordinator::replica_link::{LoadSpec, ReplicaLink};
 use tessera_coordinator::service::CoordinatorService;
-use tessera_coordinator::worker_link::WorkerLink;
 use tessera_coordinator::{Scheduler, SchedulerConfig};
 use tessera_proto::coordinator::coordinator_server::CoordinatorServer;
-use tessera_proto::worker as pb;
 
 /// Run the coordinator.
 #[derive(Debug, Args)]
@@ -45,6 +46,12 @@ pub struct CoordinatorArgs {
     /// Context length to serve (default: the model's).
     #[arg(long, env = "TESSERA_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+    /// Tensor-parallel ranks per replica.
+    #[arg(long, env = "TESSERA_TP", default_value_t = 1)]
+    pub tp: usize,
+    /// Pipeline stages per replica.
+    #[arg(long, env = "TESSERA_PP", default_value_t = 1)]
+    pub pp: usize,
     /// Seconds to wait for workers to come up.
     #[arg(long, default_value_t = 120)]
     pub connect_timeout_s: u64,
@@ -56,17 +63,31 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
         let mut handles = Vec::new();
         let mut served_len = usize::MAX;
         let mut vocab = usize::MAX;
-        for addr in &args.workers {
-            let load = pb::LoadRequest {
+        let files = tessera_model::weights::ModelFiles::open(&args.model)
+            .with_context(|| format!("reading {}", args.model.display()))?;
+        let config = files.config().context("model config")?;
+        let placement = Placement::plan(&config, args.tp, args.pp).context("placing the model")?;
+        let per_replica = placement.workers();
+        if args.workers.is_empty() || args.workers.len() % per_replica != 0 {
+            bail!(
+                "{} workers do not form whole replicas of tp {} x pp {} = {per_replica}",
+                args.workers.len(),
+                args.tp,
+                args.pp
+            );
+        }
+        for (r, addrs) in args.workers.chunks(per_replica).enumerate() {
+            let addr = addrs.join(",");
+            let spec = LoadSpec {
                 model_path: args.model.display().to_string(),
                 block_size: args.block_size,
-                num_blocks: 0,
                 kv_memory_bytes: args.kv_memory_mib << 20,
-                shard: Some(pb::Shard { tp_rank: 0, tp_size: 1, pp_rank: 0, pp_size: 1, layer_begin: 0, layer_end: 0 }),
+                group: (std::process::id() as u64) << 16 | r as u64,
             };
-            let (link, info) = WorkerLink::connect(addr, load, Duration::from_secs(args.connect_timeout_s))
-                .await
-                .with_context(|| format!("setting up worker {addr}"))?;
+            let (link, info) =
+                ReplicaLink::connect(addrs, &placement, &spec, Duration::from_secs(args.connect_timeout_s))
+                    .await
+                    .with_context(|| format!("setting up replica {r} on {addr}"))?;
             let max_len = args.max_model_len.unwrap_or(info.max_model_len as usize).min(info.max_model_len as usize);
             served_len = served_len.min(max_len);
             vocab = vocab.min(info.vocab_size as usize);

@@ -17,9 +17,9 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::error::AdmissionError;
+use crate::replica_link::ReplicaLink;
 use crate::scheduler::{Scheduler, SeqUpdate, StepOutput};
 use crate::sequence::{FinishReason, Sequence, StopCriteria};
-use crate::worker_link::WorkerLink;
 use crate::ScheduledBatch;
 
 /// Events a request's stream receives.
@@ -91,7 +91,7 @@ struct Client {
 /// The engine task's state.
 pub struct Engine {
     sched: Scheduler,
-    link: WorkerLink,
+    link: ReplicaLink,
     rx: mpsc::UnboundedReceiver<Command>,
     clients: HashMap<u64, Client>,
     next_id: u64,
@@ -101,7 +101,7 @@ pub struct Engine {
 
 impl Engine {
     /// Builds the engine and its handle; run the engine with `tokio::spawn(engine.run())`.
-    pub fn new(sched: Scheduler, link: WorkerLink) -> (Engine, EngineHandle) {
+    pub fn new(sched: Scheduler, link: ReplicaLink) -> (Engine, EngineHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let load = Arc::new(Mutex::new(ReplicaLoad::default()));
         let healthy = Arc::new(AtomicBool::new(true));

@@ -40,6 +40,13 @@ impl WorkerLink {
         load: pb::LoadRequest,
         wait: Duration,
     ) -> Result<(Self, pb::WorkerInfo), LinkError> {
+        let mut client = Self::dial(addr, wait).await?;
+        let info = Self::load(&mut client, addr, load).await?;
+        Ok((Self::open(client, addr).await?, info))
+    }
+
+    /// A client of the worker at `addr`, retrying for up to `wait` while it starts.
+    pub async fn dial(addr: &str, wait: Duration) -> Result<WorkerClient<Channel>, LinkError> {
         let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
         let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| LinkError::Connect { addr: addr.into(), source: e })?
@@ -55,19 +62,41 @@ impl WorkerLink {
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         };
-        let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
-        let rpc = |what: &'static str| {
-            move |s: tonic::Status| LinkError::Rpc { addr: addr.into(), what, status: Box::new(s) }
-        };
-        let reply = client.load(load).await.map_err(rpc("load"))?.into_inner();
-        let info = reply.info.unwrap_or_default();
+        Ok(WorkerClient::new(channel).max_decoding_message_size(64 << 20))
+    }
+
+    /// Asks the worker what it is (before loading: its collective addresses).
+    pub async fn info_of(client: &mut WorkerClient<Channel>, addr: &str) -> Result<pb::WorkerInfo, LinkError> {
+        client.info(pb::InfoRequest {}).await.map(|r| r.into_inner()).map_err(|s| LinkError::Rpc {
+            addr: addr.into(),
+            what: "info",
+            status: Box::new(s),
+        })
+    }
+
+    /// Loads a model (shard); returns the worker's state after loading.
+    pub async fn load(
+        client: &mut WorkerClient<Channel>,
+        addr: &str,
+        load: pb::LoadRequest,
+    ) -> Result<pb::WorkerInfo, LinkError> {
+        let reply = client.load(load).await.map_err(|s| LinkError::Rpc {
+            addr: addr.into(),
+            what: "load",
+            status: Box::new(s),
+        })?;
+        Ok(reply.into_inner().info.unwrap_or_default())
+    }
+
+    /// Opens the step stream of a loaded worker.
+    pub async fn open(mut client: WorkerClient<Channel>, addr: &str) -> Result<Self, LinkError> {
         let (tx, rx) = mpsc::channel(4);
         let replies = client
             .step(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
-            .map_err(rpc("open step stream"))?
+            .map_err(|s| LinkError::Rpc { addr: addr.into(), what: "open step stream", status: Box::new(s) })?
             .into_inner();
-        Ok((WorkerLink { addr: addr.into(), client, tx, replies }, info))
+        Ok(WorkerLink { addr: addr.into(), client, tx, replies })
     }
 
     pub fn addr(&self) -> &str {

@@ -15,6 +15,9 @@ pub enum WorkerError {
     /// A tensor's shape disagrees with the config (wrong file, or a file that lies).
     #[error("tensor {name}: expected {expected}, found {found}")]
     TensorShape { name: String, expected: String, found: String },
+    /// A tensor- or pipeline-parallel peer failed, timed out or broke the protocol.
+    #[error("collective: {0}")]
+    Collective(String),
     /// A batch that cannot be run (token id out of range, block table too short...).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

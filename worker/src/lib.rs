@@ -3,14 +3,17 @@
 
 pub mod backend;
 pub mod batch;
+pub mod collective;
 pub mod cuda;
 pub mod error;
 pub mod executor;
 pub mod kv_cache;
 pub mod llama;
+pub mod parallel;
 pub mod sampling;
 pub mod service;
 pub mod session;
+pub mod shard;
 pub mod weights;
 
 pub use error::WorkerError;

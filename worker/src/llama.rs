@@ -19,18 +19,26 @@ use tessera_model::weights::ModelFiles;
 use crate::batch::{Logits, SeqChunk};
 use crate::error::WorkerError;
 use crate::kv_cache::KvCache;
+use crate::parallel::{gather_columns, Comms, Shard};
+use crate::shard;
 use crate::weights::{Linear, WeightLoader};
 
 /// A loaded model, ready to run batches.
 pub struct LlamaModel {
     pub config: ModelConfig,
+    /// The part of the model this worker runs (all of it unless tensor/pipeline parallel).
+    pub shard: Shard,
     /// `[vocab, hidden]`.
     embed_tokens: Linear,
+    /// This stage's layers (`shard.layers`), with this tensor rank's heads and features.
     layers: Vec<DecoderLayer>,
     /// Final RMSNorm weight, `[hidden]`.
     norm: Vec<f32>,
-    /// `[vocab, hidden]`; the embedding itself when tied.
+    /// `[vocab / tp, hidden]`: this tensor rank's vocabulary rows (the embedding's when tied).
     lm_head: Linear,
+    /// Query and KV heads of this tensor rank.
+    q_heads: std::ops::Range<usize>,
+    kv_heads: std::ops::Range<usize>,
     rope: rope::RopeParams,
     rope_style: rope::RopeStyle,
     /// Keeps the storage behind every `Linear` alive.
@@ -109,23 +117,35 @@ struct Mlp {
 impl LlamaModel {
     /// Loads every tensor the config calls for, checking shapes.
     pub fn load(files: Arc<ModelFiles>) -> Result<Self, WorkerError> {
+        Self::load_shard(files, None)
+    }
+
+    /// Loads this worker's part of the model (`None`: all of it); see [`crate::parallel`]
+    /// for how tensor-parallel ranks split the weights.
+    pub fn load_shard(files: Arc<ModelFiles>, shard: Option<Shard>) -> Result<Self, WorkerError> {
         let config = files.config()?;
         config.validate().map_err(tessera_model::error::ModelError::from)?;
+        let shard = shard.unwrap_or_else(|| Shard::whole(config.num_layers));
+        check_shard(&config, &shard)?;
         let w = WeightLoader::new(files.clone());
         let c = &config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let (q_heads, kv_heads) = shard::head_ranges(c.num_heads, c.num_kv_heads, shard.tp, shard.tp_rank);
+        let (qr, kvr) = (q_heads.start * hd..q_heads.end * hd, kv_heads.start * hd..kv_heads.end * hd);
+        let (h_rows, ffn_rows) = (shard.split(h), shard.split(c.intermediate_size));
         let embed_tokens = w.linear("token_embd.weight", c.vocab_size, h)?;
         let lm_head =
             if w.has("output.weight") { w.linear("output.weight", c.vocab_size, h)? } else { embed_tokens.clone() };
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for i in 0..c.num_layers {
+        let lm_head = shard::rows(&lm_head, shard.split(c.vocab_size))?;
+        let mut layers = Vec::with_capacity(shard.layers.len());
+        for i in shard.layers.clone() {
             let n = |s: &str| format!("blk.{i}.{s}");
             let bias = if c.qkv_bias {
                 Some([
-                    w.vector(&n("attn_q.bias"), q_dim)?,
-                    w.vector(&n("attn_k.bias"), kv_dim)?,
-                    w.vector(&n("attn_v.bias"), kv_dim)?,
+                    shard::slice_vec(&w.vector(&n("attn_q.bias"), q_dim)?, qr.clone())?,
+                    shard::slice_vec(&w.vector(&n("attn_k.bias"), kv_dim)?, kvr.clone())?,
+                    shard::slice_vec(&w.vector(&n("attn_v.bias"), kv_dim)?, kvr.clone())?,
                 ])
             } else {
                 None
@@ -139,21 +159,21 @@ impl LlamaModel {
                 input_layernorm: w.vector(&n("attn_norm.weight"), h)?,
                 self_attn: SelfAttention {
                     qkv_proj: Stacked::new(vec![
-                        w.linear(&n("attn_q.weight"), q_dim, h)?,
-                        w.linear(&n("attn_k.weight"), kv_dim, h)?,
-                        w.linear(&n("attn_v.weight"), kv_dim, h)?,
+                        shard::rows(&w.linear(&n("attn_q.weight"), q_dim, h)?, qr.clone())?,
+                        shard::rows(&w.linear(&n("attn_k.weight"), kv_dim, h)?, kvr.clone())?,
+                        shard::rows(&w.linear(&n("attn_v.weight"), kv_dim, h)?, kvr.clone())?,
                     ]),
-                    o_proj: w.linear(&n("attn_output.weight"), h, q_dim)?,
+                    o_proj: shard::rows(&w.linear(&n("attn_output.weight"), h, q_dim)?, h_rows.clone())?,
                     bias,
                     qk_norm,
                 },
                 post_attention_layernorm: w.vector(&n("ffn_norm.weight"), h)?,
                 mlp: Mlp {
                     gate_up_proj: Stacked::new(vec![
-                        w.linear(&n("ffn_gate.weight"), c.intermediate_size, h)?,
-                        w.linear(&n("ffn_up.weight"), c.intermediate_size, h)?,
+                        shard::rows(&w.linear(&n("ffn_gate.weight"), c.intermediate_size, h)?, ffn_rows.clone())?,
+                        shard::rows(&w.linear(&n("ffn_up.weight"), c.intermediate_size, h)?, ffn_rows.clone())?,
                     ]),
-                    down_proj: w.linear(&n("ffn_down.weight"), h, c.intermediate_size)?,
+                    down_proj: shard::rows(&w.linear(&n("ffn_down.weight"), h, c.intermediate_size)?, h_rows.clone())?,
                 },
             });
         }
@@ -175,32 +195,69 @@ impl LlamaModel {
         };
         let norm = w.vector("output_norm.weight", h)?;
         debug_assert!(matches!(c.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3));
-        Ok(LlamaModel { config, embed_tokens, layers, norm, lm_head, rope, rope_style, _files: w.files().clone() })
+        Ok(LlamaModel {
+            config,
+            shard,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            q_heads,
+            kv_heads,
+            rope,
+            rope_style,
+            _files: w.files().clone(),
+        })
     }
 
-    /// A KV cache shaped for this model.
+    /// A KV cache shaped for this model (this shard's layers and KV heads).
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
-        let c = &self.config;
-        KvCache::new(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        KvCache::new(self.layers.len(), num_blocks, block_size, self.kv_heads.len(), self.config.head_dim)
     }
 
     /// Runs one step over `chunks`, writing their K/V into `kv`, and returns the logits
     /// each chunk asked for.
     pub fn forward(&self, chunks: &[SeqChunk], kv: &mut KvCache) -> Result<Logits, WorkerError> {
+        self.forward_sharded(chunks, kv, &mut Comms::default())
+    }
+
+    /// [`LlamaModel::forward`] for a shard: gathers the tensor-parallel ranks' features
+    /// through `comms.tp`, receives the residual stream from the previous pipeline stage
+    /// and sends it on through `comms.pp`. A stage other than the last returns no logit
+    /// rows (every chunk's span is empty).
+    pub fn forward_sharded(
+        &self,
+        chunks: &[SeqChunk],
+        kv: &mut KvCache,
+        comms: &mut Comms,
+    ) -> Result<Logits, WorkerError> {
         let c = &self.config;
         crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size)?;
+        let sh = &self.shard;
+        let sharded = sh.tp > 1;
+        if (sharded && comms.tp.is_none()) || (sh.stages > 1 && comms.pp.is_none()) {
+            return Err(WorkerError::Collective("a sharded model needs its tensor / pipeline collectives".into()));
+        }
         let (h, hd) = (c.hidden_size, c.head_dim);
-        let (q_dim, kv_dim, ffn) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
+        let (n_heads, n_kv) = (self.q_heads.len(), self.kv_heads.len());
+        let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
+        let (q_full, ffn_full) = (c.num_heads * hd, c.intermediate_size);
+        let ffn = ffn_full / sh.tp;
+        let h_local = h / sh.tp;
         let t_total: usize = chunks.iter().map(|s| s.tokens.len()).sum();
         // Token positions of the stacked batch, `[T]`.
         let positions: Vec<u32> =
             chunks.iter().flat_map(|s| (s.first_pos..s.first_pos + s.tokens.len()).map(|p| p as u32)).collect();
 
-        // Residual stream, `[T, hidden]`.
+        // Residual stream, `[T, hidden]`: embedded here on the first stage, else received.
         let mut x = vec![0.0f32; t_total * h];
-        let embed = self.embed_tokens.weight();
-        for (row, &tok) in chunks.iter().flat_map(|s| s.tokens.iter()).enumerate() {
-            matmul::dequantize_rows(&embed, tok as usize, &mut x[row * h..(row + 1) * h])?;
+        if sh.is_first_stage() {
+            let embed = self.embed_tokens.weight();
+            for (row, &tok) in chunks.iter().flat_map(|s| s.tokens.iter()).enumerate() {
+                matmul::dequantize_rows(&embed, tok as usize, &mut x[row * h..(row + 1) * h])?;
+            }
+        } else if let Some(pp) = comms.pp.as_mut() {
+            pp.recv(sh.stage - 1, &mut x)?;
         }
 
         let mut xn = vec![0.0f32; t_total * h];
@@ -211,6 +268,18 @@ impl LlamaModel {
         let mut o = vec![0.0f32; t_total * h];
         let mut gate = vec![0.0f32; t_total * ffn];
         let mut up = vec![0.0f32; t_total * ffn];
+        // Tensor parallel: the gathered attention output and SwiGLU output, this rank's
+        // share of o / down outputs, and the all-gather's scratch.
+        let (mut attn_full, mut act_full, mut part, mut gathered) = if sharded {
+            (
+                vec![0.0f32; t_total * q_full],
+                vec![0.0f32; t_total * ffn_full],
+                vec![0.0f32; t_total * h_local],
+                Vec::new(),
+            )
+        } else {
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new())
+        };
         // Output of a fused projection before it is split, `[T, sum of parts]`.
         let mut fused = Vec::new();
 
@@ -224,13 +293,13 @@ impl LlamaModel {
                 activation::add_row_bias(&mut v, bv)?;
             }
             if let Some([nq, nk]) = &sa.qk_norm {
-                norm::rms_norm_inplace(&mut q, nq, t_total * c.num_heads, c.rms_norm_eps)?;
-                norm::rms_norm_inplace(&mut k, nk, t_total * c.num_kv_heads, c.rms_norm_eps)?;
+                norm::rms_norm_inplace(&mut q, nq, t_total * n_heads, c.rms_norm_eps)?;
+                norm::rms_norm_inplace(&mut k, nk, t_total * n_kv, c.rms_norm_eps)?;
             }
-            rope::rope(&mut q, t_total, c.num_heads, hd, &positions, &self.rope, self.rope_style)?;
-            rope::rope(&mut k, t_total, c.num_kv_heads, hd, &positions, &self.rope, self.rope_style)?;
+            rope::rope(&mut q, t_total, n_heads, hd, &positions, &self.rope, self.rope_style)?;
+            rope::rope(&mut k, t_total, n_kv, hd, &positions, &self.rope, self.rope_style)?;
 
-            let cache = attention::PagedKv { block_size: kv.block_size, n_kv_heads: c.num_kv_heads, head_dim: hd };
+            let cache = attention::PagedKv { block_size: kv.block_size, n_kv_heads: n_kv, head_dim: hd };
             // K/V of every chunk go into the cache first (each chunk writes only its own
             // new positions; shared prefix blocks are full and never written).
             let mut row = 0;
@@ -264,16 +333,37 @@ impl LlamaModel {
                 let n = s.tokens.len();
                 let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
                 let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
-                attention::attention(&cache, k_cache, v_cache, out, qs, &seq, c.num_heads, scale)
+                attention::attention(&cache, k_cache, v_cache, out, qs, &seq, n_heads, scale)
             })?;
-            matmul::matmul(&mut o, &attn, t_total, &sa.o_proj.weight())?;
+            match comms.tp.as_deref_mut().filter(|_| sharded) {
+                Some(tp) => {
+                    gather_columns(tp, &attn, t_total, &mut attn_full, &mut gathered)?;
+                    matmul::matmul(&mut part, &attn_full, t_total, &sa.o_proj.weight())?;
+                    gather_columns(tp, &part, t_total, &mut o, &mut gathered)?;
+                }
+                None => matmul::matmul(&mut o, &attn, t_total, &sa.o_proj.weight())?,
+            }
             activation::add_inplace(&mut x, &o)?;
 
             norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)?;
             layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)?;
             activation::silu_mul_inplace(&mut gate, &up)?;
-            matmul::matmul(&mut o, &gate, t_total, &layer.mlp.down_proj.weight())?;
+            match comms.tp.as_deref_mut().filter(|_| sharded) {
+                Some(tp) => {
+                    gather_columns(tp, &gate, t_total, &mut act_full, &mut gathered)?;
+                    matmul::matmul(&mut part, &act_full, t_total, &layer.mlp.down_proj.weight())?;
+                    gather_columns(tp, &part, t_total, &mut o, &mut gathered)?;
+                }
+                None => matmul::matmul(&mut o, &gate, t_total, &layer.mlp.down_proj.weight())?,
+            }
             activation::add_inplace(&mut x, &o)?;
+        }
+
+        if !sh.is_last_stage() {
+            if let Some(pp) = comms.pp.as_mut() {
+                pp.send(sh.stage + 1, &x)?;
+            }
+            return Ok(Logits { vocab: c.vocab_size, data: Vec::new(), spans: vec![(0, 0); chunks.len()] });
         }
 
         // Gather the rows whose logits were asked for, then norm + LM head on those only.
@@ -295,8 +385,42 @@ impl LlamaModel {
         norm::rms_norm(&mut seln, &sel, &self.norm, picked.len(), c.rms_norm_eps)?;
         let mut data = vec![0.0f32; picked.len() * c.vocab_size];
         if !picked.is_empty() {
-            matmul::matmul(&mut data, &seln, picked.len(), &self.lm_head.weight())?;
+            match comms.tp.as_deref_mut().filter(|_| sharded) {
+                Some(tp) => {
+                    let mut local = vec![0.0f32; picked.len() * self.lm_head.rows];
+                    matmul::matmul(&mut local, &seln, picked.len(), &self.lm_head.weight())?;
+                    gather_columns(tp, &local, picked.len(), &mut data, &mut gathered)?;
+                }
+                None => matmul::matmul(&mut data, &seln, picked.len(), &self.lm_head.weight())?,
+            }
         }
         Ok(Logits { vocab: c.vocab_size, data, spans })
     }
+}
+
+/// Refuses a shard this model cannot be split into (the coordinator's placement checks
+/// the same; a worker does not trust its Load request).
+fn check_shard(c: &ModelConfig, s: &Shard) -> Result<(), WorkerError> {
+    let bad = |why: String| Err(WorkerError::InvalidBatch(format!("shard {s:?}: {why}")));
+    if s.tp == 0 || s.tp_rank >= s.tp || s.stages == 0 || s.stage >= s.stages {
+        return bad("rank out of range".into());
+    }
+    if s.layers.start > s.layers.end || s.layers.end > c.num_layers || s.layers.is_empty() {
+        return bad(format!("layers outside 0..{}", c.num_layers));
+    }
+    let kv_ok = c.num_kv_heads % s.tp == 0 || s.tp % c.num_kv_heads == 0;
+    for (what, n) in [
+        ("attention heads", c.num_heads),
+        ("hidden size", c.hidden_size),
+        ("FFN size", c.intermediate_size),
+        ("vocabulary", c.vocab_size),
+    ] {
+        if n % s.tp != 0 {
+            return bad(format!("{what} {n} not divisible by tp {}", s.tp));
+        }
+    }
+    if !kv_ok {
+        return bad(format!("{} KV heads cannot be split or replicated over tp {}", c.num_kv_heads, s.tp));
+    }
+    Ok(())
 }

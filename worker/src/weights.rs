@@ -5,6 +5,7 @@
 //! while the model keeps the `Arc<ModelFiles>` alive; the storage never moves or changes
 //! after loading, which is what makes the lifetime extension sound.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use tessera_kernels::quant::Weight;
@@ -14,11 +15,34 @@ use tessera_model::weights::{ModelFiles, TensorView};
 use crate::error::WorkerError;
 
 /// Where a weight's bytes live: in the model file, or in a buffer built at load time
-/// (fused projections).
+/// (fused projections, column shards). A row shard of an owned weight shares its buffer:
+/// `range` picks the bytes that belong to this weight.
 #[derive(Clone)]
 enum Storage {
     Mapped(&'static [u8]),
-    Owned(Arc<[u8]>),
+    Owned(Arc<[u8]>, Range<usize>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(s) => s,
+            // `range` is checked against the buffer wherever a `Storage` is made.
+            Storage::Owned(a, r) => a.get(r.clone()).unwrap_or(&[]),
+        }
+    }
+
+    /// The sub-range `bytes` of this storage, sharing it (no copy); `None` when out of bounds.
+    fn slice(&self, bytes: Range<usize>) -> Option<Storage> {
+        match self {
+            Storage::Mapped(s) => s.get(bytes).map(Storage::Mapped),
+            Storage::Owned(a, r) => {
+                let start = r.start.checked_add(bytes.start)?;
+                let end = r.start.checked_add(bytes.end)?;
+                (start <= end && end <= r.end).then(|| Storage::Owned(a.clone(), start..end))
+            }
+        }
+    }
 }
 
 /// A 2-D weight, `[rows, cols]` row-major in its stored type.
@@ -33,11 +57,26 @@ pub struct Linear {
 impl Linear {
     /// The kernel-facing view.
     pub fn weight(&self) -> Weight<'_> {
-        let data = match &self.data {
-            Storage::Mapped(s) => s,
-            Storage::Owned(a) => &a[..],
-        };
-        Weight { ty: self.ty, rows: self.rows, cols: self.cols, data }
+        Weight { ty: self.ty, rows: self.rows, cols: self.cols, data: self.data.bytes() }
+    }
+
+    /// A weight over bytes built in memory (`rows` rows of `cols` values in `ty`); the
+    /// length must match exactly.
+    pub(crate) fn from_parts(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Linear, WorkerError> {
+        Weight::new(ty, rows, cols, &bytes)?;
+        let len = bytes.len();
+        Ok(Linear { ty, rows, cols, data: Storage::Owned(bytes.into(), 0..len) })
+    }
+
+    /// Rows `range` as a view sharing this weight's storage; `None` when out of bounds.
+    pub(crate) fn row_view(&self, range: Range<usize>) -> Option<Linear> {
+        let row_bytes = self.ty.bytes_for(self.cols)?;
+        if range.start > range.end || range.end > self.rows {
+            return None;
+        }
+        let bytes = range.start.checked_mul(row_bytes)?..range.end.checked_mul(row_bytes)?;
+        let data = self.data.slice(bytes)?;
+        Some(Linear { ty: self.ty, rows: range.len(), cols: self.cols, data })
     }
 
     /// The matrices stacked row-wise into one (`[sum of rows, cols]`), so one matmul
@@ -52,11 +91,12 @@ impl Linear {
         for p in parts {
             bytes.extend_from_slice(p.weight().data);
         }
+        let len = bytes.len();
         Some(Linear {
             ty: first.ty,
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
-            data: Storage::Owned(bytes.into()),
+            data: Storage::Owned(bytes.into(), 0..len),
         })
     }
 }

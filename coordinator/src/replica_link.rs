@@ -1,0 +1,100 @@
+//! The coordinator's connection to one model replica: `tp x pp` workers (one for a plain
+//! replica). Setup asks every worker for its collective addresses, then loads every shard
+//! at once (each rank's load blocks until its peers have connected to it), then opens the
+//! step streams. A step goes to every worker; they exchange activations among themselves
+//! (tensor-parallel gathers, pipeline sends) and the leader, the last stage's tensor rank
+//! 0, returns the sampled tokens. Any rank's failure fails the step.
+
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use tessera_proto::worker as pb;
+
+use crate::placement::Placement;
+use crate::worker_link::{LinkError, WorkerLink};
+
+/// What every shard of a replica loads.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    pub model_path: String,
+    pub block_size: u32,
+    pub kv_memory_bytes: u64,
+    /// Keeps this replica's collectives apart from other replicas'.
+    pub group: u64,
+}
+
+/// The workers of one replica with open step streams.
+pub struct ReplicaLink {
+    links: Vec<WorkerLink>,
+    leader: usize,
+}
+
+impl ReplicaLink {
+    /// Sets up the replica on `addrs` (worker `i` of the placement at `addrs[i]`). The
+    /// returned info is the leader's, with the smallest KV block count of any rank (the
+    /// scheduler's pool must fit on every rank).
+    pub async fn connect(
+        addrs: &[String],
+        placement: &Placement,
+        spec: &LoadSpec,
+        wait: Duration,
+    ) -> Result<(Self, pb::WorkerInfo), LinkError> {
+        let mut clients = try_join_all(addrs.iter().map(|a| WorkerLink::dial(a, wait))).await?;
+        let mut infos = Vec::with_capacity(addrs.len());
+        for (c, a) in clients.iter_mut().zip(addrs) {
+            infos.push(WorkerLink::info_of(c, a).await?);
+        }
+        let (tp, pp) = (placement.tp, placement.pp);
+        let loads = placement.ranks.iter().map(|r| {
+            let tp_peers = (0..tp).map(|t| infos[r.pp_rank * tp + t].tp_collective_addr.clone()).collect();
+            let pp_peers = (0..pp).map(|p| infos[p * tp + r.tp_rank].pp_collective_addr.clone()).collect();
+            pb::LoadRequest {
+                model_path: spec.model_path.clone(),
+                block_size: spec.block_size,
+                num_blocks: 0,
+                kv_memory_bytes: spec.kv_memory_bytes,
+                shard: Some(pb::Shard {
+                    tp_rank: r.tp_rank as u32,
+                    tp_size: tp as u32,
+                    pp_rank: r.pp_rank as u32,
+                    pp_size: pp as u32,
+                    layer_begin: r.layers.start as u32,
+                    layer_end: r.layers.end as u32,
+                    tp_peers,
+                    pp_peers,
+                    group: spec.group,
+                }),
+            }
+        });
+        let loaded =
+            try_join_all(clients.iter_mut().zip(addrs).zip(loads).map(|((c, a), load)| WorkerLink::load(c, a, load)))
+                .await?;
+        let mut links = Vec::with_capacity(addrs.len());
+        for (c, a) in clients.into_iter().zip(addrs) {
+            links.push(WorkerLink::open(c, a).await?);
+        }
+        let leader = (pp - 1) * tp;
+        let mut info = loaded[leader].clone();
+        info.num_blocks = loaded.iter().map(|i| i.num_blocks).min().unwrap_or(0);
+        Ok((ReplicaLink { links, leader }, info))
+    }
+
+    /// A replica of one worker, already connected.
+    pub fn single(link: WorkerLink) -> Self {
+        ReplicaLink { links: vec![link], leader: 0 }
+    }
+
+    /// The leader's address (for messages).
+    pub fn addr(&self) -> &str {
+        self.links[self.leader].addr()
+    }
+
+    /// Runs one step on every worker; the leader's reply.
+    pub async fn step(&mut self, req: pb::StepRequest) -> Result<pb::StepReply, LinkError> {
+        if self.links.len() == 1 {
+            return self.links[0].step(req).await;
+        }
+        let mut replies = try_join_all(self.links.iter_mut().map(|l| l.step(req.clone()))).await?;
+        Ok(replies.swap_remove(self.leader))
+    }
+}
