@@ -25,9 +25,15 @@ pub struct ServeArgs {
     /// Address the gateway binds.
     #[arg(long, env = "TESSERA_HOST", default_value = "127.0.0.1")]
     pub host: String,
-    /// Worker processes (one model replica each on the CPU).
+    /// Model replicas (each of --tp x --pp worker processes).
     #[arg(long, env = "TESSERA_NUM_WORKERS", default_value_t = 1)]
     pub workers: usize,
+    /// Tensor-parallel ranks per replica.
+    #[arg(long, env = "TESSERA_TP", default_value_t = 1)]
+    pub tp: usize,
+    /// Pipeline stages per replica.
+    #[arg(long, env = "TESSERA_PP", default_value_t = 1)]
+    pub pp: usize,
     /// CPU threads per worker (default: cores / workers).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
@@ -76,18 +82,19 @@ fn split_args(s: &str) -> Vec<String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    if args.workers == 0 {
-        bail!("--workers must be at least 1");
+    if args.workers == 0 || args.tp == 0 || args.pp == 0 {
+        bail!("--workers, --tp and --pp must be at least 1");
     }
+    let processes = args.workers * args.tp * args.pp;
     let model = crate::default_model::resolve(args.model.as_deref())?;
     let exe = std::env::current_exe().context("finding the tessera executable")?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let threads = args.threads.unwrap_or((cores / args.workers).max(1));
+    let threads = args.threads.unwrap_or((cores / processes).max(1));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let mut children: Vec<(String, Child)> = Vec::new();
         let mut worker_addrs = Vec::new();
-        for i in 0..args.workers {
+        for i in 0..processes {
             let mut cmd = Command::new(&exe);
             cmd.args(["worker", "--listen", "127.0.0.1:0", "--threads", &threads.to_string()]);
             if let DeviceChoice::Cuda(first) = args.device {
@@ -105,6 +112,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             // GPU sizes first; flags given in --coordinator-args come later and win.
             cmd.args(["--kv-memory-mib", "0", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192"]);
         }
+        cmd.args(["--tp", &args.tp.to_string(), "--pp", &args.pp.to_string()]);
         cmd.args(split_args(&args.coordinator_args));
         let (child, coord_addr) = start("coordinator", cmd, Duration::from_secs(300)).await?;
         children.push(("coordinator".into(), child));
@@ -115,7 +123,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .args(split_args(&args.gateway_args));
         let (child, http) = start("gateway", cmd, Duration::from_secs(120)).await?;
         children.push(("gateway".into(), child));
-        println!("tessera: serving {} on http://{http} ({} worker(s))", model.display(), args.workers);
+        println!(
+            "tessera: serving {} on http://{http} ({} replica(s) of tp {} x pp {})",
+            model.display(),
+            args.workers,
+            args.tp,
+            args.pp
+        );
 
         // Supervise: stop everything on a signal or when any child exits.
         let exited = async {

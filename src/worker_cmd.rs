@@ -31,7 +31,10 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         // The bound address on one line, so a parent that asked for port 0 can read it.
         println!("tessera worker listening on {}", listener.local_addr()?);
         tonic::transport::Server::builder()
-            .add_service(WorkerServer::new(WorkerService::on(args.device)).max_decoding_message_size(64 << 20))
+            .add_service(
+                WorkerServer::new(WorkerService::on(args.device).with_collective_host(args.listen.ip()))
+                    .max_decoding_message_size(64 << 20),
+            )
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
                 tessera_gateway::serve::shutdown_signal(),

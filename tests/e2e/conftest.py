@@ -46,6 +46,24 @@ def small_queue_cluster(request, tmp_path_factory):
     yield from _cluster(request, tmp_path_factory, "small_queue", coordinator_args="--max-waiting 2 --max-num-seqs 2")
 
 
+@pytest.fixture(scope="module")
+def tp3_pp2_cluster(request, tmp_path_factory):
+    """One replica sharded over 6 worker processes: tensor parallel 3 x pipeline 2."""
+    yield from _cluster(request, tmp_path_factory, "tp3_pp2", serve_args=("--tp", "3", "--pp", "2"))
+
+
+@pytest.fixture(scope="module")
+def tp3_cluster(request, tmp_path_factory):
+    """One replica over 3 tensor-parallel worker processes."""
+    yield from _cluster(request, tmp_path_factory, "tp3", serve_args=("--tp", "3"))
+
+
+@pytest.fixture(scope="module")
+def pp2_cluster(request, tmp_path_factory):
+    """One replica over 2 pipeline stages."""
+    yield from _cluster(request, tmp_path_factory, "pp2", serve_args=("--pp", "2"))
+
+
 @pytest.fixture(scope="session")
 def client(cluster):
     return cluster.client()

@@ -52,7 +52,8 @@ def free_port() -> int:
 class Cluster:
     """One running `tessera serve`: its base URL and the process group to stop."""
 
-    def __init__(self, name: str, log_dir: Path, coordinator_args: str = "", gateway_args: str = ""):
+    def __init__(self, name: str, log_dir: Path, coordinator_args: str = "", gateway_args: str = "",
+                 serve_args: tuple = ()):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.api_key = None
@@ -64,7 +65,8 @@ class Cluster:
         for _ in range(3):
             self.port = free_port()
             self.base = f"http://127.0.0.1:{self.port}"
-            cmd = [str(tessera_bin()), "serve", "--port", str(self.port), "--model", model_path(), "--workers", "1"]
+            cmd = [str(tessera_bin()), "serve", "--port", str(self.port), "--model", model_path(), "--workers", "1",
+                   *serve_args]
             # `--flag=value`: clap would take a separate value that starts with "--" for a flag.
             if coordinator_args:
                 cmd.append(f"--coordinator-args={coordinator_args}")

@@ -9,13 +9,12 @@ use crate::cuda::{CudaModel, GpuSampler};
 use crate::error::WorkerError;
 use crate::kv_cache::KvCache;
 use crate::llama::LlamaModel;
+use crate::parallel::Comms;
 
 /// A loaded model with its KV memory.
 pub enum Backend {
-    Cpu {
-        model: LlamaModel,
-        kv: KvCache,
-    },
+    /// The CPU model; `comms` links a tensor/pipeline-parallel shard to its peers.
+    Cpu { model: LlamaModel, kv: KvCache, comms: Comms },
     /// The model and its sampler (the CUDA backend samples on the GPU, see executor.rs).
     Cuda(Box<CudaModel>, GpuSampler),
 }
@@ -23,8 +22,22 @@ pub enum Backend {
 impl Backend {
     /// The CPU model with a cache of `num_blocks` blocks of `block_size` positions.
     pub fn cpu(model: LlamaModel, num_blocks: usize, block_size: usize) -> Self {
+        Self::cpu_sharded(model, num_blocks, block_size, Comms::default())
+    }
+
+    /// A CPU shard of a tensor/pipeline-parallel replica with its collectives.
+    pub fn cpu_sharded(model: LlamaModel, num_blocks: usize, block_size: usize, comms: Comms) -> Self {
         let kv = model.new_kv_cache(num_blocks, block_size);
-        Backend::Cpu { model, kv }
+        Backend::Cpu { model, kv, comms }
+    }
+
+    /// Whether this backend's steps produce logits to sample (not a pipeline stage before
+    /// the last).
+    pub fn samples(&self) -> bool {
+        match self {
+            Backend::Cpu { model, .. } => model.shard.is_last_stage(),
+            Backend::Cuda(..) => true,
+        }
     }
 
     /// A model on a GPU.
@@ -64,7 +77,7 @@ impl Backend {
     /// Runs one step over `chunks`, writing their K/V, and returns the logits asked for.
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         match self {
-            Backend::Cpu { model, kv } => model.forward(chunks, kv),
+            Backend::Cpu { model, kv, comms } => model.forward_sharded(chunks, kv, comms),
             Backend::Cuda(m, _) => m.forward(chunks),
         }
     }

@@ -112,6 +112,9 @@ impl Executor {
             return Ok(StepOutput::default());
         }
         let gpu = matches!(self.backend, Backend::Cuda(..));
+        // A pipeline stage before the last runs its layers and passes the activations on;
+        // the last stage samples.
+        let samples = self.backend.samples();
         let vocab = self.backend.config().vocab_size;
         let mut chunks = Vec::with_capacity(input.runs.len());
         // GPU backend: what each sampled row needs, built while the histories are borrowed.
@@ -156,7 +159,7 @@ impl Executor {
             // History covers exactly the positions now in the cache.
             st.history.truncate(r.first_pos);
             st.history.extend_from_slice(&r.tokens);
-            if !r.sample {
+            if !r.sample || !samples {
                 continue;
             }
             match (&mut logits, &mut gpu_sampled) {

@@ -210,6 +210,11 @@ impl LlamaModel {
         })
     }
 
+    /// Bytes of KV one block of `block_size` positions takes for this shard.
+    pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
+        KvCache::bytes_per_block(self.layers.len(), block_size, self.kv_heads.len(), self.config.head_dim)
+    }
+
     /// A KV cache shaped for this model (this shard's layers and KV heads).
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
         KvCache::new(self.layers.len(), num_blocks, block_size, self.kv_heads.len(), self.config.head_dim)

@@ -2,8 +2,10 @@
 //! Step stream. Conversion between wire messages and the executor's types lives here;
 //! the executor runs each step on a blocking thread, one step at a time, in stream order.
 
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use std::time::Instant;
 
 use tessera_model::weights::ModelFiles;
@@ -14,10 +16,11 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::Backend;
+use crate::collective::{Collective, TcpCollective};
 use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions};
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
-use crate::kv_cache::KvCache;
 use crate::llama::LlamaModel;
+use crate::parallel::{Comms, Shard};
 use crate::sampling::SamplingParams;
 
 /// KV memory a CPU worker allocates when the load request leaves it to the worker.
@@ -54,7 +57,36 @@ impl std::str::FromStr for DeviceChoice {
 pub struct WorkerService {
     state: Arc<Mutex<Option<Loaded>>>,
     device: DeviceChoice,
+    collective: Arc<Mutex<Listeners>>,
 }
+
+/// Where a CPU worker accepts its tensor-parallel group's and its pipeline neighbours'
+/// collective connections: bound when first reported (Info), consumed by a sharded Load,
+/// bound anew after that (on fresh ports, which the next Info reports).
+#[derive(Default)]
+struct Listeners {
+    host: Option<IpAddr>,
+    tp: Option<TcpListener>,
+    pp: Option<TcpListener>,
+}
+
+impl Listeners {
+    fn ensure(&mut self) -> (String, String) {
+        let host = self.host.unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        let addr = |slot: &mut Option<TcpListener>| {
+            if slot.is_none() {
+                *slot = TcpListener::bind((host, 0)).ok();
+            }
+            slot.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default()
+        };
+        (addr(&mut self.tp), addr(&mut self.pp))
+    }
+}
+
+/// Connection and per-operation timeouts of the CPU collectives: a peer that stops
+/// responding fails the step within `OP_TIMEOUT` instead of hanging the replica.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+const OP_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Loaded {
     name: String,
@@ -68,7 +100,14 @@ impl WorkerService {
 
     /// A service that loads models onto `device`.
     pub fn on(device: DeviceChoice) -> Self {
-        WorkerService { state: Arc::default(), device }
+        WorkerService { state: Arc::default(), device, collective: Arc::default() }
+    }
+
+    /// Binds the collective listeners on `host` (the worker's own address) instead of
+    /// loopback, for replicas spread over machines.
+    pub fn with_collective_host(self, host: IpAddr) -> Self {
+        self.collective.lock().unwrap_or_else(|e| e.into_inner()).host = Some(host);
+        self
     }
 
     fn info(&self) -> pb::WorkerInfo {
@@ -81,6 +120,10 @@ impl WorkerService {
             device_name: format!("cpu ({} threads)", rayon::current_num_threads()),
             ..Default::default()
         };
+        if self.device == DeviceChoice::Cpu {
+            let (tp, pp) = self.collective.lock().unwrap_or_else(|e| e.into_inner()).ensure();
+            (info.tp_collective_addr, info.pp_collective_addr) = (tp, pp);
+        }
         if let Some(l) = guard.as_ref() {
             let (kind, name) = l.exec.backend().device();
             (info.device, info.device_name) = (kind.into(), name);
@@ -95,24 +138,28 @@ impl WorkerService {
     }
 }
 
-fn load(req: &pb::LoadRequest, device: DeviceChoice) -> Result<Loaded, Status> {
+fn load(req: &pb::LoadRequest, device: DeviceChoice, listeners: &Mutex<Listeners>) -> Result<Loaded, Status> {
     let path = PathBuf::from(&req.model_path);
     let files =
         ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
-    if let Some(s) = &req.shard {
-        if s.tp_size > 1 || s.pp_size > 1 {
-            return Err(Status::unimplemented("tensor and pipeline parallel shards are not supported yet"));
-        }
+    let sharded = req.shard.as_ref().filter(|s| s.tp_size > 1 || s.pp_size > 1);
+    if sharded.is_some() && device != DeviceChoice::Cpu {
+        return Err(Status::unimplemented("tensor and pipeline parallel shards run on CPU workers so far"));
     }
     let block_size = if req.block_size == 0 { 16 } else { req.block_size as usize };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let backend = match device {
         DeviceChoice::Cpu => {
-            let model = LlamaModel::load(Arc::new(files)).map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let c = &model.config;
-            let per = KvCache::bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim) as u64;
-            let num_blocks = blocks_for(req, per, DEFAULT_KV_BYTES)?;
-            Backend::cpu(model, num_blocks.unwrap_or(0), block_size)
+            let shard = sharded.map(shard_of).transpose()?;
+            let model =
+                LlamaModel::load_shard(Arc::new(files), shard).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let per = model.kv_bytes_per_block(block_size) as u64;
+            let num_blocks = blocks_for(req, per, DEFAULT_KV_BYTES)?.unwrap_or(0);
+            let comms = match sharded {
+                Some(s) => connect_comms(s, listeners)?,
+                None => Comms::default(),
+            };
+            Backend::cpu_sharded(model, num_blocks, block_size, comms)
         }
         DeviceChoice::Cuda(ordinal) => {
             let config = files.config().map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -128,6 +175,60 @@ fn load(req: &pb::LoadRequest, device: DeviceChoice) -> Result<Loaded, Status> {
         return Err(Status::invalid_argument("the KV memory budget holds no block"));
     }
     Ok(Loaded { name, exec: Executor::new(backend) })
+}
+
+/// The worker's part of the model as the coordinator placed it.
+fn shard_of(s: &pb::Shard) -> Result<Shard, Status> {
+    let (tp, stages) = (s.tp_size.max(1) as usize, s.pp_size.max(1) as usize);
+    if s.tp_peers.len() != tp || (stages > 1 && s.pp_peers.len() != stages) {
+        return Err(Status::invalid_argument(format!(
+            "shard lists {} tensor peers for tp {tp} and {} pipeline peers for pp {stages}",
+            s.tp_peers.len(),
+            s.pp_peers.len()
+        )));
+    }
+    Ok(Shard {
+        tp_rank: s.tp_rank as usize,
+        tp,
+        stage: s.pp_rank as usize,
+        stages,
+        layers: s.layer_begin as usize..s.layer_end as usize,
+    })
+}
+
+/// Joins this shard's tensor-parallel group and pipeline (blocking until every peer has
+/// connected, at most CONNECT_TIMEOUT).
+fn connect_comms(s: &pb::Shard, listeners: &Mutex<Listeners>) -> Result<Comms, Status> {
+    let parse = |peers: &[String]| -> Result<Vec<SocketAddr>, Status> {
+        peers
+            .iter()
+            .map(|p| p.parse().map_err(|_| Status::invalid_argument(format!("bad collective peer address {p:?}"))))
+            .collect()
+    };
+    let (tp_l, pp_l) = {
+        let mut l = listeners.lock().unwrap_or_else(|e| e.into_inner());
+        (l.tp.take(), l.pp.take())
+    };
+    let join = |listener: Option<TcpListener>,
+                rank: u32,
+                peers: &[String],
+                group: u64|
+     -> Result<Box<dyn Collective>, Status> {
+        let listener =
+            listener.ok_or_else(|| Status::failed_precondition("no collective listener: call Info first"))?;
+        let c = TcpCollective::connect(rank as usize, listener, &parse(peers)?, group, CONNECT_TIMEOUT, OP_TIMEOUT)
+            .map_err(|e| Status::unavailable(format!("joining the replica's collective: {e}")))?;
+        Ok(Box::new(c))
+    };
+    let base = s.group.wrapping_mul(1 << 16);
+    let mut comms = Comms::default();
+    if s.tp_size > 1 {
+        comms.tp = Some(join(tp_l, s.tp_rank, &s.tp_peers, base.wrapping_add(u64::from(s.pp_rank)))?);
+    }
+    if s.pp_size > 1 {
+        comms.pp = Some(join(pp_l, s.pp_rank, &s.pp_peers, base.wrapping_add(0x8000 + u64::from(s.tp_rank)))?);
+    }
+    Ok(comms)
 }
 
 /// KV blocks the request asks for: its count, or its budget (else `default_budget`; 0
@@ -215,8 +316,8 @@ impl pb::worker_server::Worker for WorkerService {
     async fn load(&self, req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReply>, Status> {
         let req = req.into_inner();
         let t0 = Instant::now();
-        let device = self.device;
-        let loaded = tokio::task::spawn_blocking(move || load(&req, device))
+        let (device, listeners) = (self.device, self.collective.clone());
+        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners))
             .await
             .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
