@@ -64,6 +64,12 @@ def pp2_cluster(request, tmp_path_factory):
     yield from _cluster(request, tmp_path_factory, "pp2", serve_args=("--pp", "2"))
 
 
+@pytest.fixture(scope="module")
+def doomed_tp3_cluster(request, tmp_path_factory):
+    """A TP=3 replica whose worker the test kills (its own instance)."""
+    yield from _cluster(request, tmp_path_factory, "doomed_tp3", serve_args=("--tp", "3"))
+
+
 @pytest.fixture(scope="session")
 def client(cluster):
     return cluster.client()

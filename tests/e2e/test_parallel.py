@@ -43,3 +43,48 @@ def test_sharded_replica_equals_one_worker_alone_and_under_16_sessions(request, 
         together = list(pool.map(lambda p: _run(client, p), PROMPTS))
     differ = [(p, r, t) for p, r, t in zip(PROMPTS, reference, together) if r != t]
     assert not differ, f"{which}: {len(differ)} of 16 differ from one worker under load, e.g. {differ[:2]}"
+
+
+def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
+    """Killing one tensor-parallel worker mid-stream ends the stream with an OpenAI-shaped
+    error event within seconds (the dead rank's gRPC stream breaks and its peers' collective
+    calls fail), and later requests are refused rather than left hanging."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import requests
+
+    c = doomed_tp3_cluster
+    body = {"model": MODEL_NAME, "prompt": "Count slowly:", "max_tokens": 4000, "stream": True,
+            "ignore_eos": True}
+    workers = subprocess.run(["pgrep", "-g", str(c.pgid), "-f", "tessera worker"], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert len(pids) == 3, f"expected 3 workers in the group, found {pids}"
+    t0 = None
+    events = []
+    with requests.post(c.url("/v1/completions"), json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            events.append(line[6:])
+            if len(events) == 5:
+                os.kill(pids[1], signal.SIGKILL)
+                t0 = time.monotonic()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 35, f"the stream took {elapsed:.1f} s to end after the rank died"
+    last = json.loads(events[-1])
+    assert "error" in last, f"the stream ended without an error event: {events[-3:]}"
+    # Nothing hangs afterwards: the coordinator marks the replica unhealthy and refuses new
+    # work, and `tessera serve` stops a cluster whose child died; a new request gets an
+    # error status or a refused connection, fast.
+    t1 = time.monotonic()
+    try:
+        r = requests.post(c.url("/v1/completions"), json={**body, "stream": False, "max_tokens": 4}, timeout=60)
+        assert r.status_code >= 400, (r.status_code, r.text[:200])
+    except requests.ConnectionError:
+        pass
+    assert time.monotonic() - t1 < 10
