@@ -48,6 +48,8 @@ pub enum PlacementError {
     Heads { heads: usize, tp: usize },
     #[error("{kv_heads} KV heads can be neither split over nor replicated evenly on tp={tp}")]
     KvHeads { kv_heads: usize, tp: usize },
+    #[error("hidden size {size} cannot be split over tp={tp} (each rank owns hidden/tp output features of o and down)")]
+    Hidden { size: usize, tp: usize },
     #[error("FFN size {size} cannot be split over tp={tp}")]
     Intermediate { size: usize, tp: usize },
     #[error("vocabulary of {vocab} tokens cannot be split over tp={tp} (vocab-parallel embedding and LM head)")]
@@ -82,6 +84,9 @@ impl Placement {
         let kv_ok = kv > 0 && (kv % tp == 0 || tp % kv == 0);
         if !kv_ok {
             return Err(PlacementError::KvHeads { kv_heads: kv, tp });
+        }
+        if c.hidden_size % tp != 0 {
+            return Err(PlacementError::Hidden { size: c.hidden_size, tp });
         }
         if c.intermediate_size % tp != 0 {
             return Err(PlacementError::Intermediate { size: c.intermediate_size, tp });
@@ -249,6 +254,9 @@ mod tests {
         // FFN 100 over tp=8 (heads 32, KV 8, vocab 1024 all fine).
         let c = config(4096, 4, 32, 8, 128, 100, 1024);
         assert_eq!(Placement::plan(&c, 8, 1).unwrap_err(), PlacementError::Intermediate { size: 100, tp: 8 });
+        // Hidden 4100 over tp=8 (heads 32, KV 8, FFN, vocab fine).
+        let c = config(4100, 4, 32, 8, 128, 1024, 1024);
+        assert_eq!(Placement::plan(&c, 8, 1).unwrap_err(), PlacementError::Hidden { size: 4100, tp: 8 });
         // Vocab 1001 over tp=2.
         let c = config(4096, 4, 32, 8, 128, 1024, 1001);
         let err = Placement::plan(&c, 2, 1).unwrap_err();
