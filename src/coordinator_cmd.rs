@@ -52,6 +52,9 @@ pub struct CoordinatorArgs {
     /// Pipeline stages per replica.
     #[arg(long, env = "TESSERA_PP", default_value_t = 1)]
     pub pp: usize,
+    /// Seconds a step may take before its replica is failed (a hung worker).
+    #[arg(long, env = "TESSERA_STEP_TIMEOUT_S", default_value_t = 300)]
+    pub step_timeout_s: u64,
     /// Seconds to wait for workers to come up.
     #[arg(long, default_value_t = 120)]
     pub connect_timeout_s: u64,
@@ -88,6 +91,7 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
                 ReplicaLink::connect(addrs, &placement, &spec, Duration::from_secs(args.connect_timeout_s))
                     .await
                     .with_context(|| format!("setting up replica {r} on {addr}"))?;
+            let link = link.with_step_timeout(Duration::from_secs(args.step_timeout_s.max(1)));
             let max_len = args.max_model_len.unwrap_or(info.max_model_len as usize).min(info.max_model_len as usize);
             served_len = served_len.min(max_len);
             vocab = vocab.min(info.vocab_size as usize);

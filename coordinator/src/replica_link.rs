@@ -27,7 +27,12 @@ pub struct LoadSpec {
 pub struct ReplicaLink {
     links: Vec<WorkerLink>,
     leader: usize,
+    /// A step that takes longer fails the replica (a rank that hangs without dying).
+    step_timeout: Duration,
 }
+
+/// Default per-step deadline: far above any real step (a long CPU prefill takes seconds).
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl ReplicaLink {
     /// Sets up the replica on `addrs` (worker `i` of the placement at `addrs[i]`). The
@@ -76,12 +81,18 @@ impl ReplicaLink {
         let leader = (pp - 1) * tp;
         let mut info = loaded[leader].clone();
         info.num_blocks = loaded.iter().map(|i| i.num_blocks).min().unwrap_or(0);
-        Ok((ReplicaLink { links, leader }, info))
+        Ok((ReplicaLink { links, leader, step_timeout: DEFAULT_STEP_TIMEOUT }, info))
     }
 
     /// A replica of one worker, already connected.
     pub fn single(link: WorkerLink) -> Self {
-        ReplicaLink { links: vec![link], leader: 0 }
+        ReplicaLink { links: vec![link], leader: 0, step_timeout: DEFAULT_STEP_TIMEOUT }
+    }
+
+    /// Sets the per-step deadline.
+    pub fn with_step_timeout(mut self, t: Duration) -> Self {
+        self.step_timeout = t;
+        self
     }
 
     /// The leader's address (for messages).
@@ -89,12 +100,18 @@ impl ReplicaLink {
         self.links[self.leader].addr()
     }
 
-    /// Runs one step on every worker; the leader's reply.
+    /// Runs one step on every worker; the leader's reply. Fails when any worker fails or
+    /// the step outlives the deadline.
     pub async fn step(&mut self, req: pb::StepRequest) -> Result<pb::StepReply, LinkError> {
-        if self.links.len() == 1 {
-            return self.links[0].step(req).await;
-        }
-        let mut replies = try_join_all(self.links.iter_mut().map(|l| l.step(req.clone()))).await?;
-        Ok(replies.swap_remove(self.leader))
+        let (step, after) = (req.step_id, self.step_timeout);
+        let addr = self.links[self.leader].addr().to_string();
+        let all = async {
+            if self.links.len() == 1 {
+                return self.links[0].step(req).await;
+            }
+            let mut replies = try_join_all(self.links.iter_mut().map(|l| l.step(req.clone()))).await?;
+            Ok(replies.swap_remove(self.leader))
+        };
+        tokio::time::timeout(after, all).await.map_err(|_| LinkError::StepTimeout { addr, step, after })?
     }
 }

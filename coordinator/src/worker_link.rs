@@ -20,6 +20,8 @@ pub enum LinkError {
     StreamClosed { addr: String },
     #[error("worker {addr}: step {step} failed: {message}")]
     StepFailed { addr: String, step: u64, message: String },
+    #[error("replica of {addr}: step {step} got no reply within {after:?}")]
+    StepTimeout { addr: String, step: u64, after: std::time::Duration },
     #[error("worker {addr}: reply for step {got}, expected {want}")]
     OutOfOrder { addr: String, got: u64, want: u64 },
 }

@@ -70,6 +70,13 @@ def doomed_tp3_cluster(request, tmp_path_factory):
     yield from _cluster(request, tmp_path_factory, "doomed_tp3", serve_args=("--tp", "3"))
 
 
+@pytest.fixture(scope="module")
+def hung_tp3_cluster(request, tmp_path_factory):
+    """A TP=3 replica with a 5 s step deadline, whose worker the test freezes."""
+    yield from _cluster(request, tmp_path_factory, "hung_tp3", serve_args=("--tp", "3"),
+                        coordinator_args="--step-timeout-s 5")
+
+
 @pytest.fixture(scope="session")
 def client(cluster):
     return cluster.client()

@@ -88,3 +88,36 @@ def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
     except requests.ConnectionError:
         pass
     assert time.monotonic() - t1 < 10
+
+
+def test_a_hung_rank_fails_its_replica_at_the_step_deadline(hung_tp3_cluster):
+    """A rank that stops responding without dying (SIGSTOP) fails the replica's stream with
+    an error event at the coordinator's step deadline (5 s here), not never."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import requests
+
+    c = hung_tp3_cluster
+    body = {"model": MODEL_NAME, "prompt": "Count slowly:", "max_tokens": 4000, "stream": True,
+            "ignore_eos": True}
+    workers = subprocess.run(["pgrep", "-g", str(c.pgid), "-f", "tessera worker"], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert len(pids) == 3, f"expected 3 workers in the group, found {pids}"
+    events, t0 = [], None
+    try:
+        with requests.post(c.url("/v1/completions"), json=body, stream=True, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    events.append(line[6:])
+                    if len(events) == 5:
+                        os.kill(pids[2], signal.SIGSTOP)
+                        t0 = time.monotonic()
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(pids[2], signal.SIGCONT)
+    assert elapsed < 20, f"the stream took {elapsed:.1f} s to end after the rank hung"
+    assert "error" in json.loads(events[-1]), f"no error event at the end: {events[-3:]}"
