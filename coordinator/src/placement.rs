@@ -48,7 +48,9 @@ pub enum PlacementError {
     Heads { heads: usize, tp: usize },
     #[error("{kv_heads} KV heads can be neither split over nor replicated evenly on tp={tp}")]
     KvHeads { kv_heads: usize, tp: usize },
-    #[error("hidden size {size} cannot be split over tp={tp} (each rank owns hidden/tp output features of o and down)")]
+    #[error(
+        "hidden size {size} cannot be split over tp={tp} (each rank owns hidden/tp output features of o and down)"
+    )]
     Hidden { size: usize, tp: usize },
     #[error("FFN size {size} cannot be split over tp={tp}")]
     Intermediate { size: usize, tp: usize },
