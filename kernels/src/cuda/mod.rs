@@ -13,9 +13,11 @@
 //! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `gemv` (the decode GEMM
 //! for at most 8 rows, which `gemm` routes to), `attention` (paged
 //! attention launchers), `qkv` (fused Q/K/V preparation), `init` (random fill), `sampling`
-//! (token sampling); without it, `stub`. Always built: `paged` (the attention batch
-//! description and split planning), `qkv_args` (the inputs of the fused Q/K/V preparation)
-//! and `sample_params` (sampling parameters and results, CPU copies of the kernel's rules).
+//! (token sampling), `nccl` (all-reduce across the GPUs of a tensor-parallel group); without
+//! it, `stub`. Always built: `paged` (the attention batch description and split planning),
+//! `qkv_args` (the inputs of the fused Q/K/V preparation), `sample_params` (sampling
+//! parameters and results, CPU copies of the kernel's rules) and `nccl_id` (the id that
+//! names an NCCL communicator, relayed between ranks as hex).
 //!
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
 
@@ -35,6 +37,9 @@ mod gemv;
 mod graph;
 #[cfg(feature = "cuda")]
 mod init;
+#[cfg(feature = "cuda")]
+mod nccl;
+mod nccl_id;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
@@ -58,13 +63,16 @@ pub use device::{Buf, Device, RopeCache};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
 pub use module_cache::{ModuleCache, ModuleReport};
+#[cfg(feature = "cuda")]
+pub use nccl::NcclComm;
+pub use nccl_id::{NcclId, NCCL_ID_BYTES};
 pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
 pub use qkv_args::QkvPrep;
 pub use sample_params::{SampleParams, SampledRow};
 #[cfg(feature = "cuda")]
 pub use sampling::SampleOutput;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{Buf, DecodeWorkspace, Device, Graph, RopeCache, SampleOutput};
+pub use stub::{Buf, DecodeWorkspace, Device, Graph, NcclComm, RopeCache, SampleOutput};
 
 /// `bf16` as the CUDA platform stores activations and weights.
 pub use half::bf16;

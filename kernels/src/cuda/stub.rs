@@ -83,6 +83,21 @@ pub struct Graph {
     never: Infallible,
 }
 
+/// One rank's membership of an NCCL communicator (never constructed without the `cuda`
+/// feature).
+pub struct NcclComm {
+    never: Infallible,
+}
+
+impl NcclComm {
+    pub fn rank(&self) -> usize {
+        match self.never {}
+    }
+    pub fn world(&self) -> usize {
+        match self.never {}
+    }
+}
+
 /// A CUDA device (never constructed without the `cuda` feature).
 pub struct Device {
     never: Infallible,
@@ -329,6 +344,18 @@ impl Device {
         n_heads: usize,
         scale: f32,
     ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn nccl_unique_id() -> Result<super::NcclId, KernelError> {
+        Err(NOT)
+    }
+    pub fn nccl_join(&self, id: &super::NcclId, rank: usize, world: usize) -> Result<NcclComm, KernelError> {
+        match self.never {}
+    }
+    pub fn all_reduce_sum(&self, comm: &NcclComm, buf: &mut Buf<bf16>) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn all_reduce_sum_f32(&self, comm: &NcclComm, buf: &mut Buf<f32>) -> Result<(), KernelError> {
         match self.never {}
     }
 }
