@@ -47,14 +47,18 @@ pub struct BenchArgs {
     /// GPU only: prompt tokens of each sequence in the decode test.
     #[arg(long, default_value_t = 512)]
     pub decode_prompt: usize,
+    /// GPU only: tensor-parallel ranks, one thread per GPU (`--device cuda:N`: GPUs N..N+tp);
+    /// above 1, the decode test runs at tp = 1 and at this tp and prints their ratio.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     if let tessera_worker::service::DeviceChoice::Cuda(ordinal) = args.device {
         return crate::bench_gpu::run(&args, ordinal);
     }
-    if args.synthetic.is_some() {
-        anyhow::bail!("--synthetic models are generated on the GPU: add --device cuda");
+    if args.synthetic.is_some() || args.tp > 1 {
+        anyhow::bail!("--synthetic models and --tp run on GPUs: add --device cuda");
     }
     crate::threads::init(args.threads)?;
     let path = crate::default_model::resolve(args.model.as_deref())?;

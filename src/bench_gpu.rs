@@ -10,15 +10,24 @@
 //!   and at B = 1 the MBU (bf16 bytes streamed per token / time / 4.8 TB/s);
 //! - per decode step, the host time (index building and uploads, when the GPU has nothing
 //!   to do; then the kernel launches, overlapping the GPU) against the step's wall time.
+//!
+//! With `--tp N`: the decode test at tp = 1 on the first GPU, then on N GPUs with the model
+//! split tensor-parallel (one thread per rank, rank r on GPU first + r), and the ratio.
+//! Every rank runs the same steps; rank 0 samples greedily and hands the tokens to the
+//! others over channels. A `--synthetic` model's sharded weights are drawn per rank (same
+//! shape and bytes, other values).
 
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use tessera_kernels::cuda::bf16;
+use anyhow::{anyhow, bail, Context, Result};
+use tessera_kernels::cuda::{bf16, Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_worker::batch::{LogitsWanted, SeqChunk};
-use tessera_worker::cuda::shapes::bf16_bytes_per_token;
+use tessera_worker::cuda::shapes::{bf16_bytes_per_token, synthetic_config};
 use tessera_worker::cuda::{CudaModel, CudaOptions, GreedySampler};
+use tessera_worker::parallel::Shard;
 
 use crate::bench::BenchArgs;
 
@@ -44,18 +53,69 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
-    let opts = CudaOptions { device: ordinal, block_size: BLOCK, ..CudaOptions::default() };
-    let t0 = Instant::now();
-    let (mut m, name) = match (&args.synthetic, &args.model) {
-        (Some(shape), _) => (CudaModel::synthetic(shape, 42, &opts)?, format!("{shape} (synthetic bf16)")),
-        (None, model) => {
-            let path = crate::default_model::resolve(model.as_deref())?;
-            let files = ModelFiles::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            (CudaModel::load(&files, &opts)?, name)
+/// The model under test: a synthetic shape or a file.
+enum Source {
+    Synthetic(String),
+    File(PathBuf),
+}
+
+impl Source {
+    fn of(args: &BenchArgs) -> Result<Self> {
+        Ok(match &args.synthetic {
+            Some(shape) => Source::Synthetic(shape.clone()),
+            None => Source::File(crate::default_model::resolve(args.model.as_deref())?),
+        })
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Source::Synthetic(shape) => format!("{shape} (synthetic bf16)"),
+            Source::File(path) => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         }
-    };
+    }
+
+    fn open(path: &Path) -> Result<ModelFiles> {
+        ModelFiles::open(path).with_context(|| format!("opening {}", path.display()))
+    }
+
+    /// The whole model on `opts.device`.
+    fn load(&self, opts: &CudaOptions) -> Result<CudaModel> {
+        Ok(match self {
+            Source::Synthetic(shape) => CudaModel::synthetic(shape, 42, opts)?,
+            Source::File(path) => CudaModel::load(&Self::open(path)?, opts)?,
+        })
+    }
+
+    fn num_layers(&self) -> Result<usize> {
+        Ok(match self {
+            Source::Synthetic(shape) => {
+                synthetic_config(shape).ok_or_else(|| anyhow!("unknown synthetic shape {shape:?}"))?.num_layers
+            }
+            Source::File(path) => Self::open(path)?.config()?.num_layers,
+        })
+    }
+
+    /// Rank `shard.tp_rank`'s share on `opts.device`, in group `id`.
+    fn load_shard(&self, opts: &CudaOptions, shard: &Shard, id: &NcclId) -> Result<CudaModel> {
+        Ok(match self {
+            Source::Synthetic(shape) => CudaModel::synthetic_shard(shape, 42, opts, shard, id)?,
+            Source::File(path) => CudaModel::load_shard(&Self::open(path)?, opts, shard, id)?,
+        })
+    }
+}
+
+fn options(device: usize) -> CudaOptions {
+    CudaOptions { device, block_size: BLOCK, ..CudaOptions::default() }
+}
+
+pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
+    if args.tp > 1 {
+        return run_tp(args, ordinal);
+    }
+    let source = Source::of(args)?;
+    let t0 = Instant::now();
+    let mut m = source.load(&options(ordinal))?;
+    let name = source.name();
     let c = m.config().clone();
     let bytes_per_token = bf16_bytes_per_token(&c) as f64;
     println!(
@@ -105,9 +165,178 @@ pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
     }
 
     for &b in &args.batches {
-        decode_batch(&mut m, &c, b, args, bytes_per_token)?;
+        let outcome = decode_batch(&mut m, b, args, &Role::Solo)?;
+        println!("{}", decode_row(b, args, &outcome, bytes_per_token));
     }
     Ok(())
+}
+
+/// The decode test at tp = 1 on GPU `first`, then split over GPUs `first..first + tp`.
+fn run_tp(args: &BenchArgs, first: usize) -> Result<()> {
+    let tp = args.tp;
+    let present = Device::count()?;
+    if first + tp > present {
+        bail!("--tp {tp} from GPU {first} needs GPUs {first}..{}, {present} present", first + tp);
+    }
+    let source = Source::of(args)?;
+    let t0 = Instant::now();
+    let mut m = source.load(&options(first))?;
+    let c = m.config().clone();
+    println!(
+        "# {} on {}: tp=1 on GPU {first} loaded in {:.1} s, {} KV blocks of {BLOCK}; {:.2} GB of bf16 weights per decoded token",
+        source.name(),
+        m.device().name(),
+        t0.elapsed().as_secs_f64(),
+        m.num_blocks(),
+        bf16_bytes_per_token(&c) as f64 / 1e9
+    );
+    let mut single = Vec::with_capacity(args.batches.len());
+    for &b in &args.batches {
+        single.push(decode_batch(&mut m, b, args, &Role::Solo)?);
+    }
+    drop(m);
+
+    let id = Device::nccl_unique_id()?;
+    let layers = source.num_layers()?;
+    let t0 = Instant::now();
+    let (txs, rxs): (Vec<_>, Vec<_>) = (1..tp).map(|_| channel::<Vec<u32>>()).unzip();
+    let mut roles = vec![Role::Leader(txs)];
+    roles.extend(rxs.into_iter().map(Role::Follower));
+    let ranks: Vec<Result<RankRun>> = std::thread::scope(|s| {
+        let handles: Vec<_> = roles
+            .into_iter()
+            .enumerate()
+            .map(|(r, role)| {
+                let (source, id) = (&source, &id);
+                s.spawn(move || -> Result<RankRun> {
+                    let shard = Shard { tp_rank: r, tp, stage: 0, stages: 1, layers: 0..layers };
+                    let mut m = source
+                        .load_shard(&options(first + r), &shard, id)
+                        .with_context(|| format!("tp rank {r} on GPU {}", first + r))?;
+                    let (loaded_s, blocks) = (t0.elapsed().as_secs_f64(), m.num_blocks());
+                    let rank_bytes = bf16_bytes_per_token(m.local_config()) as f64;
+                    let mut outcomes = Vec::with_capacity(args.batches.len());
+                    for &b in &args.batches {
+                        outcomes.push(decode_batch(&mut m, b, args, &role).with_context(|| format!("tp rank {r}"))?);
+                    }
+                    Ok(RankRun { loaded_s, blocks, rank_bytes, outcomes })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a tp rank's thread panicked")))).collect()
+    });
+    let mut ranks = ranks.into_iter();
+    let lead = ranks.next().ok_or_else(|| anyhow!("no tp rank ran"))??;
+    for r in ranks {
+        r?;
+    }
+    println!(
+        "# tp={tp} on GPUs {first}..{}: loaded in {:.1} s, {} KV blocks; {:.2} GB of bf16 weights per token per GPU \
+         (embedding and LM head replicated)",
+        first + tp,
+        lead.loaded_s,
+        lead.blocks,
+        lead.rank_bytes / 1e9
+    );
+    println!();
+    println!("| decode | tp=1 | tp={tp} | tp={tp} / tp=1 | tp={tp} detail |");
+    println!("|---|---|---|---|---|");
+    for ((&b, one), many) in args.batches.iter().zip(&single).zip(&lead.outcomes) {
+        let cell = |o: &Outcome| match o {
+            Outcome::Ran(d) => format!("{:.0} tok/s", d.tok_s),
+            Outcome::Skipped { .. } => "skipped".into(),
+        };
+        let ratio = match (one, many) {
+            (Outcome::Ran(a), Outcome::Ran(z)) => format!("{:.2}x", z.tok_s / a.tok_s),
+            _ => "-".into(),
+        };
+        let detail = match many {
+            Outcome::Ran(d) => {
+                let mbu = if b == 1 {
+                    format!(", per-GPU MBU {:.0}%", 100.0 * lead.rank_bytes / d.step / HBM_BYTES_PER_S)
+                } else {
+                    String::new()
+                };
+                format!("step {:.2} ms{mbu}; {}/{} steps from a CUDA graph", d.step * 1e3, d.graphs, args.gen_tokens)
+            }
+            Outcome::Skipped { needed, have } => format!("needs {needed} KV blocks, {have} exist"),
+        };
+        println!(
+            "| {b} sequences ({}+{}) | {} | {} | {ratio} | {detail} |",
+            args.decode_prompt,
+            args.gen_tokens,
+            cell(one),
+            cell(many)
+        );
+        if b == 1 {
+            if let (Outcome::Ran(a), Outcome::Ran(z)) = (one, many) {
+                eprintln!(
+                    "RESULT tp={tp} batch-1 decode {:.0} tok/s vs tp=1 {:.0} tok/s: {:.2}x (target >= 1.8x)",
+                    z.tok_s,
+                    a.tok_s,
+                    z.tok_s / a.tok_s
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a tp rank's thread measured.
+struct RankRun {
+    loaded_s: f64,
+    blocks: usize,
+    /// bf16 bytes this rank streams per decoded token.
+    rank_bytes: f64,
+    outcomes: Vec<Outcome>,
+}
+
+/// Where a decode step's next tokens come from.
+enum Role {
+    /// One GPU: greedy on its own logits.
+    Solo,
+    /// Tensor-parallel rank 0: greedy on its logits, sent to every other rank.
+    Leader(Vec<Sender<Vec<u32>>>),
+    /// Another rank: runs the step, then takes rank 0's tokens.
+    Follower(Receiver<Vec<u32>>),
+}
+
+/// One decode test's measurements.
+struct Decode {
+    tok_s: f64,
+    /// Median wall time of a step, s.
+    step: f64,
+    prep: f64,
+    enqueue: f64,
+    graphs: usize,
+}
+
+enum Outcome {
+    Ran(Decode),
+    Skipped { needed: usize, have: usize },
+}
+
+fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f64) -> String {
+    let (prompt, gen) = (args.decode_prompt, args.gen_tokens);
+    let d = match outcome {
+        Outcome::Skipped { needed, have } => {
+            return format!("| decode, {b} sequences | skipped | needs {needed} KV blocks, {have} exist |")
+        }
+        Outcome::Ran(d) => d,
+    };
+    let mbu = if b == 1 {
+        format!(", MBU {:.0}%", 100.0 * bytes_per_token / d.step / HBM_BYTES_PER_S)
+    } else {
+        String::new()
+    };
+    format!(
+        "| decode, {b} sequences ({prompt}+{gen}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
+        d.tok_s,
+        d.step * 1e3,
+        d.prep * 1e6,
+        d.enqueue * 1e6,
+        d.graphs
+    )
 }
 
 /// FLOP/s of the model's largest GEMM at M = 4096, median of 5 timings of 10 calls.
@@ -128,22 +357,18 @@ fn gemm_peak(m: &CudaModel, c: &tessera_model::config::ModelConfig) -> Result<f6
 }
 
 /// `b` sequences: prefill their prompts (steps of at most 8192 tokens), then
-/// `gen_tokens` decode steps of all of them with greedy sampling on the GPU.
-fn decode_batch(
-    m: &mut CudaModel,
-    c: &tessera_model::config::ModelConfig,
-    b: usize,
-    args: &BenchArgs,
-    bytes_per_token: f64,
-) -> Result<()> {
+/// `gen_tokens` decode steps of all of them with greedy sampling on the GPU. Every rank of
+/// a tensor-parallel group calls this with the same arguments (its block count is the
+/// group's, so all skip or all run).
+fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role) -> Result<Outcome> {
     let (prompt, gen) = (args.decode_prompt, args.gen_tokens);
+    let vocab = m.config().vocab_size;
     let per_seq = (prompt + gen + 1).div_ceil(BLOCK);
     if per_seq * b > m.num_blocks() {
-        println!("| decode, {b} sequences | skipped | needs {} KV blocks, {} exist |", per_seq * b, m.num_blocks());
-        return Ok(());
+        return Ok(Outcome::Skipped { needed: per_seq * b, have: m.num_blocks() });
     }
     let tables: Vec<Vec<u32>> = (0..b).map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect()).collect();
-    let prompts: Vec<Vec<u32>> = (0..b).map(|i| pseudo_random_tokens(prompt, c.vocab_size, 100 + i as u64)).collect();
+    let prompts: Vec<Vec<u32>> = (0..b).map(|i| pseudo_random_tokens(prompt, vocab, 100 + i as u64)).collect();
     let per_step = (8192 / prompt.max(1)).max(1);
     let mut next: Vec<u32> = Vec::with_capacity(b);
     for group in (0..b).collect::<Vec<_>>().chunks(per_step) {
@@ -156,7 +381,7 @@ fn decode_batch(
                 logits: LogitsWanted::Last,
             })
             .collect();
-        next.extend(greedy(m, &chunks, &mut None)?);
+        next.extend(greedy(m, &chunks, &mut None, role)?);
     }
     let mut sampler = None;
     let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
@@ -172,7 +397,7 @@ fn decode_batch(
                 logits: LogitsWanted::Last,
             })
             .collect();
-        next = greedy(m, &chunks, &mut sampler)?;
+        next = greedy(m, &chunks, &mut sampler, role)?;
         let timing = m.last_step_timing();
         graphs += usize::from(timing.graph);
         wall.push(t.elapsed().as_secs_f64());
@@ -180,20 +405,34 @@ fn decode_batch(
         enqueue.push(timing.enqueue.as_secs_f64());
     }
     let total = t_all.elapsed().as_secs_f64();
-    let tok_s = (b * gen) as f64 / total;
-    let step = median(wall);
-    let mbu =
-        if b == 1 { format!(", MBU {:.0}%", 100.0 * bytes_per_token / step / HBM_BYTES_PER_S) } else { String::new() };
-    println!(
-        "| decode, {b} sequences ({prompt}+{gen}) | {tok_s:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle) + launches {:.0} µs; {graphs}/{gen} steps from a CUDA graph |",
-        step * 1e3,
-        median(prep) * 1e6,
-        median(enqueue) * 1e6
-    );
-    Ok(())
+    Ok(Outcome::Ran(Decode {
+        tok_s: (b * gen) as f64 / total,
+        step: median(wall),
+        prep: median(prep),
+        enqueue: median(enqueue),
+        graphs,
+    }))
 }
 
-/// One step with greedy sampling on the GPU.
-fn greedy(m: &mut CudaModel, chunks: &[SeqChunk], sampler: &mut Option<GreedySampler>) -> Result<Vec<u32>> {
-    Ok(m.forward_greedy(chunks, sampler)?)
+/// One step's next tokens: greedy on the GPU, or (a tensor-parallel follower) rank 0's.
+fn greedy(
+    m: &mut CudaModel,
+    chunks: &[SeqChunk],
+    sampler: &mut Option<GreedySampler>,
+    role: &Role,
+) -> Result<Vec<u32>> {
+    match role {
+        Role::Solo => Ok(m.forward_greedy(chunks, sampler)?),
+        Role::Leader(others) => {
+            let tokens = m.forward_greedy(chunks, sampler)?;
+            for tx in others {
+                tx.send(tokens.clone()).map_err(|_| anyhow!("a tp rank stopped"))?;
+            }
+            Ok(tokens)
+        }
+        Role::Follower(rx) => {
+            m.forward_device(chunks)?;
+            rx.recv().map_err(|_| anyhow!("tp rank 0 stopped"))
+        }
+    }
 }

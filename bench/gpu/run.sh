@@ -9,9 +9,15 @@
 #                                   #   serve    - `tessera serve --device cuda` end to end (bench/gpu/serve_check.py)
 #                                   #              and loadgen at 1/16/64 sessions
 #                                   #   bench    - `tessera bench --device cuda` on synthetic 8B shapes
+#                                   #   tp       - (not in the default list; needs 2 GPUs: nvidia-h200-x2)
+#                                   #              tensor parallel: worker/tests/cuda_tp.rs (random Qwen3
+#                                   #              split over 2 GPUs vs 1 GPU, SmolLM2's refused split), then
+#                                   #              `tessera bench --device cuda --tp 2` on synthetic shapes
+#                                   #              (TP_SHAPES, default llama-3.1-8b): batch-1 decode vs tp=1
+#                                   #              in the same run, aggregate at 64 and 256 sequences
 #
 # The device machine has no Rust: `prepare` builds the kernel tests (tessera-kernels/tests/cuda_*.rs),
-# the worker's tests/cuda_model.rs and the `tessera` binary with the `cuda` feature (cudarc loads
+# the worker's tests/cuda_model.rs and cuda_tp.rs and the `tessera` binary with the `cuda` feature (cudarc loads
 # libcuda/libnvrtc/libcublasLt at run time, so no toolkit is needed here), strips and xz-compresses
 # them into .gpu/ (listed in .git/info/exclude; carried with the device tool's `carry: [".gpu"]`).
 # The default model (98 MB) is over one call's carry limit: `prepare` also splits it into
@@ -37,6 +43,7 @@ if [[ "${1:-}" == prepare ]]; then
     rm -rf .gpu .gpumodel && mkdir -p .gpu .gpumodel
     for t in $KERNEL_TESTS; do cp "$(test_exe tessera-kernels "$t" cuda)" ".gpu/$t"; done
     cp "$(test_exe tessera-worker cuda_model cuda)" .gpu/cuda_model
+    cp "$(test_exe tessera-worker cuda_tp cuda)" .gpu/cuda_tp
     cargo build --release --features cuda
     cp target/release/tessera .gpu/tessera
     strip .gpu/*
@@ -121,11 +128,24 @@ if [[ " $STAGES " == *" bench "* ]]; then
     done
 fi
 
+if [[ " $STAGES " == *" tp "* ]]; then
+    : > "$LOG/tp.log"
+    [[ -f /tmp/qwen3-ref/logits.f32 ]] || run "PyTorch reference: random Qwen3" "$LOG/tp.log" \
+        python3 bench/gpu/torch_qwen3_ref.py /tmp/qwen3-ref
+    run "tensor-parallel tests" "$LOG/tp.log" env TESSERA_GPU_TESTS=1 TESSERA_TORCH_REF=/tmp/qwen3-ref \
+        "$BIN/cuda_tp" --test-threads=1 --nocapture
+    for shape in ${TP_SHAPES:-llama-3.1-8b}; do
+        run "tessera bench --device cuda --tp 2 --synthetic $shape" "$LOG/tp.log" \
+            "$BIN/tessera" bench --device cuda --tp 2 --synthetic "$shape" --batches 1,64,256 ${BENCH_ARGS:-}
+    done
+fi
+
 echo
 echo "== summary ($STAGES)"
-cat "$LOG"/kernels.log "$LOG"/model.log "$LOG"/serve.log 2>/dev/null \
+cat "$LOG"/kernels.log "$LOG"/model.log "$LOG"/serve.log "$LOG"/tp.log 2>/dev/null \
     | grep -E '^== |^test result:|FAILED|FAIL |panicked|^!! |RESULT|TORCH|^\| tessera' | sed 's/^/  /'
 [[ -f "$LOG/kernels.log" ]] && { echo "| op | shape | time | rate | bandwidth |"; echo "|---|---|---|---|---|";
     grep -oE 'BENCH \|.*' "$LOG/kernels.log" | sed 's/^BENCH //; s/$/ |/'; }
 [[ -f "$LOG/bench.log" ]] && grep -E '^(#|\|)' "$LOG/bench.log"
+[[ -f "$LOG/tp.log" ]] && grep -E '^(#|\|)' "$LOG/tp.log"
 exit $rc_all

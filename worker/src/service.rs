@@ -1,6 +1,11 @@
 //! The worker's gRPC service (`tessera.worker.v1.Worker`): Info, Load and the long-lived
 //! Step stream. Conversion between wire messages and the executor's types lives here;
 //! the executor runs each step on a blocking thread, one step at a time, in stream order.
+//!
+//! Sharded replicas: a CPU worker's collectives are TCP (it reports listener addresses); a
+//! GPU worker's are NCCL: it reports `nccl:<hex id>` of a communicator id it made, and a
+//! tensor-parallel Load joins the id of rank 0 (the coordinator relays every rank's report
+//! as `tp_peers`, so `tp_peers[0]` is rank 0's).
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -8,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
 
+use tessera_kernels::cuda::{Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_proto::worker as pb;
 use tokio::sync::mpsc;
@@ -17,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::Backend;
 use crate::collective::{Collective, TcpCollective};
-use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions};
+use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions, TpPart};
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
 use crate::llama::LlamaModel;
 use crate::parallel::{Comms, Shard};
@@ -58,7 +64,13 @@ pub struct WorkerService {
     state: Arc<Mutex<Option<Loaded>>>,
     device: DeviceChoice,
     collective: Arc<Mutex<Listeners>>,
+    /// GPU workers: the NCCL id this worker offers as a tensor-parallel rank 0, made when
+    /// first reported (Info) and replaced once a Load has used it.
+    nccl_id: Arc<Mutex<Option<NcclId>>>,
 }
+
+/// Prefix of a GPU worker's `tp_collective_addr`: `nccl:` and the id's 256 hex digits.
+const NCCL_PREFIX: &str = "nccl:";
 
 /// Where a CPU worker accepts its tensor-parallel group's and its pipeline neighbours'
 /// collective connections: bound when first reported (Info), consumed by a sharded Load,
@@ -100,7 +112,7 @@ impl WorkerService {
 
     /// A service that loads models onto `device`.
     pub fn on(device: DeviceChoice) -> Self {
-        WorkerService { state: Arc::default(), device, collective: Arc::default() }
+        WorkerService { state: Arc::default(), device, collective: Arc::default(), nccl_id: Arc::default() }
     }
 
     /// Binds the collective listeners on `host` (the worker's own address) instead of
@@ -120,9 +132,12 @@ impl WorkerService {
             device_name: format!("cpu ({} threads)", rayon::current_num_threads()),
             ..Default::default()
         };
-        if self.device == DeviceChoice::Cpu {
-            let (tp, pp) = self.collective.lock().unwrap_or_else(|e| e.into_inner()).ensure();
-            (info.tp_collective_addr, info.pp_collective_addr) = (tp, pp);
+        match self.device {
+            DeviceChoice::Cpu => {
+                let (tp, pp) = self.collective.lock().unwrap_or_else(|e| e.into_inner()).ensure();
+                (info.tp_collective_addr, info.pp_collective_addr) = (tp, pp);
+            }
+            DeviceChoice::Cuda(_) => info.tp_collective_addr = self.nccl_addr(),
         }
         if let Some(l) = guard.as_ref() {
             let (kind, name) = l.exec.backend().device();
@@ -136,15 +151,33 @@ impl WorkerService {
         }
         info
     }
+
+    /// `nccl:<hex>` of this worker's NCCL id, made now if there is none; empty when NCCL
+    /// is unavailable (a tensor-parallel Load naming this worker as rank 0 then fails
+    /// with a message saying so).
+    fn nccl_addr(&self) -> String {
+        let mut id = self.nccl_id.lock().unwrap_or_else(|e| e.into_inner());
+        if id.is_none() {
+            *id = Device::nccl_unique_id().ok();
+        }
+        id.as_ref().map(|id| format!("{NCCL_PREFIX}{}", id.to_hex())).unwrap_or_default()
+    }
 }
 
-fn load(req: &pb::LoadRequest, device: DeviceChoice, listeners: &Mutex<Listeners>) -> Result<Loaded, Status> {
+fn load(
+    req: &pb::LoadRequest,
+    device: DeviceChoice,
+    listeners: &Mutex<Listeners>,
+    nccl_id: &Mutex<Option<NcclId>>,
+) -> Result<Loaded, Status> {
     let path = PathBuf::from(&req.model_path);
     let files =
         ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
     let sharded = req.shard.as_ref().filter(|s| s.tp_size > 1 || s.pp_size > 1);
-    if sharded.is_some() && device != DeviceChoice::Cpu {
-        return Err(Status::unimplemented("tensor and pipeline parallel shards run on CPU workers so far"));
+    if sharded.is_some_and(|s| s.pp_size > 1) && device != DeviceChoice::Cpu {
+        return Err(Status::unimplemented(
+            "pipeline parallel shards run on CPU workers only; GPU workers take tensor parallel shards (pp = 1)",
+        ));
     }
     let block_size = if req.block_size == 0 { 16 } else { req.block_size as usize };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -163,12 +196,23 @@ fn load(req: &pb::LoadRequest, device: DeviceChoice, listeners: &Mutex<Listeners
         }
         DeviceChoice::Cuda(ordinal) => {
             let config = files.config().map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let per = kv_bytes_per_block(&config, block_size) as u64;
+            let shard = sharded.map(shard_of).transpose()?;
+            let part = match &shard {
+                Some(s) => TpPart::of_shard(&config, s).map_err(|e| Status::invalid_argument(e.to_string()))?,
+                None => TpPart::whole(&config),
+            };
+            let per = kv_bytes_per_block(&part.local_config(&config), block_size) as u64;
             // No budget given: the GPU backend sizes the cache from its free memory.
             let num_blocks = blocks_for(req, per, 0)?;
             let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
-            let model = CudaModel::load(&files, &opts).map_err(|e| Status::failed_precondition(e.to_string()))?;
-            Backend::cuda(model)
+            let model = match (&shard, sharded) {
+                (Some(shard), Some(s)) => {
+                    let id = group_id(s, nccl_id)?;
+                    CudaModel::load_shard(&files, &opts, shard, &id)
+                }
+                _ => CudaModel::load(&files, &opts),
+            };
+            Backend::cuda(model.map_err(|e| Status::failed_precondition(e.to_string()))?)
         }
     };
     if backend.num_blocks() == 0 {
@@ -194,6 +238,24 @@ fn shard_of(s: &pb::Shard) -> Result<Shard, Status> {
         stages,
         layers: s.layer_begin as usize..s.layer_end as usize,
     })
+}
+
+/// The NCCL id of a GPU shard's tensor-parallel group: rank 0's report, `tp_peers[0]`.
+/// When that is this worker's own id, it is used up: the next Info offers a fresh one.
+fn group_id(s: &pb::Shard, own: &Mutex<Option<NcclId>>) -> Result<NcclId, Status> {
+    let peer = s.tp_peers.first().map(String::as_str).unwrap_or_default();
+    let hex = peer.strip_prefix(NCCL_PREFIX).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "tensor-parallel rank 0 reported {peer:?}, not an NCCL id (`{NCCL_PREFIX}<hex>`): \
+             is it a GPU worker with NCCL installed?"
+        ))
+    })?;
+    let id = NcclId::from_hex(hex).map_err(|e| Status::invalid_argument(format!("rank 0's NCCL id: {e}")))?;
+    let mut own = own.lock().unwrap_or_else(|e| e.into_inner());
+    if own.as_ref() == Some(&id) {
+        *own = None;
+    }
+    Ok(id)
 }
 
 /// Joins this shard's tensor-parallel group and pipeline (blocking until every peer has
@@ -316,8 +378,8 @@ impl pb::worker_server::Worker for WorkerService {
     async fn load(&self, req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReply>, Status> {
         let req = req.into_inner();
         let t0 = Instant::now();
-        let (device, listeners) = (self.device, self.collective.clone());
-        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners))
+        let (device, listeners, nccl_id) = (self.device, self.collective.clone(), self.nccl_id.clone());
+        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_id))
             .await
             .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
@@ -365,7 +427,7 @@ impl pb::worker_server::Worker for WorkerService {
 
 #[cfg(test)]
 mod tests {
-    use super::DeviceChoice;
+    use super::*;
 
     #[test]
     fn device_choice_parses_cpu_and_cuda_ordinals() {
@@ -374,6 +436,35 @@ mod tests {
         assert_eq!("cuda:3".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(3)));
         for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
             assert!(bad.parse::<DeviceChoice>().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    fn shard_with_peer0(peer: &str) -> pb::Shard {
+        pb::Shard {
+            tp_size: 2,
+            tp_rank: 1,
+            pp_size: 1,
+            tp_peers: vec![peer.into(), "nccl:00".into()],
+            ..Default::default()
+        }
+    }
+
+    /// A GPU shard joins rank 0's id; this worker's own id is used up only when it is
+    /// rank 0's; anything but `nccl:<256 hex digits>` is a clear error.
+    #[test]
+    fn gpu_shards_take_rank_0s_nccl_id() {
+        let id = |seed: u8| NcclId(std::array::from_fn(|i| (i as u8).wrapping_mul(37).wrapping_add(seed)));
+        let own = Mutex::new(Some(id(1)));
+        let peer = format!("nccl:{}", id(2).to_hex());
+        assert_eq!(group_id(&shard_with_peer0(&peer), &own).unwrap(), id(2));
+        assert_eq!(*own.lock().unwrap(), Some(id(1)), "another worker's id leaves ours alone");
+        let peer = format!("nccl:{}", id(1).to_hex());
+        assert_eq!(group_id(&shard_with_peer0(&peer), &own).unwrap(), id(1));
+        assert_eq!(*own.lock().unwrap(), None, "our id, once used, is replaced at the next Info");
+        for bad in ["127.0.0.1:4000", "", "nccl:abc"] {
+            let e = group_id(&shard_with_peer0(bad), &own).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
+            assert!(e.message().contains("NCCL id"), "{bad:?}: {}", e.message());
         }
     }
 }

@@ -10,6 +10,12 @@
 //! gate|up GEMM, SwiGLU, the down GEMM. The residual stream is bf16, as in HF's bf16
 //! models. Logits come out of the LM head GEMM in f32.
 //!
+//! Tensor parallel (see `tp.rs`): every shape here is this rank's (its heads, KV heads and
+//! FFN slice), and the o and down GEMMs' partial sums are all-reduced over NCCL before the
+//! `add_rms_norm` that consumes them. Every rank runs the same steps in the same order (the
+//! same eager kernels, the same graph buckets, captured in the same order), so their
+//! collectives pair up.
+//!
 //! Activations live in a [`Scratch`] sized for the step's token count and kept for reuse.
 //! Decode steps (one token per sequence, up to [`MAX_GRAPH_BATCH`] sequences) replay a
 //! CUDA graph captured at load for the next larger batch bucket: its inputs are fixed
@@ -19,7 +25,7 @@
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, DecodeWorkspace, Device, Graph, PagedBatch, QkvPrep};
+use tessera_kernels::cuda::{bf16, Buf, DecodeWorkspace, Device, Graph, NcclComm, PagedBatch, QkvPrep};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
@@ -260,13 +266,22 @@ pub struct DeviceLogits<'a> {
 /// What every step reads: the device, the config and the weights.
 struct Core {
     dev: Device,
+    /// The model as this rank runs it: its heads, KV heads and FFN width (the whole model
+    /// at tp = 1; see `TpPart::local_config`).
     config: ModelConfig,
     w: GpuWeights,
+    /// The tensor-parallel group's communicator (`None`: one GPU).
+    comm: Option<NcclComm>,
 }
 
-/// A model on one GPU with its KV cache: the CUDA backend of the executor.
+/// A model on one GPU (or one rank's share of it) with its KV cache: the CUDA backend of
+/// the executor.
 pub struct CudaModel {
     core: Core,
+    /// The whole model's config (what callers see; `core.config` is this rank's part).
+    model_config: ModelConfig,
+    /// (rank, world) of the tensor-parallel group.
+    tp: (usize, usize),
     kv: GpuKv,
     decode_ws: DecodeWorkspace,
     scratch: Vec<Scratch>,
@@ -277,28 +292,58 @@ pub struct CudaModel {
 }
 
 impl CudaModel {
+    /// `model_config` is the whole model, `local` this rank's part of it (the same at tp =
+    /// 1); `loaded` its weights and the KV blocks to allocate, or why loading failed.
+    ///
+    /// With `comm` (a tensor-parallel rank), every rank reports its block count (0: it
+    /// failed) to the others before any returns, so a failed rank fails the whole group
+    /// instead of leaving its peers waiting in a collective; the ranks then use the
+    /// smallest count.
     pub(crate) fn new(
         dev: Device,
-        config: ModelConfig,
-        w: GpuWeights,
-        num_blocks: usize,
+        model_config: ModelConfig,
+        local: ModelConfig,
+        loaded: Result<(GpuWeights, usize), WorkerError>,
+        comm: Option<NcclComm>,
         block_size: usize,
     ) -> Result<Self, WorkerError> {
-        let c = &config;
-        let per_layer = num_blocks * block_size * c.num_kv_heads * c.head_dim;
-        let mut kv = GpuKv { k: Vec::new(), v: Vec::new(), num_blocks, block_size };
-        for _ in 0..c.num_layers {
-            kv.k.push(dev.alloc(per_layer)?);
-            kv.v.push(dev.alloc(per_layer)?);
-        }
-        let decode_ws = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
+        let c = &local;
+        let prepared = loaded.and_then(|(w, num_blocks)| {
+            let per_layer = num_blocks * block_size * c.num_kv_heads * c.head_dim;
+            let mut kv = GpuKv { k: Vec::new(), v: Vec::new(), num_blocks, block_size };
+            for _ in 0..c.num_layers {
+                kv.k.push(dev.alloc(per_layer)?);
+                kv.v.push(dev.alloc(per_layer)?);
+            }
+            let decode_ws = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
+            Ok((w, kv, decode_ws))
+        });
+        let (w, kv, decode_ws) = match &comm {
+            None => prepared?,
+            Some(comm) => {
+                let mine = prepared.as_ref().map_or(0, |p| u32::try_from(p.1.num_blocks).unwrap_or(u32::MAX));
+                let all = super::tp::all_gather_u32(&dev, comm, comm.rank(), comm.world(), mine)?;
+                let mut p = prepared?;
+                if let Some(r) = all.iter().position(|&n| n == 0) {
+                    return Err(WorkerError::Collective(format!(
+                        "tensor-parallel rank {r} of {} failed to load its shard (see its log)",
+                        all.len()
+                    )));
+                }
+                p.1.num_blocks = all.iter().copied().min().unwrap_or(0) as usize;
+                p
+            }
+        };
         // Every GEMM this device runs from now on multiplies by a weight, and weights are
         // written only at load (finished here): the small-batch GEMV may start streaming W
         // before the previous kernel ends (6-stage ring, 8 warps, one wave, early PDL).
         dev.synchronize()?;
         dev.set_gemv_tuning(6, 8, true, 2)?;
+        let tp = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
         Ok(CudaModel {
-            core: Core { dev, config, w },
+            core: Core { dev, config: local, w, comm },
+            model_config,
+            tp,
             kv,
             decode_ws,
             scratch: Vec::new(),
@@ -308,8 +353,19 @@ impl CudaModel {
         })
     }
 
+    /// The whole model's config.
     pub fn config(&self) -> &ModelConfig {
+        &self.model_config
+    }
+
+    /// The model as this rank runs it (its heads and FFN width; the whole model at tp = 1).
+    pub fn local_config(&self) -> &ModelConfig {
         &self.core.config
+    }
+
+    /// (rank, world) of this model's tensor-parallel group; (0, 1) on one GPU.
+    pub fn tp(&self) -> (usize, usize) {
+        self.tp
     }
 
     pub fn device(&self) -> &Device {
@@ -488,6 +544,18 @@ impl CudaModel {
     }
 }
 
+impl Drop for CudaModel {
+    /// NCCL's order of teardown: finish the queued work, free the graphs that recorded
+    /// collectives, then the communicator (fields would drop it first).
+    fn drop(&mut self) {
+        if self.core.comm.is_some() {
+            let _ = self.core.dev.synchronize();
+            self.graphs.clear();
+            self.core.comm = None;
+        }
+    }
+}
+
 /// Graph capture needs a `KernelError`; a forward error inside it is one already, or a
 /// batch problem that cannot happen for the fixed inputs.
 fn into_kernel(e: WorkerError) -> tessera_kernels::KernelError {
@@ -552,12 +620,23 @@ fn run_layers(
             }
         }
         dev.matmul(&mut s.out, &s.attn, t, &l.o, h, qd)?;
+        all_reduce(core, &mut s.out)?;
         dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.ffn_norm, t, eps)?;
         dev.matmul(&mut s.gate_up, &s.xn, t, &l.gate_up, 2 * ffn, h)?;
         dev.silu_mul_packed(&mut s.act, &s.gate_up, t)?;
         dev.matmul(&mut s.out, &s.act, t, &l.down, h, ffn)?;
+        all_reduce(core, &mut s.out)?;
     }
     dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &w.norm, t, eps)?;
+    Ok(())
+}
+
+/// Sums a row-parallel GEMM's partial outputs (`[t, hidden]`) over the tensor-parallel
+/// group, in place; nothing on one GPU.
+fn all_reduce(core: &Core, out: &mut Buf<bf16>) -> Result<(), WorkerError> {
+    if let Some(comm) = &core.comm {
+        core.dev.all_reduce_sum(comm, out)?;
+    }
     Ok(())
 }
 

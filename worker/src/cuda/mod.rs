@@ -1,23 +1,27 @@
 //! The CUDA backend of the worker: the model's weights in GPU memory as bf16, a paged bf16
 //! KV cache sized from the free GPU memory, and the forward pass over the kernels of
 //! `tessera_kernels::cuda`. Compiled always; without the kernels' `cuda` feature opening a
-//! device is a clear error ("not compiled"), so callers need no `#[cfg]`.
+//! device is a clear error ("not compiled"), so callers need no `#[cfg]`. A model can be
+//! split over the GPUs of a tensor-parallel group (`tp.rs`), one rank per GPU.
 
 mod forward;
 mod greedy;
 mod sampler;
 pub mod shapes;
+mod tp;
 mod weights;
 
-use tessera_kernels::cuda::Device;
+use tessera_kernels::cuda::{Device, NcclComm, NcclId};
 use tessera_model::config::ModelConfig;
 use tessera_model::weights::ModelFiles;
 
 use crate::error::WorkerError;
+use crate::parallel::Shard;
 
 pub use forward::{CudaModel, DeviceLogits, StepTiming, MAX_GRAPH_BATCH};
 pub use greedy::GreedySampler;
 pub use sampler::{GpuSampler, RowRequest};
+pub use tp::TpPart;
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]
@@ -50,7 +54,8 @@ impl Default for CudaOptions {
     }
 }
 
-/// KV bytes per block for `c`: K and V of every layer, bf16.
+/// KV bytes per block for `c` (a tensor-parallel rank: its [`TpPart::local_config`]): K
+/// and V of every layer, bf16.
 pub fn kv_bytes_per_block(c: &ModelConfig, block_size: usize) -> usize {
     2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 2
 }
@@ -61,51 +66,109 @@ impl CudaModel {
         let config = files.config()?;
         config.validate().map_err(tessera_model::error::ModelError::from)?;
         let dev = Device::new(opts.device)?;
-        let w = weights::GpuWeights::load(&dev, &config, files)?;
-        Self::with_weights(dev, config, w, opts)
+        let part = TpPart::whole(&config);
+        let w = weights::GpuWeights::load(&dev, &config, &part, files);
+        Self::assemble(dev, config, &part, w, None, opts)
+    }
+
+    /// Loads rank `shard.tp_rank`'s share of `files` onto GPU `opts.device` and joins its
+    /// tensor-parallel group `id` (made by rank 0 with `Device::nccl_unique_id`); blocks
+    /// until every rank of the group has joined and loaded. `shard` must be tensor parallel
+    /// only (pp = 1, every layer); a split the model does not allow is an error before any
+    /// device is touched, the same on every rank.
+    pub fn load_shard(files: &ModelFiles, opts: &CudaOptions, shard: &Shard, id: &NcclId) -> Result<Self, WorkerError> {
+        let config = files.config()?;
+        config.validate().map_err(tessera_model::error::ModelError::from)?;
+        let part = TpPart::of_shard(&config, shard)?;
+        let dev = Device::new(opts.device)?;
+        let comm = join(&dev, &part, id)?;
+        let w = weights::GpuWeights::load(&dev, &config, &part, files);
+        Self::assemble(dev, config, &part, w, comm, opts)
     }
 
     /// A random-weight model of the named shape ([`shapes::SHAPES`]), generated on the GPU.
     pub fn synthetic(shape: &str, seed: u64, opts: &CudaOptions) -> Result<Self, WorkerError> {
-        let config = shapes::synthetic_config(shape).ok_or_else(|| {
-            WorkerError::InvalidBatch(format!(
-                "unknown synthetic shape {shape:?}; known: {}",
-                shapes::SHAPES.join(", ")
-            ))
-        })?;
+        let config = synthetic_config(shape)?;
         let dev = Device::new(opts.device)?;
-        let w = weights::GpuWeights::synthetic(&dev, &config, seed)?;
-        Self::with_weights(dev, config, w, opts)
+        let part = TpPart::whole(&config);
+        let w = weights::GpuWeights::synthetic(&dev, &config, seed, 0);
+        Self::assemble(dev, config, &part, w, None, opts)
     }
 
-    fn with_weights(
+    /// Rank `shard.tp_rank`'s share of a random-weight model of the named shape, in group
+    /// `id` (see [`CudaModel::load_shard`]). The sharded matrices are drawn per rank, so the
+    /// values differ from [`CudaModel::synthetic`]'s: the same shape and speed, not the same
+    /// model.
+    pub fn synthetic_shard(
+        shape: &str,
+        seed: u64,
+        opts: &CudaOptions,
+        shard: &Shard,
+        id: &NcclId,
+    ) -> Result<Self, WorkerError> {
+        let config = synthetic_config(shape)?;
+        let part = TpPart::of_shard(&config, shard)?;
+        let dev = Device::new(opts.device)?;
+        let comm = join(&dev, &part, id)?;
+        let w = weights::GpuWeights::synthetic(&dev, &part.local_config(&config), seed, part.rank);
+        Self::assemble(dev, config, &part, w, comm, opts)
+    }
+
+    /// Sizes the KV cache, allocates it and captures the decode graphs. `w` may be an
+    /// error: a tensor-parallel rank still takes part in the group's agreement (see
+    /// `CudaModel::new`) so its peers fail too instead of waiting for it.
+    fn assemble(
         dev: Device,
         config: ModelConfig,
-        w: weights::GpuWeights,
+        part: &TpPart,
+        w: Result<weights::GpuWeights, WorkerError>,
+        comm: Option<NcclComm>,
         opts: &CudaOptions,
     ) -> Result<Self, WorkerError> {
-        let per_block = kv_bytes_per_block(&config, opts.block_size.max(1));
-        let num_blocks = match opts.num_blocks {
-            Some(n) => n,
-            None => {
-                let (free, _) = dev.memory_info()?;
-                let reserve = opts.max_step_tokens * forward::Scratch::bytes_per_token(&config)
-                    + opts.max_step_tokens.min(512) * config.vocab_size * 4
-                    + (1 << 30);
-                let budget = (free.saturating_sub(reserve) as f64 * opts.kv_fraction.clamp(0.0, 1.0)) as usize;
-                budget / per_block.max(1)
-            }
-        };
-        if num_blocks == 0 || opts.block_size == 0 {
-            return Err(WorkerError::InvalidBatch(format!(
-                "no room for a KV cache: {num_blocks} blocks of {} positions",
-                opts.block_size
-            )));
-        }
-        let mut m = CudaModel::new(dev, config, w, num_blocks, opts.block_size)?;
+        let local = part.local_config(&config);
+        let loaded = w.and_then(|w| Ok((w, kv_blocks(&dev, &local, opts)?)));
+        let mut m = CudaModel::new(dev, config, local, loaded, comm, opts.block_size)?;
         if opts.graph_max_batch > 0 {
             m.capture_decode_graphs(opts.graph_max_batch)?;
         }
         Ok(m)
     }
+}
+
+fn synthetic_config(shape: &str) -> Result<ModelConfig, WorkerError> {
+    shapes::synthetic_config(shape).ok_or_else(|| {
+        WorkerError::InvalidBatch(format!("unknown synthetic shape {shape:?}; known: {}", shapes::SHAPES.join(", ")))
+    })
+}
+
+/// Joins the group of `part` (none at tp = 1).
+fn join(dev: &Device, part: &TpPart, id: &NcclId) -> Result<Option<NcclComm>, WorkerError> {
+    if part.tp == 1 {
+        return Ok(None);
+    }
+    Ok(Some(dev.nccl_join(id, part.rank, part.tp)?))
+}
+
+/// KV blocks for a model shaped `local` on `dev`: as asked, or what fits in
+/// `opts.kv_fraction` of the memory left after the step activations' reserve.
+fn kv_blocks(dev: &Device, local: &ModelConfig, opts: &CudaOptions) -> Result<usize, WorkerError> {
+    let per_block = kv_bytes_per_block(local, opts.block_size.max(1));
+    let num_blocks = match opts.num_blocks {
+        Some(n) => n,
+        None => {
+            let (free, _) = dev.memory_info()?;
+            let reserve = opts.max_step_tokens * forward::Scratch::bytes_per_token(local)
+                + opts.max_step_tokens.min(512) * local.vocab_size * 4
+                + (1 << 30);
+            let budget = (free.saturating_sub(reserve) as f64 * opts.kv_fraction.clamp(0.0, 1.0)) as usize;
+            budget / per_block.max(1)
+        }
+    };
+    if num_blocks == 0 || opts.block_size == 0 {
+        return Err(WorkerError::InvalidBatch(format!(
+            "no room for a KV cache: {num_blocks} blocks of {} positions",
+            opts.block_size
+        )));
+    }
+    Ok(num_blocks)
 }

@@ -1,0 +1,206 @@
+//! Tensor parallelism of the CUDA model, Megatron style: each of `tp` GPUs keeps the q/k/v
+//! rows of its heads and the gate/up rows of its FFN slice (column-parallel), and the
+//! matching input columns of o and down (row-parallel), so the o and down GEMMs give
+//! partial sums that one NCCL all-reduce per sublayer completes. Norms, QK-norm weights,
+//! the embedding and the LM head are replicated whole on every rank (simplest: the
+//! residual stream and the logits are then the same on every rank, and any rank can
+//! sample).
+//!
+//! [`TpPart`] is a rank's share (checked once, with a message naming what does not divide);
+//! its [`TpPart::local_config`] is the model as this rank runs it (its heads and FFN width),
+//! so the forward pass, the KV cache and the activations are sized from it unchanged.
+
+use std::ops::Range;
+
+use tessera_kernels::cuda::{bf16, Device, NcclComm};
+use tessera_model::config::ModelConfig;
+
+use crate::error::WorkerError;
+use crate::parallel::Shard;
+use crate::shard::head_ranges;
+
+/// One rank's share of a tensor-parallel model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpPart {
+    pub tp: usize,
+    pub rank: usize,
+    /// Query heads this rank attends with.
+    pub q_heads: Range<usize>,
+    /// KV heads it keeps (its own when `tp <= n_kv`, else one replicated head).
+    pub kv_heads: Range<usize>,
+    /// Rows of gate and up, columns of down.
+    pub ffn: Range<usize>,
+}
+
+impl TpPart {
+    /// The whole model on one GPU.
+    pub fn whole(c: &ModelConfig) -> Self {
+        TpPart { tp: 1, rank: 0, q_heads: 0..c.num_heads, kv_heads: 0..c.num_kv_heads, ffn: 0..c.intermediate_size }
+    }
+
+    /// Rank `rank` of `tp`, or an error naming what `c` cannot be split by.
+    pub fn new(c: &ModelConfig, tp: usize, rank: usize) -> Result<Self, WorkerError> {
+        let bad = |why: String| Err(WorkerError::InvalidBatch(format!("tensor parallel split tp={tp}: {why}")));
+        if tp == 0 || rank >= tp {
+            return bad(format!("rank {rank} is not one of 0..{tp}"));
+        }
+        if c.num_heads % tp != 0 {
+            return bad(format!("{} attention heads are not divisible by tp {tp}", c.num_heads));
+        }
+        let kv = c.num_kv_heads;
+        if kv == 0 || (kv % tp != 0 && tp % kv != 0) {
+            return bad(format!("{kv} KV heads can be neither split over nor replicated on tp {tp} ranks"));
+        }
+        if c.intermediate_size % tp != 0 {
+            return bad(format!("the FFN size {} is not divisible by tp {tp}", c.intermediate_size));
+        }
+        let (q_heads, kv_heads) = head_ranges(c.num_heads, kv, tp, rank);
+        let per = c.intermediate_size / tp;
+        Ok(TpPart { tp, rank, q_heads, kv_heads, ffn: rank * per..(rank + 1) * per })
+    }
+
+    /// The part `shard` asks for: tensor parallel only (GPU workers run no pipeline
+    /// stages yet), over every layer.
+    pub fn of_shard(c: &ModelConfig, shard: &Shard) -> Result<Self, WorkerError> {
+        if shard.stages != 1 || shard.stage != 0 {
+            return Err(WorkerError::InvalidBatch(format!(
+                "pipeline parallel (pp={}) is not supported on GPU workers yet; use pp=1 with tp",
+                shard.stages
+            )));
+        }
+        if shard.layers != (0..c.num_layers) {
+            return Err(WorkerError::InvalidBatch(format!(
+                "a GPU shard runs every layer (0..{}), not {:?}",
+                c.num_layers, shard.layers
+            )));
+        }
+        Self::new(c, shard.tp, shard.tp_rank)
+    }
+
+    /// `c` as this rank runs it: its query heads, KV heads and FFN width.
+    pub fn local_config(&self, c: &ModelConfig) -> ModelConfig {
+        ModelConfig {
+            num_heads: self.q_heads.len(),
+            num_kv_heads: self.kv_heads.len(),
+            intermediate_size: self.ffn.len(),
+            ..c.clone()
+        }
+    }
+}
+
+/// Every rank's `value`, in rank order, through one bf16 all-reduce: rank `r` writes the
+/// four bytes of its value as small integers (exact in bf16) into its own four slots of a
+/// zeroed `[4 * world]` buffer, so the sum holds every rank's bytes untouched.
+pub(crate) fn all_gather_u32(
+    dev: &Device,
+    comm: &NcclComm,
+    rank: usize,
+    world: usize,
+    value: u32,
+) -> Result<Vec<u32>, WorkerError> {
+    let mut buf = dev.upload(&encode_u32(value, rank, world))?;
+    dev.all_reduce_sum(comm, &mut buf)?;
+    let summed = dev.download(&buf)?;
+    decode_u32(&summed, world)
+}
+
+fn encode_u32(value: u32, rank: usize, world: usize) -> Vec<bf16> {
+    let mut slots = vec![bf16::ZERO; 4 * world];
+    for (i, b) in value.to_le_bytes().into_iter().enumerate() {
+        slots[4 * rank + i] = bf16::from_f32(f32::from(b));
+    }
+    slots
+}
+
+fn decode_u32(summed: &[bf16], world: usize) -> Result<Vec<u32>, WorkerError> {
+    if summed.len() != 4 * world {
+        return Err(WorkerError::Collective(format!("gathered {} values for {world} ranks", summed.len())));
+    }
+    summed
+        .chunks_exact(4)
+        .map(|bytes| {
+            let mut le = [0u8; 4];
+            for (d, v) in le.iter_mut().zip(bytes) {
+                let f = v.to_f32();
+                if !(0.0..=255.0).contains(&f) || f.fract() != 0.0 {
+                    return Err(WorkerError::Collective(format!("gathered byte {f} is not one of 0..=255")));
+                }
+                *d = f as u8;
+            }
+            Ok(u32::from_le_bytes(le))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::shapes::synthetic_config;
+
+    #[test]
+    fn parts_tile_heads_and_ffn() {
+        for (shape, tp) in [("llama-3.1-8b", 2), ("llama-3.1-8b", 4), ("llama-3.1-8b", 16), ("qwen2.5-7b", 4)] {
+            let c = synthetic_config(shape).unwrap();
+            let parts: Vec<TpPart> = (0..tp).map(|r| TpPart::new(&c, tp, r).unwrap()).collect();
+            let group = c.num_heads / c.num_kv_heads;
+            let (mut q_next, mut f_next) = (0, 0);
+            for p in &parts {
+                assert_eq!((p.q_heads.start, p.ffn.start), (q_next, f_next), "{shape} tp={tp}");
+                (q_next, f_next) = (p.q_heads.end, p.ffn.end);
+                // Every local query head's KV head is kept locally, in the same grouping.
+                let local = p.local_config(&c);
+                let local_group = local.num_heads / local.num_kv_heads;
+                for (i, h) in p.q_heads.clone().enumerate() {
+                    assert_eq!(p.kv_heads.start + i / local_group, h / group, "{shape} tp={tp} head {h}");
+                }
+                assert_eq!(local.hidden_size, c.hidden_size);
+                assert_eq!(local.vocab_size, c.vocab_size);
+                local.validate().unwrap();
+            }
+            assert_eq!((q_next, f_next), (c.num_heads, c.intermediate_size));
+        }
+    }
+
+    #[test]
+    fn splits_that_do_not_divide_are_clear_errors() {
+        let smol = synthetic_config("smollm2-135m").unwrap(); // 9 heads, 3 KV heads
+        let msg = TpPart::new(&smol, 2, 0).unwrap_err().to_string();
+        assert!(msg.contains("9 attention heads are not divisible by tp 2"), "{msg}");
+        assert!(TpPart::new(&smol, 3, 2).is_ok());
+        let llama = synthetic_config("llama-3.1-8b").unwrap(); // 32 heads, 8 KV heads
+        let msg = TpPart::new(&ModelConfig { num_kv_heads: 32, ..llama.clone() }, 64, 0).unwrap_err().to_string();
+        assert!(msg.contains("32 attention heads"), "{msg}");
+        let msg = TpPart::new(&ModelConfig { num_heads: 24, num_kv_heads: 6, ..llama.clone() }, 4, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("6 KV heads"), "{msg}");
+        let msg =
+            TpPart::new(&ModelConfig { intermediate_size: 14335, ..llama.clone() }, 2, 1).unwrap_err().to_string();
+        assert!(msg.contains("FFN size 14335"), "{msg}");
+        assert!(TpPart::new(&llama, 2, 2).unwrap_err().to_string().contains("rank 2"));
+        let pp = Shard { tp_rank: 0, tp: 2, stage: 0, stages: 2, layers: 0..16 };
+        assert!(TpPart::of_shard(&llama, &pp).unwrap_err().to_string().contains("pipeline parallel (pp=2)"));
+        let part_layers = Shard { tp_rank: 0, tp: 2, stage: 0, stages: 1, layers: 0..16 };
+        assert!(TpPart::of_shard(&llama, &part_layers).unwrap_err().to_string().contains("every layer"));
+        let ok = Shard { tp_rank: 1, tp: 2, stage: 0, stages: 1, layers: 0..32 };
+        assert_eq!(TpPart::of_shard(&llama, &ok).unwrap(), TpPart::new(&llama, 2, 1).unwrap());
+    }
+
+    /// The all-gather's encoding: the sum of every rank's slots (as NCCL's bf16 sum would
+    /// compute it, in any order) decodes to every rank's value.
+    #[test]
+    fn u32_gather_encoding_survives_a_bf16_sum() {
+        let values = [0u32, 1, 255, 256, 0xdead_beef, u32::MAX, 1_234_567];
+        let world = values.len();
+        let mut sum = vec![bf16::ZERO; 4 * world];
+        for (r, &v) in values.iter().enumerate().rev() {
+            for (s, e) in sum.iter_mut().zip(encode_u32(v, r, world)) {
+                *s = bf16::from_f32(s.to_f32() + e.to_f32());
+            }
+        }
+        assert_eq!(decode_u32(&sum, world).unwrap(), values);
+        assert!(decode_u32(&sum[1..], world).is_err());
+        sum[3] = bf16::from_f32(0.5);
+        assert!(decode_u32(&sum, world).is_err());
+    }
+}
