@@ -136,7 +136,11 @@ impl ModuleCache {
     pub fn store(&self, key: &CacheKey, image: &[u8]) -> std::io::Result<PathBuf> {
         fs::create_dir_all(&self.dir)?;
         let path = self.path_for(key);
-        let tmp = self.dir.join(format!("{}.tmp{}", key.file_name(), std::process::id()));
+        // Unique per process and per call: threads of one process (one per GPU) may store
+        // the same module at once.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!("{}.tmp{}-{n}", key.file_name(), std::process::id()));
         fs::write(&tmp, image)?;
         if let Err(e) = fs::rename(&tmp, &path) {
             let _ = fs::remove_file(&tmp);
