@@ -103,6 +103,7 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
                 num_blocks: info.num_blocks as usize,
                 max_model_len: max_len,
                 long_prefill_threshold: 0,
+                max_in_flight: placement.pp,
             };
             let sched = Scheduler::new(cfg).context("scheduler configuration")?;
             let (engine, handle) = Engine::new(sched, link);

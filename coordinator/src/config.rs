@@ -21,6 +21,9 @@ pub struct SchedulerConfig {
     /// Largest prefill chunk of one sequence in one step; 0 means only the token budget
     /// limits it. Lower values let several long prompts progress side by side.
     pub long_prefill_threshold: usize,
+    /// Batches executing at once (over disjoint sequences). 1 for one worker; a pipeline
+    /// of P stages keeps P in flight so every stage has work.
+    pub max_in_flight: usize,
 }
 
 impl SchedulerConfig {
@@ -36,6 +39,7 @@ impl SchedulerConfig {
             num_blocks,
             max_model_len,
             long_prefill_threshold: 0,
+            max_in_flight: 1,
         }
     }
 
@@ -43,6 +47,7 @@ impl SchedulerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (name, v) in [
             ("max_num_seqs", self.max_num_seqs),
+            ("max_in_flight", self.max_in_flight),
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("block_size", self.block_size),
             ("num_blocks", self.num_blocks),

@@ -97,6 +97,8 @@ pub struct Engine {
     next_id: u64,
     load: Arc<Mutex<ReplicaLoad>>,
     healthy: Arc<AtomicBool>,
+    /// Step ids sent and not yet answered, oldest first.
+    in_flight: std::collections::VecDeque<u64>,
 }
 
 impl Engine {
@@ -106,7 +108,19 @@ impl Engine {
         let load = Arc::new(Mutex::new(ReplicaLoad::default()));
         let healthy = Arc::new(AtomicBool::new(true));
         let handle = EngineHandle { tx, load: load.clone(), healthy: healthy.clone() };
-        (Engine { sched, link, rx, clients: HashMap::new(), next_id: 1, load, healthy }, handle)
+        (
+            Engine {
+                sched,
+                link,
+                rx,
+                clients: HashMap::new(),
+                next_id: 1,
+                load,
+                healthy,
+                in_flight: std::collections::VecDeque::new(),
+            },
+            handle,
+        )
     }
 
     pub async fn run(mut self) {
@@ -123,7 +137,25 @@ impl Engine {
             }
             self.drop_departed();
             let t0 = Instant::now();
-            let Some(batch) = self.sched.schedule() else {
+            // Keep the pipeline full: up to one step per stage in flight (1 otherwise);
+            // the scheduler never puts a sequence in two of them.
+            let mut send_failed = None;
+            while self.in_flight.len() < self.link.depth() {
+                let Some(batch) = self.sched.schedule() else { break };
+                let req = self.step_request(&batch);
+                let id = req.step_id;
+                if let Err(e) = self.link.send(req).await {
+                    send_failed = Some(e);
+                    break;
+                }
+                self.in_flight.push_back(id);
+            }
+            let mut cpu = t0.elapsed();
+            let Some(&want) = self.in_flight.front() else {
+                if let Some(e) = send_failed {
+                    self.fail_replica(e);
+                    continue;
+                }
                 self.publish(0);
                 // Work exists but nothing fits this step (cannot happen with one batch in
                 // flight at a time unless everything was just aborted); wait for input.
@@ -132,10 +164,13 @@ impl Engine {
                 }
                 continue;
             };
-            let req = self.step_request(&batch);
-            let mut cpu = t0.elapsed();
-            match self.link.step(req).await {
+            let result = match send_failed {
+                Some(e) => Err(e),
+                None => self.link.recv(want).await,
+            };
+            match result {
                 Ok(reply) => {
+                    self.in_flight.pop_front();
                     let t1 = Instant::now();
                     let outs: Vec<StepOutput> =
                         reply.sampled.iter().map(|s| StepOutput { seq_id: s.seq_id, token: s.token }).collect();
@@ -146,20 +181,26 @@ impl Engine {
                     }
                     cpu += t1.elapsed();
                 }
-                Err(e) => {
-                    // The worker is gone or broken: every sequence of the replica ends
-                    // with an error event now rather than waiting on it.
-                    self.healthy.store(false, Ordering::Relaxed);
-                    let msg = e.to_string();
-                    let mut ended = self.sched.postprocess(&[]);
-                    ended.extend(self.sched.fail_all());
-                    let ids: Vec<u64> = ended.iter().map(|u| u.seq_id).chain(self.clients.keys().copied()).collect();
-                    for id in ids {
-                        self.finish_with_error(id, &msg);
-                    }
-                }
+                Err(e) => self.fail_replica(e),
             }
             self.publish(cpu.as_micros() as u64);
+        }
+    }
+
+    /// The workers are gone or broken: every sequence of the replica ends with an error
+    /// event now rather than waiting on them, and new work is refused.
+    fn fail_replica(&mut self, e: crate::worker_link::LinkError) {
+        self.healthy.store(false, Ordering::Relaxed);
+        self.in_flight.clear();
+        let msg = e.to_string();
+        let mut ended = Vec::new();
+        while self.sched.has_in_flight() {
+            ended.extend(self.sched.postprocess(&[]));
+        }
+        ended.extend(self.sched.fail_all());
+        let ids: Vec<u64> = ended.iter().map(|u| u.seq_id).chain(self.clients.keys().copied()).collect();
+        for id in ids {
+            self.finish_with_error(id, &msg);
         }
     }
 

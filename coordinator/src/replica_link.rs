@@ -29,6 +29,8 @@ pub struct ReplicaLink {
     leader: usize,
     /// A step that takes longer fails the replica (a rank that hangs without dying).
     step_timeout: Duration,
+    /// Pipeline stages (steps kept in flight).
+    depth: usize,
 }
 
 /// Default per-step deadline: far above any real step (a long CPU prefill takes seconds).
@@ -81,12 +83,12 @@ impl ReplicaLink {
         let leader = (pp - 1) * tp;
         let mut info = loaded[leader].clone();
         info.num_blocks = loaded.iter().map(|i| i.num_blocks).min().unwrap_or(0);
-        Ok((ReplicaLink { links, leader, step_timeout: DEFAULT_STEP_TIMEOUT }, info))
+        Ok((ReplicaLink { links, leader, step_timeout: DEFAULT_STEP_TIMEOUT, depth: pp }, info))
     }
 
     /// A replica of one worker, already connected.
     pub fn single(link: WorkerLink) -> Self {
-        ReplicaLink { links: vec![link], leader: 0, step_timeout: DEFAULT_STEP_TIMEOUT }
+        ReplicaLink { links: vec![link], leader: 0, step_timeout: DEFAULT_STEP_TIMEOUT, depth: 1 }
     }
 
     /// Sets the per-step deadline.
@@ -103,15 +105,31 @@ impl ReplicaLink {
     /// Runs one step on every worker; the leader's reply. Fails when any worker fails or
     /// the step outlives the deadline.
     pub async fn step(&mut self, req: pb::StepRequest) -> Result<pb::StepReply, LinkError> {
-        let (step, after) = (req.step_id, self.step_timeout);
+        let want = req.step_id;
+        self.send(req).await?;
+        self.recv(want).await
+    }
+
+    /// Queues one step on every worker's stream (a pipeline keeps several in flight).
+    pub async fn send(&mut self, req: pb::StepRequest) -> Result<(), LinkError> {
+        try_join_all(self.links.iter_mut().map(|l| l.send(req.clone()))).await.map(drop)
+    }
+
+    /// Waits for step `want` (the oldest unanswered one) on every worker; the leader's
+    /// reply. Fails when any worker fails or the deadline passes.
+    pub async fn recv(&mut self, want: u64) -> Result<pb::StepReply, LinkError> {
+        let after = self.step_timeout;
         let addr = self.links[self.leader].addr().to_string();
+        let leader = self.leader;
         let all = async {
-            if self.links.len() == 1 {
-                return self.links[0].step(req).await;
-            }
-            let mut replies = try_join_all(self.links.iter_mut().map(|l| l.step(req.clone()))).await?;
-            Ok(replies.swap_remove(self.leader))
+            let mut replies = try_join_all(self.links.iter_mut().map(|l| l.recv(want))).await?;
+            Ok(replies.swap_remove(leader))
         };
-        tokio::time::timeout(after, all).await.map_err(|_| LinkError::StepTimeout { addr, step, after })?
+        tokio::time::timeout(after, all).await.map_err(|_| LinkError::StepTimeout { addr, step: want, after })?
+    }
+
+    /// Steps a replica keeps in flight: one per pipeline stage.
+    pub fn depth(&self) -> usize {
+        self.depth
     }
 }

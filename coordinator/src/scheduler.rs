@@ -20,9 +20,13 @@
 //!   blocks allow; the head waits if it does not fit (no skipping ahead). Admission reuses
 //!   the longest cached prefix. Nothing is admitted in a step that preempted, and
 //!   admission never preempts.
-//! - One batch is in flight at a time: `schedule` returns `None` until `postprocess`
-//!   has consumed the previous batch's output. KV counts as computed, and full blocks
-//!   enter the prefix cache, only in `postprocess`, after the step really ran.
+//! - At most `max_in_flight` batches execute at once (1 unless the replica is a pipeline,
+//!   whose stages each work on a different batch): `schedule` returns `None` while that
+//!   many await `postprocess`, and never picks a sequence whose previous batch is still
+//!   executing (its next token is unknown and its blocks are being written), nor preempts
+//!   one. `postprocess` consumes batches in the order they were scheduled. KV counts as
+//!   computed, and full blocks enter the prefix cache, only in `postprocess`, after the
+//!   step really ran.
 //! - Stop conditions (EOS/stop ids unless `ignore_eos`, `max_tokens`, `max_model_len`)
 //!   are decided in `postprocess`.
 //! - `abort` frees a sequence's blocks at once, unless it is in the batch executing now:
@@ -54,8 +58,8 @@ pub struct Scheduler {
     waiting: VecDeque<u64>,
     /// Running sequences in admission order; the last is preempted first.
     running: Vec<u64>,
-    /// The executing batch: (sequence, tokens run).
-    in_flight: Option<Vec<(u64, usize)>>,
+    /// The executing batches, oldest first: (sequence, tokens run).
+    in_flight: VecDeque<Vec<(u64, usize)>>,
     /// Sequences the workers may forget, sent with the next batch.
     released: Vec<u64>,
     next_step: u64,
@@ -72,7 +76,7 @@ impl Scheduler {
             seqs: HashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
             released: Vec::new(),
             next_step: 0,
             preemptions: 0,
@@ -124,7 +128,7 @@ impl Scheduler {
     /// Picks the next step's work (see the module comment for the policy). `None` when
     /// nothing can run, or while the previous batch awaits `postprocess`.
     pub fn schedule(&mut self) -> Option<ScheduledBatch> {
-        if self.in_flight.is_some() {
+        if self.in_flight.len() >= self.cfg.max_in_flight {
             return None;
         }
         let bs = self.cfg.block_size;
@@ -133,8 +137,11 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         // Budget kept for the decodes not visited yet; never more than `budget`, because
         // decodes <= max_num_seqs <= max_num_batched_tokens and prefills leave it alone.
-        let mut reserved =
-            self.running.iter().filter(|id| self.seqs.get(id).is_some_and(Sequence::is_decoding)).count();
+        let mut reserved = self
+            .running
+            .iter()
+            .filter(|id| self.seqs.get(id).is_some_and(|s| s.is_decoding() && !s.in_flight))
+            .count();
         let mut picked: Vec<(u64, usize)> = Vec::new();
         let mut preempted = false;
 
@@ -145,6 +152,10 @@ impl Scheduler {
                 self.running.remove(i);
                 continue;
             };
+            if seq.in_flight {
+                i += 1;
+                continue;
+            }
             let decode = seq.is_decoding();
             reserved = reserved.saturating_sub(usize::from(decode));
             let mut n = if decode { 1 } else { cap_chunk(seq.remaining().min(budget.saturating_sub(reserved))) };
@@ -166,7 +177,13 @@ impl Scheduler {
                         break true;
                     }
                 }
-                let Some(victim) = self.running.pop() else { break false };
+                // The newest running sequence not executing now (an executing one's
+                // blocks are being written).
+                let Some(at) = self.running.iter().rposition(|v| self.seqs.get(v).is_some_and(|s| !s.in_flight))
+                else {
+                    break false;
+                };
+                let victim = self.running.remove(at);
                 if victim != id && self.seqs.get(&victim).is_some_and(Sequence::is_decoding) {
                     reserved = reserved.saturating_sub(1);
                 }
@@ -268,7 +285,7 @@ impl Scheduler {
                 is_prompt: first_pos < seq.prefill_len,
             });
         }
-        self.in_flight = Some(picked);
+        self.in_flight.push_back(picked);
         self.next_step += 1;
         batch
     }

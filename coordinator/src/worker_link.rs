@@ -108,9 +108,17 @@ impl WorkerLink {
     /// Sends one step and waits for its reply.
     pub async fn step(&mut self, req: pb::StepRequest) -> Result<pb::StepReply, LinkError> {
         let want = req.step_id;
-        if self.tx.send(req).await.is_err() {
-            return Err(LinkError::StreamClosed { addr: self.addr.clone() });
-        }
+        self.send(req).await?;
+        self.recv(want).await
+    }
+
+    /// Queues one step on the stream (replies come back in the order steps were sent).
+    pub async fn send(&mut self, req: pb::StepRequest) -> Result<(), LinkError> {
+        self.tx.send(req).await.map_err(|_| LinkError::StreamClosed { addr: self.addr.clone() })
+    }
+
+    /// The next reply, which must be step `want`'s.
+    pub async fn recv(&mut self, want: u64) -> Result<pb::StepReply, LinkError> {
         let reply = match self.replies.message().await {
             Ok(Some(r)) => r,
             Ok(None) => return Err(LinkError::StreamClosed { addr: self.addr.clone() }),

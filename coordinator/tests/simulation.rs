@@ -33,6 +33,9 @@ fn run(sim: Sim) {
     let mut specs: HashMap<u64, (Vec<u32>, StopCriteria)> = HashMap::new();
     let mut aborted = Vec::new();
     let (mut next_id, mut steps) = (0u64, 0u64);
+    // Batches scheduled and run by the fake worker whose outputs are not consumed yet.
+    let mut pending: std::collections::VecDeque<(Vec<u64>, Vec<tessera_coordinator::StepOutput>)> =
+        std::collections::VecDeque::new();
     loop {
         for _ in 0..rng.below(3) {
             if next_id == num_seqs {
@@ -62,28 +65,45 @@ fn run(sim: Sim) {
             }
         }
 
-        let decoding: Vec<u64> =
-            s.running_ids().iter().copied().filter(|&id| s.get(id).is_some_and(Sequence::is_decoding)).collect();
-        let Some(batch) = s.schedule() else {
+        // Decodes not executing now must all get their token (with one batch in flight,
+        // that is every decode).
+        let decoding: Vec<u64> = s
+            .running_ids()
+            .iter()
+            .copied()
+            .filter(|&id| s.get(id).is_some_and(Sequence::is_decoding))
+            .filter(|id| !pending.iter().any(|(ids, _)| ids.contains(id)))
+            .collect();
+        let scheduled = if pending.len() < cfg.max_in_flight { s.schedule() } else { None };
+        if let Some(batch) = &scheduled {
+            steps += 1;
+            assert!(batch.num_tokens() <= cfg.max_num_batched_tokens && batch.runs.len() <= cfg.max_num_seqs);
+            for id in decoding {
+                let ran = batch.runs.iter().any(|r| r.seq_id == id && r.tokens.len() == 1);
+                assert!(ran || s.get(id).is_some_and(|q| q.num_preemptions > 0), "decode {id} stalled");
+            }
+            for (ids, _) in &pending {
+                assert!(batch.runs.iter().all(|r| !ids.contains(&r.seq_id)), "a sequence in two executing batches");
+            }
+            let out = w.run(&s, batch);
+            if rng.chance(1, 40) {
+                if let Some(r) = batch.runs.last() {
+                    assert!(s.abort(r.seq_id));
+                    aborted.push(r.seq_id);
+                }
+            }
+            pending.push_back((batch.runs.iter().map(|r| r.seq_id).collect::<Vec<u64>>(), out));
+            if pending.len() < cfg.max_in_flight {
+                continue; // fill the pipeline before the oldest batch returns
+            }
+        }
+        let Some((_, out)) = pending.pop_front() else {
             assert!(!s.has_work(), "stalled with work at step {steps}");
             if next_id == num_seqs {
                 break;
             }
             continue;
         };
-        steps += 1;
-        assert!(batch.num_tokens() <= cfg.max_num_batched_tokens && batch.runs.len() <= cfg.max_num_seqs);
-        for id in decoding {
-            let ran = batch.runs.iter().any(|r| r.seq_id == id && r.tokens.len() == 1);
-            assert!(ran || s.get(id).is_some_and(|q| q.num_preemptions > 0), "decode {id} stalled");
-        }
-        let out = w.run(&s, &batch);
-        if rng.chance(1, 40) {
-            if let Some(r) = batch.runs.last() {
-                assert!(s.abort(r.seq_id));
-                aborted.push(r.seq_id);
-            }
-        }
         got.record(&s.postprocess(&out));
         s.check_invariants().unwrap();
         assert!(steps < 100_000, "no progress");
@@ -116,6 +136,18 @@ fn cfg(
     max_len: usize,
     chunk: usize,
 ) -> SchedulerConfig {
+    cfg_in_flight(block_size, num_blocks, budget, seqs, max_len, chunk, 1)
+}
+
+fn cfg_in_flight(
+    block_size: usize,
+    num_blocks: usize,
+    budget: usize,
+    seqs: usize,
+    max_len: usize,
+    chunk: usize,
+    in_flight: usize,
+) -> SchedulerConfig {
     SchedulerConfig {
         max_num_seqs: seqs,
         max_num_batched_tokens: budget,
@@ -124,7 +156,18 @@ fn cfg(
         num_blocks,
         max_model_len: max_len,
         long_prefill_threshold: chunk,
+        max_in_flight: in_flight,
     }
+}
+
+#[test]
+fn random_workload_pipelined_two_batches_in_flight() {
+    run(Sim { cfg: cfg_in_flight(4, 40, 32, 8, 96, 0, 2), num_seqs: 400, seed: 11 });
+}
+
+#[test]
+fn random_workload_pipelined_three_batches_in_flight_chunked() {
+    run(Sim { cfg: cfg_in_flight(8, 14, 16, 4, 64, 6, 3), num_seqs: 300, seed: 12 });
 }
 
 #[test]

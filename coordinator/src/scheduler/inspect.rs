@@ -7,7 +7,7 @@ use super::Scheduler;
 use crate::batch::{ChunkView, ScheduledBatch, SeqRun};
 use crate::block_manager::BlockManager;
 use crate::config::SchedulerConfig;
-use crate::sequence::{SeqStatus, Sequence};
+use crate::sequence::{FinishReason, SeqStatus, Sequence};
 
 /// A snapshot of the scheduler's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,8 +47,13 @@ impl Scheduler {
     }
 
     /// Whether any sequence is waiting, running or in flight.
+    /// Whether a scheduled batch still awaits `postprocess`.
+    pub fn has_in_flight(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty() || self.in_flight.is_some()
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.in_flight.is_empty()
     }
 
     /// A live sequence.
@@ -115,8 +120,11 @@ impl Scheduler {
             self.running.iter().map(|id| (id, true)).chain(self.waiting.iter().map(|id| (id, false)))
         {
             let seq = self.seqs.get(&id).ok_or(format!("queued sequence {id} is not live"))?;
+            // An executing sequence may have been aborted meanwhile: the batch's
+            // postprocess frees it.
+            let aborted_in_flight = seq.in_flight && seq.status == SeqStatus::Finished(FinishReason::Aborted);
             let ok = if want_running {
-                seq.status == SeqStatus::Running
+                (seq.status == SeqStatus::Running || aborted_in_flight)
                     && seq.num_computed < seq.len()
                     && seq.block_table.len() >= self.cfg.blocks_for(seq.num_computed)
             } else {
@@ -135,6 +143,18 @@ impl Scheduler {
                 seen.len(),
                 self.running.len()
             ));
+        }
+        // Exactly the sequences of the executing batches are flagged, each in one batch.
+        let mut executing = HashSet::new();
+        for batch in &self.in_flight {
+            for &(id, _) in batch {
+                if !executing.insert(id) {
+                    return Err(format!("sequence {id} is in two executing batches"));
+                }
+            }
+        }
+        if let Some((id, _)) = self.seqs.iter().find(|(id, s)| s.in_flight != executing.contains(id)) {
+            return Err(format!("sequence {id}'s in-flight flag disagrees with the executing batches"));
         }
         let tables: Vec<&[u32]> =
             self.running.iter().filter_map(|id| self.seqs.get(id)).map(|s| &s.block_table[..]).collect();

@@ -29,12 +29,12 @@ pub struct SeqUpdate {
 }
 
 impl Scheduler {
-    /// Consumes the executing batch's sampled tokens (one per run with `sample`, normally
+    /// Consumes the oldest executing batch's sampled tokens (one per run with `sample`, normally
     /// in run order; matched by id otherwise). Advances KV, caches newly full blocks,
     /// appends tokens, applies stop conditions and frees finished and aborted sequences.
     /// A run that should have sampled but has no output ends with `FinishReason::Error`.
     pub fn postprocess(&mut self, out: &[StepOutput]) -> Vec<SeqUpdate> {
-        let Some(flight) = self.in_flight.take() else { return Vec::new() };
+        let Some(flight) = self.in_flight.pop_front() else { return Vec::new() };
         let mut updates = Vec::with_capacity(out.len());
         let mut cursor = 0;
         let mut ended = false;
@@ -122,7 +122,7 @@ impl Scheduler {
             self.finish(id);
         }
         self.seqs.clear();
-        self.in_flight = None;
+        self.in_flight.clear();
         self.released.clear();
         updates
     }

@@ -97,6 +97,7 @@ pub fn config(
         num_blocks,
         max_model_len,
         long_prefill_threshold: 0,
+        max_in_flight: 1,
     }
 }
 
