@@ -137,11 +137,8 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         // Budget kept for the decodes not visited yet; never more than `budget`, because
         // decodes <= max_num_seqs <= max_num_batched_tokens and prefills leave it alone.
-        let mut reserved = self
-            .running
-            .iter()
-            .filter(|id| self.seqs.get(id).is_some_and(|s| s.is_decoding() && !s.in_flight))
-            .count();
+        let mut reserved =
+            self.running.iter().filter(|id| self.seqs.get(id).is_some_and(|s| s.is_decoding() && !s.in_flight)).count();
         let mut picked: Vec<(u64, usize)> = Vec::new();
         let mut preempted = false;
 
@@ -179,8 +176,7 @@ impl Scheduler {
                 }
                 // The newest running sequence not executing now (an executing one's
                 // blocks are being written).
-                let Some(at) = self.running.iter().rposition(|v| self.seqs.get(v).is_some_and(|s| !s.in_flight))
-                else {
+                let Some(at) = self.running.iter().rposition(|v| self.seqs.get(v).is_some_and(|s| !s.in_flight)) else {
                     break false;
                 };
                 let victim = self.running.remove(at);
