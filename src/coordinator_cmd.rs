@@ -66,10 +66,16 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
         let mut handles = Vec::new();
         let mut served_len = usize::MAX;
         let mut vocab = usize::MAX;
-        let files = tessera_model::weights::ModelFiles::open(&args.model)
-            .with_context(|| format!("reading {}", args.model.display()))?;
-        let config = files.config().context("model config")?;
-        let placement = Placement::plan(&config, args.tp, args.pp).context("placing the model")?;
+        // Only a sharded replica needs the model's shape here; a whole-model worker reads
+        // the file on its own machine.
+        let placement = if args.tp == 1 && args.pp == 1 {
+            Placement::single()
+        } else {
+            let files = tessera_model::weights::ModelFiles::open(&args.model)
+                .with_context(|| format!("reading {} to place its shards", args.model.display()))?;
+            let config = files.config().context("model config")?;
+            Placement::plan(&config, args.tp, args.pp).context("placing the model")?
+        };
         let per_replica = placement.workers();
         if args.workers.is_empty() || args.workers.len() % per_replica != 0 {
             bail!(

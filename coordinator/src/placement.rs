@@ -115,6 +115,12 @@ impl Placement {
         Ok(Placement { tp, pp, ranks })
     }
 
+    /// One worker running the whole model (its layer range is left to the worker: a
+    /// whole-model Load ignores it).
+    pub fn single() -> Self {
+        Placement { tp: 1, pp: 1, ranks: vec![RankPlan { worker: 0, tp_rank: 0, pp_rank: 0, layers: 0..0 }] }
+    }
+
     /// Workers one replica needs (`tp * pp`).
     pub fn workers(&self) -> usize {
         self.ranks.len()
