@@ -1,5 +1,7 @@
 //! GPU sampling (`Device::sample`) against a straightforward CPU reference written here,
-//! on random logits (vocabularies 8, 50, 1000, 49152 and 151936), plus a benchmark.
+//! on random logits (vocabularies 8, 50, 1000, 49152 and 151936), plus a benchmark. The
+//! kernel's candidate fast path and its full-row fallback both run here (see
+//! `candidate_path_edges_match_reference`).
 //!
 //! The reference follows `worker/src/sampling.rs`: the adjusted logits are computed with
 //! the CPU sampler's exact f32 operations (so they must match bit for bit, and greedy
@@ -23,7 +25,7 @@ use common::gpu::*;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
-use tessera_kernels::cuda::sample_params::{gumbel_noise, order_key};
+use tessera_kernels::cuda::sample_params::{gumbel_noise, order_key, SAMPLE_CANDIDATES};
 use tessera_kernels::cuda::{Device, SampleParams, SampledRow};
 use tessera_kernels::KernelError;
 
@@ -448,6 +450,64 @@ fn truncation_keeps_only_the_reference_set() {
     }
 }
 
+/// The candidate fast path and its fallbacks: top-k above the candidate cap, top-k at the
+/// cap, plain softmax draws (top_k 0, top_p 1), top-p / min-p alone (proved from the
+/// candidates or falling back), all-equal logits (ties beyond the cap), rows that are mostly
+/// -inf, and logprobs with each; on vocabularies 50 and 151936. Every token is in the
+/// reference's kept set, most are predicted exactly, logprobs match.
+#[test]
+fn candidate_path_edges_match_reference() {
+    let Some(dev) = gpu("candidate_path_edges_match_reference") else { return };
+    let mut r = rng(37);
+    let cap = SAMPLE_CANDIDATES as u32;
+    let configs = [
+        params(0.8, 50, 0.95, 0.0, 5),
+        params(1.0, cap + 1000, 0.9, 0.0, 3),
+        params(1.0, cap, 0.95, 0.0, 0),
+        params(1.0, 0, 1.0, 0.0, 5),
+        params(0.3, 0, 0.6, 0.0, 0),
+        params(1.0, 0, 0.95, 0.0, 20),
+        params(0.5, 0, 1.0, 0.1, 1),
+        params(1.0, 3, 1.0, 0.0, 20),
+    ];
+    for vocab in [50usize, 151936] {
+        let mut rows = Vec::new();
+        for (c, cfg) in configs.iter().enumerate() {
+            for kind in 0..4u64 {
+                let mut l = rand_logits(&mut r, vocab, -8.0, 8.0);
+                match kind {
+                    // A peaked row: the top-p / min-p sets are a few tokens.
+                    1 => (0..5).for_each(|j| l[(r.next_u32() as usize + j) % vocab] = 14.0 + j as f32),
+                    // All equal.
+                    2 => l.iter_mut().for_each(|v| *v = 0.75),
+                    // All but a few -inf.
+                    3 => {
+                        let keep = distinct(&mut r, 30, vocab);
+                        for (j, v) in l.iter_mut().enumerate() {
+                            if !keep.contains(&(j as u32)) {
+                                *v = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                let seed = r.next_u64();
+                for d in 0..2u64 {
+                    rows.push(Row::new(l.clone(), SampleParams { seed, draw: d + 10 * c as u64, ..*cfg }));
+                }
+            }
+        }
+        let (got, adjusted) = run(&dev, vocab, &rows, 20);
+        let mut exact = 0;
+        for (i, (g, row)) in got.iter().zip(&rows).enumerate() {
+            let what = format!("candidates vocab {vocab} config {} row {i}", i / 8);
+            exact += check_row(&what, g, &adjusted[i * vocab..(i + 1) * vocab], row, 20) as usize;
+        }
+        assert!(exact >= rows.len() / 2, "vocab {vocab}: only {exact} rows predicted exactly");
+        eprintln!("candidates vocab {vocab}: ok, {exact} of {} tokens predicted exactly", rows.len());
+    }
+}
+
 /// 20000 draws from a fixed 8-token row (many rows at once, one draw index each): token
 /// frequencies match the reference probabilities after temperature and truncation within
 /// 5 standard deviations, and truncated tokens never appear.
@@ -598,6 +658,11 @@ fn bench_sample() {
         (256, params(0.8, 50, 0.95, 0.0, 0), "top-k 50 + top-p 0.95"),
         (256, params(0.8, 50, 0.95, 0.0, 5), "top-k 50 + top-p 0.95 + 5 logprobs"),
         (1, params(0.8, 50, 0.95, 0.0, 0), "top-k 50 + top-p 0.95"),
+        (1, params(0.8, 50, 0.95, 0.0, 5), "top-k 50 + top-p 0.95 + 5 logprobs"),
+        (8, params(0.8, 50, 0.95, 0.0, 0), "top-k 50 + top-p 0.95"),
+        (8, params(0.8, 50, 0.95, 0.0, 5), "top-k 50 + top-p 0.95 + 5 logprobs"),
+        (1, params(1.0, 0, 1.0, 0.0, 0), "T=1"),
+        (1, params(0.0, 0, 1.0, 0.0, 5), "greedy + 5 logprobs"),
     ] {
         let l = rand_logits(&mut r, rows * vocab, -10.0, 10.0);
         let mut ld = dev.upload(&l).unwrap();

@@ -42,8 +42,12 @@ struct Case {
 }
 
 fn load_cases() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/generation/smollm2_greedy.jsonl");
-    let text = std::fs::read_to_string(path).expect("fixture file");
+    // The binary may run from another checkout (the device machine): the build's path,
+    // else the repository root it runs in.
+    let built = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/generation/smollm2_greedy.jsonl");
+    let text = std::fs::read_to_string(built)
+        .or_else(|_| std::fs::read_to_string("tests/fixtures/generation/smollm2_greedy.jsonl"))
+        .expect("fixture file");
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
     text.lines()
         .map(|l| {

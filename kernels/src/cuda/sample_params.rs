@@ -19,6 +19,10 @@ pub const GREEDY_TEMPERATURE: f32 = 1e-5;
 /// kernel's SAMPLE_MAX_TOP).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// Most candidates the kernel's fast path keeps in shared memory (its CAND_CAP): rows with
+/// `top_k` above this, or more tied logits at the candidate threshold, take the full-row path.
+pub const SAMPLE_CANDIDATES: usize = 2048;
+
 /// Largest vocabulary the kernel handles: token ids take 20 bits of its 52-bit
 /// (logit, id) ranking keys.
 pub const MAX_SAMPLE_VOCAB: usize = 1 << 20;

@@ -5,8 +5,12 @@
 //! the adjusted logits, greedy or temperature + top-k + top-p + min-p + draw), with two
 //! documented differences: the random stream is the counter-based Gumbel-max of
 //! [`gumbel_noise`] (deterministic per `(seed, draw)`), and top-k / top-p keep or drop
-//! equal logits at their boundary together (see the .cu file's header).
+//! equal logits at their boundary together (see the .cu file's header). Truncated draws and
+//! top-N logprobs usually run over at most [`SAMPLE_CANDIDATES`] candidates compacted into
+//! shared memory after 2-4 passes over the row, falling back to full-row threshold searches
+//! when the candidates cannot be shown to hold the answer.
 //!
+//! [`SAMPLE_CANDIDATES`]: super::sample_params::SAMPLE_CANDIDATES
 //! [`gumbel_noise`]: super::sample_params::gumbel_noise
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
