@@ -204,3 +204,19 @@ def assert_openai_error(response: requests.Response, status: int, param="<any>",
     if code != "<any>":
         assert err["code"] == code, err
     return err
+
+
+def greedy_text(client: openai.OpenAI, prompt: str, max_tokens: int) -> str:
+    """A greedy answer: a chat turn when `prompt` ends with a period, else a completion."""
+    if prompt.endswith("."):
+        r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=max_tokens, temperature=0)
+        return r.choices[0].message.content
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return r.choices[0].text
+
+
+def worker_pids(cluster: "Cluster") -> list[int]:
+    """The `tessera worker` processes of a cluster's process group."""
+    out = subprocess.run(["pgrep", "-g", str(cluster.pgid), "-f", "tessera worker"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]

@@ -6,7 +6,7 @@ each step), the `n` choices of one greedy request are identical to each other, a
 Each prompt is first sent alone (one at a time), then all 32 at once from threads."""
 from concurrent.futures import ThreadPoolExecutor
 
-from support import MODEL_NAME
+from support import MODEL_NAME, greedy_text
 
 SUBJECTS = ["the ocean", "a red bicycle", "quantum computers", "my grandmother's garden", "the Roman empire",
             "volcanoes", "a lost key", "jazz music", "the moon landing", "honey bees", "a rainy Tuesday",
@@ -17,12 +17,7 @@ MAX_TOKENS = 24
 
 
 def _run(client, prompt):
-    if prompt.endswith("."):
-        r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=MAX_TOKENS, temperature=0)
-        return r.choices[0].message.content
-    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-    return r.choices[0].text
+    return greedy_text(client, prompt, MAX_TOKENS)
 
 
 def test_32_concurrent_greedy_requests_equal_their_solo_runs(cluster):

@@ -3,11 +3,16 @@ replica sharded over TP=3, PP=2 and TP=3 x PP=2 worker processes (`tessera serve
 --pp M`) answers exactly as one worker does, greedy token for token, alone and under 16
 concurrent sessions. (Every rank computes whole output features, see
 worker/src/parallel.rs, so the logits are bit-identical, not merely close.)"""
+import json
+import os
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
-from support import MODEL_NAME
+from support import MODEL_NAME, greedy_text, worker_pids
 
 PROMPTS = [f"Write one sentence about {s}." for s in
            ["the ocean", "a red bicycle", "quantum computers", "volcanoes", "jazz music", "honey bees",
@@ -19,12 +24,7 @@ MAX_TOKENS = 16
 
 
 def _run(client, prompt):
-    if prompt.endswith("."):
-        r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=MAX_TOKENS, temperature=0)
-        return r.choices[0].message.content
-    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-    return r.choices[0].text
+    return greedy_text(client, prompt, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -45,45 +45,40 @@ def test_sharded_replica_equals_one_worker_alone_and_under_16_sessions(request, 
     assert not differ, f"{which}: {len(differ)} of 16 differ from one worker under load, e.g. {differ[:2]}"
 
 
+def _stream_then_signal(cluster, sig, rank):
+    """Streams a long completion and sends `sig` to worker `rank` after 5 events. Returns
+    the events and the seconds from the signal to the end of the stream."""
+    body = {"model": MODEL_NAME, "prompt": "Count slowly:", "max_tokens": 4000, "stream": True,
+            "ignore_eos": True}
+    pids = worker_pids(cluster)
+    assert len(pids) == 3, f"expected 3 workers in the group, found {pids}"
+    events, t0 = [], None
+    with requests.post(cluster.url("/v1/completions"), json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(b"data: "):
+                events.append(line[6:])
+                if len(events) == 5:
+                    os.kill(pids[rank], sig)
+                    t0 = time.monotonic()
+    return events, time.monotonic() - t0, pids[rank]
+
+
 def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
     """Killing one tensor-parallel worker mid-stream ends the stream with an OpenAI-shaped
     error event within seconds (the dead rank's gRPC stream breaks and its peers' collective
     calls fail), and later requests are refused rather than left hanging."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import time
-
-    import requests
-
     c = doomed_tp3_cluster
-    body = {"model": MODEL_NAME, "prompt": "Count slowly:", "max_tokens": 4000, "stream": True,
-            "ignore_eos": True}
-    workers = subprocess.run(["pgrep", "-g", str(c.pgid), "-f", "tessera worker"], capture_output=True, text=True)
-    pids = [int(p) for p in workers.stdout.split()]
-    assert len(pids) == 3, f"expected 3 workers in the group, found {pids}"
-    t0 = None
-    events = []
-    with requests.post(c.url("/v1/completions"), json=body, stream=True, timeout=60) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith(b"data: "):
-                continue
-            events.append(line[6:])
-            if len(events) == 5:
-                os.kill(pids[1], signal.SIGKILL)
-                t0 = time.monotonic()
-    elapsed = time.monotonic() - t0
+    events, elapsed, _ = _stream_then_signal(c, signal.SIGKILL, 1)
     assert elapsed < 35, f"the stream took {elapsed:.1f} s to end after the rank died"
-    last = json.loads(events[-1])
-    assert "error" in last, f"the stream ended without an error event: {events[-3:]}"
+    assert "error" in json.loads(events[-1]), f"the stream ended without an error event: {events[-3:]}"
     # Nothing hangs afterwards: the coordinator marks the replica unhealthy and refuses new
     # work, and `tessera serve` stops a cluster whose child died; a new request gets an
     # error status or a refused connection, fast.
     t1 = time.monotonic()
     try:
-        r = requests.post(c.url("/v1/completions"), json={**body, "stream": False, "max_tokens": 4}, timeout=60)
+        r = requests.post(c.url("/v1/completions"), json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 4},
+                          timeout=60)
         assert r.status_code >= 400, (r.status_code, r.text[:200])
     except requests.ConnectionError:
         pass
@@ -93,31 +88,10 @@ def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
 def test_a_hung_rank_fails_its_replica_at_the_step_deadline(hung_tp3_cluster):
     """A rank that stops responding without dying (SIGSTOP) fails the replica's stream with
     an error event at the coordinator's step deadline (5 s here), not never."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import time
-
-    import requests
-
-    c = hung_tp3_cluster
-    body = {"model": MODEL_NAME, "prompt": "Count slowly:", "max_tokens": 4000, "stream": True,
-            "ignore_eos": True}
-    workers = subprocess.run(["pgrep", "-g", str(c.pgid), "-f", "tessera worker"], capture_output=True, text=True)
-    pids = [int(p) for p in workers.stdout.split()]
-    assert len(pids) == 3, f"expected 3 workers in the group, found {pids}"
-    events, t0 = [], None
     try:
-        with requests.post(c.url("/v1/completions"), json=body, stream=True, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith(b"data: "):
-                    events.append(line[6:])
-                    if len(events) == 5:
-                        os.kill(pids[2], signal.SIGSTOP)
-                        t0 = time.monotonic()
-        elapsed = time.monotonic() - t0
+        events, elapsed, pid = _stream_then_signal(hung_tp3_cluster, signal.SIGSTOP, 2)
     finally:
-        os.kill(pids[2], signal.SIGCONT)
+        for p in worker_pids(hung_tp3_cluster):
+            os.kill(p, signal.SIGCONT)
     assert elapsed < 20, f"the stream took {elapsed:.1f} s to end after the rank hung"
     assert "error" in json.loads(events[-1]), f"no error event at the end: {events[-3:]}"

@@ -10,7 +10,8 @@
 
 mod common;
 
-use serde_json::Value;
+use common::llama_cpp_fixture::{load_cases, log_softmax_at};
+
 use tessera_model::bundle::ModelBundle;
 use tessera_model::weights::ModelFiles;
 use tessera_worker::batch::{LogitsWanted, SeqChunk};
@@ -34,45 +35,6 @@ fn opts() -> CudaOptions {
     CudaOptions { num_blocks: Some(BLOCKS), block_size: BLOCK, ..CudaOptions::default() }
 }
 
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    tokens: Vec<u32>,
-    top5: Vec<Vec<(u32, f64)>>,
-}
-
-fn load_cases() -> Vec<Case> {
-    // The binary may run from another checkout (the device machine): the build's path,
-    // else the repository root it runs in.
-    let built = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/generation/smollm2_greedy.jsonl");
-    let text = std::fs::read_to_string(built)
-        .or_else(|_| std::fs::read_to_string("tests/fixtures/generation/smollm2_greedy.jsonl"))
-        .expect("fixture file");
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    text.lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            Case {
-                name: v["name"].as_str().unwrap().to_string(),
-                prompt_ids: ids(&v["prompt_ids"]),
-                tokens: ids(&v["tokens"]),
-                top5: v["top5"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| {
-                        s.as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap()))
-                            .collect()
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
-}
-
 fn table(first_block: u32, n: usize) -> Vec<u32> {
     (first_block..first_block + n.div_ceil(BLOCK) as u32).collect()
 }
@@ -82,12 +44,6 @@ fn gpu_all_logits(m: &mut CudaModel, tokens: &[u32], first_block: u32) -> Vec<f3
     let t = table(first_block, tokens.len());
     let chunk = SeqChunk { tokens, first_pos: 0, block_table: &t, logits: LogitsWanted::All };
     m.forward(&[chunk]).expect("gpu forward").data
-}
-
-fn log_softmax_at(row: &[f32], id: u32) -> f64 {
-    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
-    row[id as usize] as f64 - m - z.ln()
 }
 
 #[test]

@@ -26,7 +26,8 @@
 
 mod common;
 
-use serde_json::Value;
+use common::llama_cpp_fixture::{load_cases, log_softmax_at};
+
 use tessera_model::bundle::ModelBundle;
 use tessera_worker::llama::LlamaModel;
 use tessera_worker::sampling::argmax;
@@ -34,48 +35,6 @@ use tessera_worker::session::Session;
 
 /// A top-1 margin (nats) above which llama.cpp's choice is not a near-tie.
 const CLEAR_MARGIN: f64 = 0.5;
-
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    tokens: Vec<u32>,
-    /// Per step, llama.cpp's top-5 `(id, logprob)`.
-    top5: Vec<Vec<(u32, f64)>>,
-}
-
-fn load_cases() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/generation/smollm2_greedy.jsonl");
-    let text = std::fs::read_to_string(path).expect("fixture file");
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    text.lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            Case {
-                name: v["name"].as_str().unwrap().to_string(),
-                prompt_ids: ids(&v["prompt_ids"]),
-                tokens: ids(&v["tokens"]),
-                top5: v["top5"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|s| {
-                        s.as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap()))
-                            .collect()
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
-}
-
-fn log_softmax_at(row: &[f32], id: u32) -> f64 {
-    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
-    row[id as usize] as f64 - m - z.ln()
-}
 
 /// The model and its end-of-generation ids (what `ignore_eos` bans).
 fn load_model() -> Option<(LlamaModel, Vec<u32>)> {

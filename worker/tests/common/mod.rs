@@ -1,6 +1,7 @@
 //! Helpers shared by the worker integration tests.
 #![allow(dead_code)]
 
+pub mod llama_cpp_fixture;
 pub mod model_path;
 pub mod reference;
 pub mod synthetic;
