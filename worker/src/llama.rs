@@ -178,21 +178,8 @@ impl LlamaModel {
             });
         }
         let freq_factors = if w.has("rope_freqs.weight") { Some(w.vector("rope_freqs.weight", hd / 2)?) } else { None };
-        let rope = rope::RopeParams::new(
-            hd,
-            c.rope_theta,
-            c.rope_scaling.as_ref().map(|s| rope::Llama3Scaling {
-                factor: s.factor,
-                low_freq_factor: s.low_freq_factor,
-                high_freq_factor: s.high_freq_factor,
-                original_max_position: s.original_max_position,
-            }),
-            freq_factors,
-        )?;
-        let rope_style = match c.rope_style {
-            RopeStyle::Interleaved => rope::RopeStyle::Interleaved,
-            RopeStyle::Neox => rope::RopeStyle::Neox,
-        };
+        let rope = rope_params(c, freq_factors)?;
+        let rope_style = rope_style(c);
         let norm = w.vector("output_norm.weight", h)?;
         debug_assert!(matches!(c.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3));
         Ok(LlamaModel {
@@ -400,6 +387,30 @@ impl LlamaModel {
             }
         }
         Ok(Logits { vocab: c.vocab_size, data, spans })
+    }
+}
+
+/// The RoPE of `c`: Llama-3 scaling from an HF config, or a GGUF's precomputed
+/// `rope_freqs.weight` factors when the file has them. Shared by the CPU and CUDA models.
+pub(crate) fn rope_params(c: &ModelConfig, freq_factors: Option<Vec<f32>>) -> Result<rope::RopeParams, WorkerError> {
+    Ok(rope::RopeParams::new(
+        c.head_dim,
+        c.rope_theta,
+        c.rope_scaling.as_ref().map(|s| rope::Llama3Scaling {
+            factor: s.factor,
+            low_freq_factor: s.low_freq_factor,
+            high_freq_factor: s.high_freq_factor,
+            original_max_position: s.original_max_position,
+        }),
+        freq_factors,
+    )?)
+}
+
+/// The kernels' name for `c`'s rotation layout.
+pub(crate) fn rope_style(c: &ModelConfig) -> rope::RopeStyle {
+    match c.rope_style {
+        RopeStyle::Interleaved => rope::RopeStyle::Interleaved,
+        RopeStyle::Neox => rope::RopeStyle::Neox,
     }
 }
 

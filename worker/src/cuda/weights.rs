@@ -13,14 +13,15 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use tessera_kernels::cpu::rope::{Llama3Scaling, RopeParams, RopeStyle};
+use tessera_kernels::cpu::rope::RopeStyle;
 use tessera_kernels::cuda::{bf16, Buf, Device, RopeCache};
 use tessera_kernels::GgmlType;
-use tessera_model::config::{self, ModelConfig};
+use tessera_model::config::ModelConfig;
 use tessera_model::weights::ModelFiles;
 
 use super::tp::TpPart;
 use crate::error::WorkerError;
+use crate::llama::{rope_params, rope_style};
 
 /// One decoder layer's tensors.
 pub(crate) struct GpuLayer {
@@ -46,29 +47,6 @@ pub(crate) struct GpuWeights {
     pub layers: Vec<GpuLayer>,
     pub rope: RopeCache,
     pub rope_style: RopeStyle,
-}
-
-/// The RoPE of `c`: Llama-3 scaling from the HF config, or GGUF's precomputed
-/// `rope_freqs.weight` factors when the file has them.
-pub(crate) fn rope_params(c: &ModelConfig, freq_factors: Option<Vec<f32>>) -> Result<RopeParams, WorkerError> {
-    Ok(RopeParams::new(
-        c.head_dim,
-        c.rope_theta,
-        c.rope_scaling.as_ref().map(|s| Llama3Scaling {
-            factor: s.factor,
-            low_freq_factor: s.low_freq_factor,
-            high_freq_factor: s.high_freq_factor,
-            original_max_position: s.original_max_position,
-        }),
-        freq_factors,
-    )?)
-}
-
-pub(crate) fn rope_style(c: &ModelConfig) -> RopeStyle {
-    match c.rope_style {
-        config::RopeStyle::Interleaved => RopeStyle::Interleaved,
-        config::RopeStyle::Neox => RopeStyle::Neox,
-    }
 }
 
 /// Positions the RoPE table covers: the model's context, at most 128k (its memory is
