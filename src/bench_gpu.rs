@@ -26,7 +26,7 @@ use tessera_kernels::cuda::{bf16, Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_worker::batch::{LogitsWanted, SeqChunk};
 use tessera_worker::cuda::shapes::{bf16_bytes_per_token, synthetic_config};
-use tessera_worker::cuda::{CudaModel, CudaOptions, GreedySampler};
+use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler};
 use tessera_worker::parallel::Shard;
 
 use crate::bench::BenchArgs;
@@ -371,6 +371,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role) -> R
     let prompts: Vec<Vec<u32>> = (0..b).map(|i| pseudo_random_tokens(prompt, vocab, 100 + i as u64)).collect();
     let per_step = (8192 / prompt.max(1)).max(1);
     let mut next: Vec<u32> = Vec::with_capacity(b);
+    let mut sampler = GpuSampler::new();
     for group in (0..b).collect::<Vec<_>>().chunks(per_step) {
         let chunks: Vec<SeqChunk> = group
             .iter()
@@ -381,9 +382,8 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role) -> R
                 logits: LogitsWanted::Last,
             })
             .collect();
-        next.extend(greedy(m, &chunks, &mut None, role)?);
+        next.extend(greedy(m, &chunks, &mut sampler, role)?);
     }
-    let mut sampler = None;
     let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let t_all = Instant::now();
     for step in 0..gen {
@@ -415,12 +415,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role) -> R
 }
 
 /// One step's next tokens: greedy on the GPU, or (a tensor-parallel follower) rank 0's.
-fn greedy(
-    m: &mut CudaModel,
-    chunks: &[SeqChunk],
-    sampler: &mut Option<GreedySampler>,
-    role: &Role,
-) -> Result<Vec<u32>> {
+fn greedy(m: &mut CudaModel, chunks: &[SeqChunk], sampler: &mut GpuSampler, role: &Role) -> Result<Vec<u32>> {
     match role {
         Role::Solo => Ok(m.forward_greedy(chunks, sampler)?),
         Role::Leader(others) => {

@@ -31,7 +31,6 @@ use tessera_model::config::ModelConfig;
 use crate::batch::{validate_chunks, Logits, SeqChunk};
 use crate::error::WorkerError;
 
-use super::greedy::GreedySampler;
 use super::sampler::{GpuSampler, RowRequest};
 use super::weights::GpuWeights;
 use crate::sampling::Sampled;
@@ -184,7 +183,7 @@ impl StepIndex {
             let p = s.first_pos;
             host.ids[i] = s.tokens[0];
             host.positions[i] = p as u32;
-            host.slots[i] = s.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32;
+            host.slots[i] = slot_of(s.block_table, p, block_size);
             host.ctx[i] = (p + 1) as u32;
             let used = (p + 1).div_ceil(block_size);
             let row = &mut host.tables[i * mb..i * mb + used];
@@ -217,7 +216,7 @@ impl StepIndex {
             ids.extend_from_slice(s.tokens);
             for p in s.first_pos..s.first_pos + n {
                 positions.push(p as u32);
-                slots.push(s.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32);
+                slots.push(slot_of(s.block_table, p, block_size));
             }
             let used = (s.first_pos + n).div_ceil(block_size);
             tables[i * max_blocks..i * max_blocks + used].copy_from_slice(&s.block_table[..used]);
@@ -434,10 +433,7 @@ impl CudaModel {
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         let vocab = self.core.config.vocab_size;
         let (graph, rows, spans) = self.step(chunks)?;
-        let buf = match graph {
-            Some(g) => &self.graphs[g].logits,
-            None => self.eager_logits.as_ref().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
-        };
+        let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         let mut data = self.core.dev.download(buf)?;
         data.truncate(rows * vocab);
         Ok(Logits { vocab, data, spans })
@@ -446,34 +442,16 @@ impl CudaModel {
     /// Runs one step, leaving the wanted logits on the device.
     pub fn forward_device(&mut self, chunks: &[SeqChunk]) -> Result<DeviceLogits<'_>, WorkerError> {
         let (graph, rows, spans) = self.step(chunks)?;
-        let buf = match graph {
-            Some(g) => &mut self.graphs[g].logits,
-            None => self.eager_logits.as_mut().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
-        };
+        let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         Ok(DeviceLogits { buf, rows, spans })
     }
 
     /// Runs one step and takes the argmax of each wanted row on the GPU (only the token
-    /// ids come back to the host). `sampler` is (re)made for the step's padded row count.
-    pub fn forward_greedy(
-        &mut self,
-        chunks: &[SeqChunk],
-        sampler: &mut Option<GreedySampler>,
-    ) -> Result<Vec<u32>, WorkerError> {
-        let (graph, rows, _) = self.step(chunks)?;
-        let buf = match graph {
-            Some(g) => &mut self.graphs[g].logits,
-            None => self.eager_logits.as_mut().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
-        };
-        let vocab = self.core.config.vocab_size;
-        let padded = buf.len() / vocab;
-        let s = match sampler {
-            Some(s) if s.rows() == padded => s,
-            _ => sampler.insert(GreedySampler::new(&self.core.dev, padded)?),
-        };
-        let mut tokens = s.sample(&self.core.dev, buf, vocab)?;
-        tokens.truncate(rows);
-        Ok(tokens)
+    /// ids come back to the host).
+    pub fn forward_greedy(&mut self, chunks: &[SeqChunk], sampler: &mut GpuSampler) -> Result<Vec<u32>, WorkerError> {
+        let rows = chunks.iter().map(|s| s.logits.rows(s.tokens.len())).sum();
+        let requests = vec![RowRequest::greedy(); rows];
+        Ok(self.forward_sample(chunks, &requests, sampler)?.into_iter().map(|s| s.token).collect())
     }
 
     /// Runs one step and samples each wanted row on the GPU with `requests` (one per
@@ -488,10 +466,7 @@ impl CudaModel {
         if rows != requests.len() {
             return Err(WorkerError::InvalidBatch(format!("{rows} logit rows, {} sample requests", requests.len())));
         }
-        let buf = match graph {
-            Some(g) => &mut self.graphs[g].logits,
-            None => self.eager_logits.as_mut().ok_or_else(|| WorkerError::InvalidBatch("no logits".into()))?,
-        };
+        let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)
     }
 
@@ -554,6 +529,26 @@ impl Drop for CudaModel {
             self.core.comm = None;
         }
     }
+}
+
+/// The cache slot (`block * block_size + offset`) of position `p` (the table covers it:
+/// `validate_chunks` checked).
+fn slot_of(table: &[u32], p: usize, block_size: usize) -> u32 {
+    table[p / block_size] * block_size as u32 + (p % block_size) as u32
+}
+
+/// The buffer holding a step's logits: `graph`'s, or the eager step's. Takes the fields,
+/// not the model, so the device stays borrowable next to it.
+fn logits_of<'a>(
+    graphs: &'a mut [DecodeGraph],
+    eager: &'a mut Option<Buf<f32>>,
+    graph: Option<usize>,
+) -> Result<&'a mut Buf<f32>, WorkerError> {
+    match graph {
+        Some(g) => graphs.get_mut(g).map(|d| &mut d.logits),
+        None => eager.as_mut(),
+    }
+    .ok_or_else(|| WorkerError::InvalidBatch("the step left no logits".into()))
 }
 
 /// Graph capture needs a `KernelError`; a forward error inside it is one already, or a

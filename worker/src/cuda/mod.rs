@@ -5,7 +5,6 @@
 //! split over the GPUs of a tensor-parallel group (`tp.rs`), one rank per GPU.
 
 mod forward;
-mod greedy;
 mod sampler;
 pub mod shapes;
 mod tp;
@@ -19,7 +18,6 @@ use crate::error::WorkerError;
 use crate::parallel::Shard;
 
 pub use forward::{CudaModel, DeviceLogits, StepTiming, MAX_GRAPH_BATCH};
-pub use greedy::GreedySampler;
 pub use sampler::{GpuSampler, RowRequest};
 pub use tp::TpPart;
 

@@ -7,7 +7,7 @@
 //! stream is the kernel's, keyed by the sequence's seed and draw index, so a seeded
 //! sequence replays exactly on the GPU backend (not the same draws as on the CPU one).
 
-use tessera_kernels::cuda::{Buf, Device, SampleOutput, SampleParams, SampledRow};
+use tessera_kernels::cuda::{Buf, Device, Elem, SampleOutput, SampleParams, SampledRow};
 
 use crate::error::WorkerError;
 use crate::sampling::{Sampled, SamplingError, SamplingParams, MAX_LOGPROBS};
@@ -80,14 +80,62 @@ impl RowRequest {
     }
 }
 
-/// The kernel's output buffers, grown to the largest step seen.
+impl RowRequest {
+    /// Argmax, no adjustments, no logprobs (benchmarks' greedy decoding).
+    pub fn greedy() -> Self {
+        RowRequest { params: SampleParams::greedy(), penalties: Vec::new(), bias: Vec::new() }
+    }
+}
+
+/// A device copy of a per-step host array, reallocated only when it no longer fits:
+/// steady decode uploads into the same buffers every step.
+struct Staged<T> {
+    buf: Option<Buf<T>>,
+}
+
+impl<T: Elem> Staged<T> {
+    const fn new() -> Self {
+        Staged { buf: None }
+    }
+
+    /// Writes `host` to the front of the buffer. `exact`: the buffer must have exactly
+    /// `host.len()` elements (arrays the kernel sizes by the row count); otherwise at least
+    /// as many (entry lists, which may be longer than their offsets use).
+    fn put(&mut self, dev: &Device, host: &[T], exact: bool) -> Result<&Buf<T>, WorkerError> {
+        let fits = |b: &Buf<T>| if exact { b.len() == host.len() } else { b.len() >= host.len() };
+        let mut buf = match self.buf.take() {
+            Some(b) if fits(&b) => b,
+            _ => dev.alloc(if exact { host.len() } else { host.len().next_power_of_two() })?,
+        };
+        dev.write_at(&mut buf, 0, host)?;
+        Ok(self.buf.insert(buf))
+    }
+}
+
+/// The kernel's output buffers (grown to the largest step seen) and its staged inputs.
 pub struct GpuSampler {
     out: Option<SampleOutput>,
+    params: Staged<SampleParams>,
+    pen_offsets: Staged<u32>,
+    pen_tokens: Staged<u32>,
+    pen_counts: Staged<u32>,
+    bias_offsets: Staged<u32>,
+    bias_tokens: Staged<u32>,
+    bias_values: Staged<f32>,
 }
 
 impl GpuSampler {
     pub fn new() -> Self {
-        GpuSampler { out: None }
+        GpuSampler {
+            out: None,
+            params: Staged::new(),
+            pen_offsets: Staged::new(),
+            pen_tokens: Staged::new(),
+            pen_counts: Staged::new(),
+            bias_offsets: Staged::new(),
+            bias_tokens: Staged::new(),
+            bias_values: Staged::new(),
+        }
     }
 
     /// Samples the first `requests.len()` rows of `logits` (`[padded rows, vocab]`; rows
@@ -141,13 +189,15 @@ impl GpuSampler {
             out,
             logits,
             vocab,
-            &dev.upload(&params)?,
-            &dev.upload(&pen_offsets)?,
-            &dev.upload(&pen_tokens)?,
-            &dev.upload(&pen_counts)?,
-            &dev.upload(&bias_offsets)?,
-            &dev.upload(&bias_tokens)?,
-            &dev.upload(&bias_values)?,
+            self.params.put(dev, &params, true)?,
+            self.pen_offsets.put(dev, &pen_offsets, true)?,
+            // Paired lists (tokens with counts, tokens with values) always have equal
+            // lengths, so their buffers grow together and stay equal, as the kernel checks.
+            self.pen_tokens.put(dev, &pen_tokens, false)?,
+            self.pen_counts.put(dev, &pen_counts, false)?,
+            self.bias_offsets.put(dev, &bias_offsets, true)?,
+            self.bias_tokens.put(dev, &bias_tokens, false)?,
+            self.bias_values.put(dev, &bias_values, false)?,
         )?;
         let rows = out.read(dev, requests.len())?;
         rows.into_iter().map(to_sampled).collect()
