@@ -1,4 +1,7 @@
 // Sampling of the next token from f32 logits [n_rows, vocab]: one CTA of SAMPLE_THREADS per row.
+// When the host launches the split path too (skip_split), rows that need no truncation, no
+// logprobs and no entries (`split_row`, sampling_shared.cuh) are left to sampling_split.cu,
+// which spreads each row over many CTAs.
 // Semantics are the CPU sampler's (worker/src/sampling.rs), in its order:
 //   1. logit bias added (the row's bias entries; tokens distinct);
 //   2. repetition, then presence and frequency penalties on the row's (token, count) entries,
@@ -43,66 +46,10 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-#define SAMPLE_MAX_TOP 20
-#define SAMPLE_ID_BITS 20
-#define SAMPLE_ID_MASK ((1u << SAMPLE_ID_BITS) - 1u)
 #define SEARCH_BINS 16
-#define GREEDY_TEMPERATURE 1e-5f
 #define CAND_CAP 2048
 #define CAND_SOFT 1024
 #define HIST_BINS (4 * SAMPLE_THREADS)
-
-#define FLAG_BAD_LOGIT 1u
-#define FLAG_ALL_BANNED 2u
-#define FLAG_BAD_ENTRY 4u
-
-#define F32_INF __int_as_float(0x7f800000)
-#define F64_INF __longlong_as_double(0x7ff0000000000000ll)
-#define NO_TOKEN 0xffffffffu
-
-// Must match kernels/src/cuda/sample_params.rs.
-struct SampleParams {
-    u64 seed;
-    u64 draw;
-    float temperature;
-    u32 top_k;
-    float top_p;
-    float min_p;
-    float repetition_penalty;
-    float presence_penalty;
-    float frequency_penalty;
-    u32 n_logprobs;
-};
-static_assert(sizeof(SampleParams) == 48, "SampleParams layout differs from the Rust struct");
-
-__device__ __forceinline__ u32 order_key(float x) {
-    const u32 u = __float_as_uint(x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Unique per token: logit order first, then the lower id ranks higher.
-__device__ __forceinline__ u64 rank_key(u32 i, float l) {
-    return ((u64)order_key(l) << SAMPLE_ID_BITS) | (u64)(SAMPLE_ID_MASK - i);
-}
-
-__device__ __forceinline__ uint4 philox4x32_10(uint4 c, u32 k0, u32 k1) {
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        const u32 hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
-        const u32 hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
-        c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    return c;
-}
-
-__device__ __forceinline__ double gumbel_noise(u64 seed, u64 draw, u32 i) {
-    const uint4 r = philox4x32_10(make_uint4(i, 0u, (u32)draw, (u32)(draw >> 32)), (u32)seed, (u32)(seed >> 32));
-    const u64 bits = (((u64)r.x << 32) | (u64)r.y) >> 12;
-    const double u = ((double)bits + 0.5) * 0x1p-52;  // in (0, 1), exact
-    return -log(-log(u));
-}
 
 // Sums each of the 16 per-thread bins over the block into `out` (shared [16]); `red` is shared
 // [SAMPLE_WARPS * 16]. Ends with a barrier, so every thread can read `out`; the next call
@@ -189,24 +136,6 @@ __device__ u32 search_mass(const float* x, u32 vocab, float top_p, KeyOf key_of,
         prefix |= (u32)best << shift;
     }
     return prefix;
-}
-
-// Row statistics: running max, sum of exp(l - max) relative to it, first index of the max,
-// count of logits > -inf. Combining is symmetric (a butterfly gives every lane equal bits).
-struct RowStats {
-    float m, s;
-    u32 arg, n_finite;
-};
-
-__device__ __forceinline__ RowStats combine_stats(RowStats a, RowStats b) {
-    RowStats r;
-    r.m = fmaxf(a.m, b.m);
-    const float ta = a.m == -F32_INF ? 0.f : a.s * expf(a.m - r.m);
-    const float tb = b.m == -F32_INF ? 0.f : b.s * expf(b.m - r.m);
-    r.s = ta + tb;
-    r.arg = (b.m > a.m || (b.m == a.m && b.arg < a.arg)) ? b.arg : a.arg;
-    r.n_finite = a.n_finite + b.n_finite;
-    return r;
 }
 
 // The float whose order_key is `key` (order_key is a bijection).
@@ -392,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 const u32* __restrict__ bias_tokens, const float* __restrict__ bias_values, u32 bias_len,
                 u32* __restrict__ out_token, float* __restrict__ out_logprob, u32* __restrict__ out_top_ids,
                 float* __restrict__ out_top_logprobs, u32* __restrict__ out_n_top, u32* __restrict__ out_flags,
-                u32 max_top) {
+                u32 max_top, u32 skip_split) {
     __shared__ u32 s_cnt_red[SAMPLE_WARPS * SEARCH_BINS], s_cnt_bins[SEARCH_BINS];
     __shared__ float s_mass_red[SAMPLE_WARPS * SEARCH_BINS], s_mass_bins[SEARCH_BINS];
     __shared__ RowStats s_stats[SAMPLE_WARPS];
@@ -410,6 +339,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
     const u32 row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const SampleParams p = params[row];
+    // With skip_split, untruncated rows without logprobs or entries are sampling_split.cu's
+    // (uniform per CTA).
+    if (skip_split && split_row(p, vocab, pen_offsets, bias_offsets, bias_len, row)) return;
     float* x = logits + (u64)row * vocab;
 
     u32 n_top = p.n_logprobs < max_top ? p.n_logprobs : max_top;

@@ -1,7 +1,8 @@
 //! GPU sampling (`Device::sample`) against a straightforward CPU reference written here,
 //! on random logits (vocabularies 8, 50, 1000, 49152 and 151936), plus a benchmark. The
 //! kernel's candidate fast path and its full-row fallback both run here (see
-//! `candidate_path_edges_match_reference`).
+//! `candidate_path_edges_match_reference`), and so does the split path (greedy and
+//! untruncated rows over many CTAs: `split_rows_match_reference_and_the_per_row_path`).
 //!
 //! The reference follows `worker/src/sampling.rs`: the adjusted logits are computed with
 //! the CPU sampler's exact f32 operations (so they must match bit for bit, and greedy
@@ -25,8 +26,8 @@ use common::gpu::*;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
-use tessera_kernels::cuda::sample_params::{gumbel_noise, order_key, SAMPLE_CANDIDATES};
-use tessera_kernels::cuda::{Device, SampleParams, SampledRow};
+use tessera_kernels::cuda::sample_params::{gumbel_noise, order_key, SAMPLE_CANDIDATES, SPLIT_MAX_ROWS};
+use tessera_kernels::cuda::{Device, SampleParams, SamplePaths, SampledRow};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -611,6 +612,86 @@ fn flags_report_bad_rows() {
     assert_eq!((got[1].token, got[1].flags), (argmax_ref(&l[vocab..]), SampledRow::BAD_ENTRY));
 }
 
+/// The split path (greedy or untruncated rows without logprobs or entries, each row over
+/// many CTAs): tokens and logprobs match the reference on large vocabularies; the token
+/// equals the one-CTA path's (the same row with one logprob asked for) and the logprob its
+/// within 1e-5; a row's results do not depend on its batch (bits equal alone and mixed with
+/// one-CTA rows); NaN / +inf / all -inf rows are flagged as on the other path.
+#[test]
+fn split_rows_match_reference_and_the_per_row_path() {
+    let Some(dev) = gpu("split_rows_match_reference_and_the_per_row_path") else { return };
+    let mut r = rng(37);
+    for vocab in [8usize, 1000, 49152, 151936] {
+        let rows: Vec<Row> = (0..12)
+            .map(|i| {
+                let mut l = rand_logits(&mut r, vocab, -6.0, 6.0);
+                if i % 4 == 1 {
+                    // Ties at the maximum across slices, and banned tokens.
+                    let m = argmax_ref(&l) as usize;
+                    let v = l[m] + 1.0;
+                    l[m] = v;
+                    l[vocab - 1 - m / 2] = v;
+                    (0..vocab / 5).for_each(|j| l[(j * 7) % vocab] = f32::NEG_INFINITY);
+                }
+                let t = [0.0f32, 0.5, 1.0, 1.7][i % 4];
+                Row::new(l, SampleParams { seed: 5 + i as u64, draw: i as u64, ..params(t, 0, 1.0, 0.0, 0) })
+            })
+            .collect();
+        assert!(rows.iter().all(|row| row.params.splits(vocab, 0, 0)));
+        let (got, adjusted) = run(&dev, vocab, &rows, 0);
+        let mut exact = 0;
+        for (i, (g, row)) in got.iter().zip(&rows).enumerate() {
+            exact +=
+                check_row(&format!("split vocab {vocab} row {i}"), g, &adjusted[i * vocab..(i + 1) * vocab], row, 0)
+                    as usize;
+        }
+        // The same rows on the one-CTA path (one logprob asked for).
+        let per_row: Vec<Row> = rows
+            .iter()
+            .map(|row| Row { params: SampleParams { n_logprobs: 1, ..row.params }, ..row.clone() })
+            .collect();
+        let (other, _) = run(&dev, vocab, &per_row, 1);
+        for (i, (a, b)) in got.iter().zip(&other).enumerate() {
+            assert_eq!(a.token, b.token, "vocab {vocab} row {i}: split and per-row tokens differ");
+            assert!((a.logprob - b.logprob).abs() <= 1e-5 * (1.0 + b.logprob.abs()), "vocab {vocab} row {i}");
+        }
+        // Batch independence: rows alone and interleaved with one-CTA rows.
+        let mixed: Vec<Row> = rows.iter().zip(&per_row).flat_map(|(a, b)| [a.clone(), b.clone()]).collect();
+        let (mixed_got, _) = run(&dev, vocab, &mixed, 1);
+        for i in [0usize, 3, 6, 11] {
+            let (alone, _) = run(&dev, vocab, &rows[i..i + 1], 0);
+            for (what, g) in [("alone", &alone[0]), ("mixed", &mixed_got[2 * i])] {
+                assert_eq!(
+                    (g.token, g.logprob.to_bits(), g.flags),
+                    (got[i].token, got[i].logprob.to_bits(), got[i].flags),
+                    "vocab {vocab} row {i} {what}"
+                );
+            }
+            assert_eq!(mixed_got[2 * i + 1], other[i], "vocab {vocab} row {i}: the per-row path in a mixed batch");
+        }
+        // A batch over SPLIT_MAX_ROWS samples every row one CTA each: same tokens.
+        let many: Vec<Row> = rows.iter().cycle().take(SPLIT_MAX_ROWS + 8).cloned().collect();
+        let (many_got, _) = run(&dev, vocab, &many, 0);
+        for (i, g) in many_got.iter().enumerate() {
+            let want = &got[i % rows.len()];
+            assert_eq!(g.token, want.token, "vocab {vocab} row {i} of a large batch");
+            assert!((g.logprob - want.logprob).abs() <= 1e-5 * (1.0 + want.logprob.abs()), "vocab {vocab} row {i}");
+        }
+        eprintln!("split vocab {vocab}: 12 rows ok, {exact} tokens predicted exactly");
+    }
+    let vocab = 5000;
+    let mut bad: Vec<Row> =
+        (0..4).map(|_| Row::new(rand_logits(&mut r, vocab, -4.0, 4.0), params(1.0, 0, 1.0, 0.0, 0))).collect();
+    bad[0].logits.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+    bad[1].logits[4321] = f32::NAN;
+    bad[2].logits[17] = f32::INFINITY;
+    let (got, adjusted) = run(&dev, vocab, &bad, 0);
+    assert_eq!((got[0].token, got[0].flags), (0, SampledRow::ALL_BANNED));
+    assert_eq!(got[1].flags, SampledRow::BAD_LOGIT);
+    assert_eq!((got[2].token, got[2].flags), (17, SampledRow::BAD_LOGIT), "+inf: the argmax, not a draw");
+    check_row("clean row beside bad ones", &got[3], &adjusted[3 * vocab..], &bad[3], 0);
+}
+
 /// Wrong lengths are shape errors naming the op, not panics or device faults.
 #[test]
 fn sample_rejects_bad_shapes() {
@@ -655,6 +736,8 @@ fn bench_sample() {
     for (rows, cfg, name) in [
         (256usize, params(0.0, 0, 1.0, 0.0, 0), "greedy"),
         (256, params(1.0, 0, 1.0, 0.0, 0), "T=1"),
+        (64, params(1.0, 0, 1.0, 0.0, 0), "T=1"),
+        (64, params(0.0, 0, 1.0, 0.0, 0), "greedy"),
         (256, params(0.8, 50, 0.95, 0.0, 0), "top-k 50 + top-p 0.95"),
         (256, params(0.8, 50, 0.95, 0.0, 5), "top-k 50 + top-p 0.95 + 5 logprobs"),
         (1, params(0.8, 50, 0.95, 0.0, 0), "top-k 50 + top-p 0.95"),
@@ -662,6 +745,8 @@ fn bench_sample() {
         (8, params(0.8, 50, 0.95, 0.0, 0), "top-k 50 + top-p 0.95"),
         (8, params(0.8, 50, 0.95, 0.0, 5), "top-k 50 + top-p 0.95 + 5 logprobs"),
         (1, params(1.0, 0, 1.0, 0.0, 0), "T=1"),
+        (8, params(1.0, 0, 1.0, 0.0, 0), "T=1"),
+        (1, params(0.0, 0, 1.0, 0.0, 0), "greedy"),
         (1, params(0.0, 0, 1.0, 0.0, 5), "greedy + 5 logprobs"),
     ] {
         let l = rand_logits(&mut r, rows * vocab, -10.0, 10.0);
@@ -671,10 +756,14 @@ fn bench_sample() {
         let off = dev.upload(&vec![0u32; rows + 1]).unwrap();
         let (u1, f1) = (dev.upload(&[0u32]).unwrap(), dev.upload(&[0f32]).unwrap());
         let mut out = dev.sample_output(rows, 5).unwrap();
-        let ms = median_ms(&dev, 5, 10, |_| dev.sample(&mut out, &mut ld, vocab, &pd, &off, &u1, &u1, &off, &u1, &f1));
+        // The launches the worker's sampler makes for these rows.
+        let paths = SamplePaths::for_rows(vocab, ps.iter().map(|&p| (p, 0, 0)));
+        let ms = median_ms(&dev, 5, 10, |_| {
+            dev.sample_paths(&mut out, &mut ld, vocab, &pd, &off, &u1, &u1, &off, &u1, &f1, paths)
+        });
         let gbs = (rows * vocab * 4) as f64 / (ms * 1e-3) / 1e9;
         println!(
-            "BENCH | sample {name} | {rows}x{vocab} f32 | {:.1} us | - | {gbs:.0} GB/s (one read of the logits)",
+            "BENCH | sample {name} | {rows}x{vocab} f32 | {:.1} us | {paths:?} | {gbs:.0} GB/s (one read of the logits)",
             ms * 1e3
         );
     }

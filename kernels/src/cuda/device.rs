@@ -69,6 +69,9 @@ pub(crate) struct Kernels {
     pub qkv_rope_write_vec8: CudaFunction,
     pub fill_uniform: CudaFunction,
     pub sample_rows: CudaFunction,
+    pub split_stats: CudaFunction,
+    pub split_draw: CudaFunction,
+    pub split_finish: CudaFunction,
     pub attention: super::attention::AttentionKernels,
     pub gemv: super::gemv::GemvKernels,
 }
@@ -152,6 +155,9 @@ impl Device {
             qkv_rope_write_vec8: f("qkv", "qkv_rope_write_vec8")?,
             fill_uniform: f("init", "fill_uniform")?,
             sample_rows: f("sampling", "sample_rows")?,
+            split_stats: f("sampling_split", "split_stats")?,
+            split_draw: f("sampling_split", "split_draw")?,
+            split_finish: f("sampling_split", "split_finish")?,
             attention: super::attention::AttentionKernels::load(&f)?,
             gemv: super::gemv::GemvKernels::load(&f, smem_optin)?,
         };

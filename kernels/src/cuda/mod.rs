@@ -68,7 +68,7 @@ pub use nccl::NcclComm;
 pub use nccl_id::{NcclId, NCCL_ID_BYTES};
 pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
 pub use qkv_args::QkvPrep;
-pub use sample_params::{SampleParams, SampledRow};
+pub use sample_params::{SampleParams, SamplePaths, SampledRow};
 #[cfg(feature = "cuda")]
 pub use sampling::SampleOutput;
 #[cfg(not(feature = "cuda"))]

@@ -88,6 +88,76 @@ impl SampleParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature < GREEDY_TEMPERATURE
     }
+
+    /// Whether the kernels sample this row on the split path (each row over many CTAs)
+    /// rather than one CTA per row: no top-N logprobs, no bias entries, no penalty entries
+    /// while a penalty is on, and greedy or untruncated. The kernels decide the same from
+    /// the row's own inputs (`split_row` in sampling_shared.cuh; NaN parameters fail these
+    /// comparisons there as here), so a row's path never depends on its batch.
+    pub fn splits(&self, vocab: usize, bias_entries: usize, penalty_entries: usize) -> bool {
+        if self.n_logprobs != 0 || bias_entries != 0 {
+            return false;
+        }
+        let penalise = self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0;
+        if penalise && penalty_entries != 0 {
+            return false;
+        }
+        if self.is_greedy() {
+            return true;
+        }
+        (self.top_k == 0 || self.top_k as usize >= vocab) && self.top_p >= 1.0 && self.min_p <= 0.0
+    }
+}
+
+/// Most rows a call samples on the split path: beyond this many, one CTA per row already
+/// fills the GPU and the split path's extra CTAs only cost time.
+pub const SPLIT_MAX_ROWS: usize = 64;
+
+/// Which sampling launches a call makes. With the split path on, rows that
+/// [`SampleParams::splits`] are sampled by it (each row over many CTAs) and the one-CTA-per-row
+/// kernel skips them; the token is the same either way, the logprob can differ in the last f32
+/// bits (another summation order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplePaths {
+    /// Split rows on the split path, the others one CTA each.
+    Both,
+    /// Every row one CTA each.
+    PerRowOnly,
+    /// Every row is a split row: only the split path's launches.
+    SplitOnly,
+}
+
+impl SamplePaths {
+    /// The launches for `rows` (`(params, bias entries, penalty entries)` per row): the
+    /// split path for at most [`SPLIT_MAX_ROWS`] rows, and only the launches that have rows.
+    pub fn for_rows(vocab: usize, rows: impl ExactSizeIterator<Item = (SampleParams, usize, usize)>) -> Self {
+        if rows.len() > SPLIT_MAX_ROWS {
+            return SamplePaths::PerRowOnly;
+        }
+        let (mut split, mut per_row) = (false, false);
+        for (p, bias, pen) in rows {
+            if p.splits(vocab, bias, pen) {
+                split = true;
+            } else {
+                per_row = true;
+            }
+        }
+        match (per_row, split) {
+            (_, false) => SamplePaths::PerRowOnly,
+            (false, true) => SamplePaths::SplitOnly,
+            (true, true) => SamplePaths::Both,
+        }
+    }
+
+    /// Whether the one-CTA-per-row kernel is launched.
+    pub fn per_row(self) -> bool {
+        self != SamplePaths::SplitOnly
+    }
+
+    /// Whether the split path is launched (and the per-row kernel skips its rows).
+    pub fn split(self) -> bool {
+        self != SamplePaths::PerRowOnly
+    }
 }
 
 impl super::sealed::Sealed for SampleParams {}
@@ -211,6 +281,34 @@ mod tests {
         for (ctr, key, want) in cases {
             assert_eq!(philox4x32_10(ctr, key), want, "ctr {ctr:x?} key {key:x?}");
         }
+    }
+
+    /// The split path takes greedy and untruncated rows without logprobs or entries, and
+    /// nothing else; NaN parameters stay on the one-CTA path.
+    #[test]
+    fn split_path_rows() {
+        let v = 1000;
+        let t1 = SampleParams::default();
+        assert!(SampleParams::greedy().splits(v, 0, 0));
+        assert!(t1.splits(v, 0, 0));
+        assert!(SampleParams { top_k: 1000, ..t1 }.splits(v, 0, 0), "top-k >= vocab is off");
+        assert!(SampleParams { top_k: 5, ..SampleParams::greedy() }.splits(v, 0, 0), "greedy ignores truncation");
+        assert!(!SampleParams { top_k: 999, ..t1 }.splits(v, 0, 0));
+        assert!(!SampleParams { top_p: 0.9, ..t1 }.splits(v, 0, 0));
+        assert!(!SampleParams { min_p: 0.1, ..t1 }.splits(v, 0, 0));
+        assert!(!SampleParams { top_p: f32::NAN, ..t1 }.splits(v, 0, 0));
+        assert!(!SampleParams { min_p: f32::NAN, ..t1 }.splits(v, 0, 0));
+        assert!(!SampleParams { n_logprobs: 1, ..SampleParams::greedy() }.splits(v, 0, 0));
+        assert!(!t1.splits(v, 1, 0), "bias entries");
+        assert!(t1.splits(v, 0, 3), "penalty entries are ignored while no penalty is on");
+        assert!(!SampleParams { presence_penalty: 0.5, ..t1 }.splits(v, 0, 3));
+        assert!(SampleParams { presence_penalty: 0.5, ..t1 }.splits(v, 0, 0));
+        let rows = |ps: Vec<SampleParams>| SamplePaths::for_rows(v, ps.into_iter().map(|p| (p, 0, 0)));
+        let top = SampleParams { top_p: 0.5, ..t1 };
+        assert_eq!(rows(vec![t1, t1]), SamplePaths::SplitOnly);
+        assert_eq!(rows(vec![t1, top]), SamplePaths::Both);
+        assert_eq!(rows(vec![top]), SamplePaths::PerRowOnly);
+        assert_eq!(rows(vec![t1; SPLIT_MAX_ROWS + 1]), SamplePaths::PerRowOnly, "large batches");
     }
 
     /// Small deterministic generator for the tests below (splitmix64).

@@ -16,12 +16,17 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
-use super::sample_params::{SampleParams, SampledRow, MAX_SAMPLE_VOCAB, MAX_TOP_LOGPROBS};
+use super::sample_params::{SampleParams, SamplePaths, SampledRow, MAX_SAMPLE_VOCAB, MAX_TOP_LOGPROBS, SPLIT_MAX_ROWS};
 use crate::error::check;
 use crate::KernelError;
 
 /// Threads of a sampling CTA (must match SAMPLE_THREADS in the .cu).
 const SAMPLE_THREADS: u32 = 1024;
+/// Split path (sampling_split.cu): logits per slice, threads per slice CTA, words per
+/// slice result (SPLIT_CHUNK, SPLIT_THREADS, sizeof(SplitPart) / 4 there).
+const SPLIT_CHUNK: usize = 1024;
+const SPLIT_THREADS: u32 = 256;
+const SPLIT_PART_WORDS: usize = 8;
 /// Bias and penalty lists are indexed with u32 offsets plus a thread stride on the device.
 const MAX_ENTRIES: usize = 1 << 31;
 
@@ -40,6 +45,9 @@ pub struct SampleOutput {
     n_top: Buf<u32>,
     /// `[max_rows]` [`SampledRow::flags`].
     flags: Buf<u32>,
+    /// The split path's per-slice results (`[rows, slices, SPLIT_PART_WORDS]`), allocated
+    /// on its first use and grown when a call needs more.
+    parts: Option<Buf<u32>>,
     max_rows: usize,
     max_logprobs: usize,
 }
@@ -126,6 +134,7 @@ impl Device {
             top_logprobs: self.alloc(top.max(1))?,
             n_top: self.alloc(max_rows)?,
             flags: self.alloc(max_rows)?,
+            parts: None,
             max_rows,
             max_logprobs,
         })
@@ -143,6 +152,9 @@ impl Device {
     /// Device-side values cannot be checked here: a token `>= vocab` or offsets out of
     /// order are skipped and reported in [`SampledRow::flags`], as are NaN / +inf logits
     /// and all-banned rows.
+    ///
+    /// Up to [`SPLIT_MAX_ROWS`] rows, those that [`SampleParams::splits`] are spread over many
+    /// CTAs (a single row would otherwise run on one SM); other rows get one CTA each.
     #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
@@ -156,6 +168,30 @@ impl Device {
         bias_offsets: &Buf<u32>,
         bias_tokens: &Buf<u32>,
         bias_values: &Buf<f32>,
+    ) -> Result<(), KernelError> {
+        let paths =
+            if logits.len() / vocab.max(1) <= SPLIT_MAX_ROWS { SamplePaths::Both } else { SamplePaths::PerRowOnly };
+        let (pt, pc, bt, bv) = (pen_tokens, pen_counts, bias_tokens, bias_values);
+        self.sample_paths(out, logits, vocab, params, pen_offsets, pt, pc, bias_offsets, bt, bv, paths)
+    }
+
+    /// [`Device::sample`] with the launches `paths` names ([`SamplePaths::for_rows`] picks
+    /// them from the rows' parameters). `SplitOnly` with a row that does not split leaves
+    /// that row unwritten.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_paths(
+        &self,
+        out: &mut SampleOutput,
+        logits: &mut Buf<f32>,
+        vocab: usize,
+        params: &Buf<SampleParams>,
+        pen_offsets: &Buf<u32>,
+        pen_tokens: &Buf<u32>,
+        pen_counts: &Buf<u32>,
+        bias_offsets: &Buf<u32>,
+        bias_tokens: &Buf<u32>,
+        bias_values: &Buf<f32>,
+        paths: SamplePaths,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_sample";
         check(vocab > 0 && vocab <= MAX_SAMPLE_VOCAB, OP, || {
@@ -175,6 +211,13 @@ impl Device {
         // All below fit u32: vocab <= 2^20, entries < 2^31, rows <= max_rows < 2^31, logprobs <= 20.
         let (v, pen_len, bias_len) = (vocab as u32, pen_tokens.len() as u32, bias_tokens.len() as u32);
         let max_top = out.max_logprobs as u32;
+        if paths.split() {
+            self.sample_split(out, logits, vocab, n_rows, params, pen_offsets, bias_offsets, bias_len)?;
+        }
+        if !paths.per_row() {
+            return Ok(());
+        }
+        let skip_split = u32::from(paths.split());
         let cfg =
             LaunchConfig { grid_dim: (n_rows as u32, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(&self.kernels.sample_rows);
@@ -195,11 +238,73 @@ impl Device {
             .arg(&mut out.top_logprobs.inner)
             .arg(&mut out.n_top.inner)
             .arg(&mut out.flags.inner)
-            .arg(&max_top);
+            .arg(&max_top)
+            .arg(&skip_split);
         // SAFETY: argument order and types match `sample_rows`; CTA r touches only logits row
         // r (n_rows x vocab checked), params[r], offsets[r..=r + 1] (n_rows + 1 checked),
         // entries below the lengths passed (the kernel bounds them, and tokens by vocab), and
         // output row r (n_rows <= max_rows; top rows of max_top <= the allocation).
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+}
+
+impl Device {
+    /// The split path's three launches (sampling_split.cu) over `n_rows` rows whose shapes
+    /// [`Device::sample_paths`] has checked; rows that do not split return at once.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_split(
+        &self,
+        out: &mut SampleOutput,
+        logits: &Buf<f32>,
+        vocab: usize,
+        n_rows: usize,
+        params: &Buf<SampleParams>,
+        pen_offsets: &Buf<u32>,
+        bias_offsets: &Buf<u32>,
+        bias_len: u32,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_sample_split";
+        let slices = vocab.div_ceil(SPLIT_CHUNK);
+        let words = n_rows * slices * SPLIT_PART_WORDS;
+        let parts = match out.parts.take() {
+            Some(p) if p.len() >= words => p,
+            _ => self.alloc::<u32>(words)?,
+        };
+        let parts = out.parts.insert(parts);
+        // vocab <= 2^20 (checked by the caller): at most 1024 slices; rows < 2^31.
+        let (v, s, rows) = (vocab as u32, slices as u32, n_rows as u32);
+        let wide = LaunchConfig { grid_dim: (rows, s, 1), block_dim: (SPLIT_THREADS, 1, 1), shared_mem_bytes: 0 };
+        for f in [&self.kernels.split_stats, &self.kernels.split_draw] {
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&logits.inner)
+                .arg(&v)
+                .arg(&params.inner)
+                .arg(&pen_offsets.inner)
+                .arg(&bias_offsets.inner)
+                .arg(&bias_len)
+                .arg(&mut parts.inner);
+            // SAFETY: argument order and types match split_stats / split_draw; CTA (r, j) reads
+            // logits row r's slice j (n_rows x vocab checked by the caller), params[r],
+            // offsets[r..=r + 1] (n_rows + 1 checked) and writes parts (r, j) (allocated for
+            // n_rows x slices above).
+            unsafe { b.launch(wide) }.map(drop).map_err(dev_err(OP))?;
+        }
+        let narrow = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.kernels.split_finish);
+        b.arg(&logits.inner)
+            .arg(&v)
+            .arg(&params.inner)
+            .arg(&pen_offsets.inner)
+            .arg(&bias_offsets.inner)
+            .arg(&bias_len)
+            .arg(&parts.inner)
+            .arg(&s)
+            .arg(&mut out.token.inner)
+            .arg(&mut out.logprob.inner)
+            .arg(&mut out.n_top.inner)
+            .arg(&mut out.flags.inner);
+        // SAFETY: argument order and types match split_finish; CTA r reads parts row r and
+        // logits row r, and writes output row r (n_rows <= max_rows checked by the caller).
+        unsafe { b.launch(narrow) }.map(drop).map_err(dev_err(OP))
     }
 }

@@ -1,6 +1,7 @@
 //! The CUDA C sources, embedded in the binary at build time so a deployed worker needs no
-//! source tree. Each module is `common.cuh` followed by one `.cu` file; the concatenation is
-//! what NVRTC compiles and what the cache key hashes.
+//! source tree. Each module is `common.cuh` followed by one `.cu` file (the two sampling modules
+//! put `sampling_shared.cuh` before theirs); the concatenation is what NVRTC compiles and what
+//! the cache key hashes.
 
 const COMMON: &str = include_str!("../../cuda/common.cuh");
 
@@ -13,7 +14,11 @@ pub const MODULES: &[(&str, &str)] = &[
     ("attention", include_str!("../../cuda/attention.cu")),
     ("qkv", include_str!("../../cuda/qkv.cu")),
     ("init", include_str!("../../cuda/init.cu")),
-    ("sampling", include_str!("../../cuda/sampling.cu")),
+    ("sampling", concat!(include_str!("../../cuda/sampling_shared.cuh"), include_str!("../../cuda/sampling.cu"))),
+    (
+        "sampling_split",
+        concat!(include_str!("../../cuda/sampling_shared.cuh"), include_str!("../../cuda/sampling_split.cu")),
+    ),
     ("gemv", include_str!("../../cuda/gemv.cu")),
 ];
 

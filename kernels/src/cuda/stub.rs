@@ -312,6 +312,22 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
+    pub fn sample_paths(
+        &self,
+        out: &mut SampleOutput,
+        logits: &mut Buf<f32>,
+        vocab: usize,
+        params: &Buf<super::SampleParams>,
+        pen_offsets: &Buf<u32>,
+        pen_tokens: &Buf<u32>,
+        pen_counts: &Buf<u32>,
+        bias_offsets: &Buf<u32>,
+        bias_tokens: &Buf<u32>,
+        bias_values: &Buf<f32>,
+        paths: super::sample_params::SamplePaths,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
     pub fn decode_workspace(
         &self,
         max_seqs: usize,

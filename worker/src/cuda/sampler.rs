@@ -7,7 +7,7 @@
 //! stream is the kernel's, keyed by the sequence's seed and draw index, so a seeded
 //! sequence replays exactly on the GPU backend (not the same draws as on the CPU one).
 
-use tessera_kernels::cuda::{Buf, Device, Elem, SampleOutput, SampleParams, SampledRow};
+use tessera_kernels::cuda::{Buf, Device, Elem, SampleOutput, SampleParams, SamplePaths, SampledRow};
 
 use crate::error::WorkerError;
 use crate::sampling::{Sampled, SamplingError, SamplingParams, MAX_LOGPROBS};
@@ -185,7 +185,13 @@ impl GpuSampler {
         if bias_values.is_empty() {
             bias_values.push(0.0);
         }
-        dev.sample(
+        // Padding rows are greedy without entries: split rows.
+        let rows = params.iter().enumerate().map(|(i, &p)| match requests.get(i) {
+            Some(r) => (p, r.bias.len(), r.penalties.len()),
+            None => (p, 0, 0),
+        });
+        let paths = SamplePaths::for_rows(vocab, rows);
+        dev.sample_paths(
             out,
             logits,
             vocab,
@@ -198,6 +204,7 @@ impl GpuSampler {
             self.bias_offsets.put(dev, &bias_offsets, true)?,
             self.bias_tokens.put(dev, &bias_tokens, false)?,
             self.bias_values.put(dev, &bias_values, false)?,
+            paths,
         )?;
         let rows = out.read(dev, requests.len())?;
         rows.into_iter().map(to_sampled).collect()

@@ -1,0 +1,206 @@
+// Sampling of the rows `split_row` selects (greedy, or temperature without truncation, no
+// logprobs, no bias or penalty entries) with each row spread over many CTAs. One CTA per row
+// (sampling.cu) leaves a single-row step with one SM busy: the default OpenAI request
+// (temperature 1, no top-k / top-p) then draws Gumbel noise for the whole vocabulary on one SM.
+//
+// Three launches, each over (rows, slices) or rows, with results identical to sample_rows':
+//   1. split_stats: per slice of SPLIT_CHUNK logits, the RowStats (max, sum of exp(l - max),
+//      first index of the max, finite count) and whether a NaN / +inf appeared;
+//   2. split_draw (sampling rows only): every CTA takes the row's max over all slices (fmaxf:
+//      exact in any order), then the slice's best Gumbel-max score (double)z + g_i with
+//      z = (l - max) * (1 / T) over the finite logits, higher score then lower id;
+//   3. split_finish: one warp per row combines the slices in a fixed order and writes the row's
+//      token, logprob and flags as sample_rows does.
+// The token equals sample_rows' (the max and every score are the same bits; ties go to the lower
+// id in both). The logprob's sum of exp is added in another order, so it can differ from
+// sample_rows' in the last f32 bits. The host launches this path for small batches only (where
+// one CTA per row leaves the GPU idle), so a row's logprob may differ in those bits between a
+// small and a large batch; its token never does.
+
+#define SPLIT_CHUNK 1024
+#define SPLIT_THREADS 256
+#define SPLIT_WARPS (SPLIT_THREADS / 32)
+
+// One slice's results; must match SPLIT_PART_WORDS in sampling.rs (8 words).
+struct SplitPart {
+    float m, s;
+    u32 arg, n_finite;
+    double score;
+    u32 pick, bad;
+};
+static_assert(sizeof(SplitPart) == 32, "SplitPart layout differs from the host's 8 words");
+
+__device__ __forceinline__ RowStats shfl_stats(RowStats st, int o) {
+    RowStats other;
+    other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
+    other.s = __shfl_xor_sync(0xffffffffu, st.s, o);
+    other.arg = __shfl_xor_sync(0xffffffffu, st.arg, o);
+    other.n_finite = __shfl_xor_sync(0xffffffffu, st.n_finite, o);
+    return other;
+}
+
+// 1. Grid (rows, slices) of SPLIT_THREADS (rows in x: up to 2^31 - 1 of them).
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+    split_stats(const float* __restrict__ logits, u32 vocab, const SampleParams* __restrict__ params,
+                const u32* __restrict__ pen_offsets, const u32* __restrict__ bias_offsets, u32 bias_len,
+                SplitPart* __restrict__ parts) {
+    __shared__ RowStats s_stats[SPLIT_WARPS];
+    __shared__ u32 s_bad;
+    const u32 row = blockIdx.x, slice = blockIdx.y, slices = gridDim.y, tid = threadIdx.x;
+    const SampleParams p = params[row];
+    if (!split_row(p, vocab, pen_offsets, bias_offsets, bias_len, row)) return;
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+    const float* x = logits + (u64)row * vocab;
+    const u32 lo = slice * SPLIT_CHUNK, hi = min(vocab, lo + SPLIT_CHUNK);
+    RowStats st = {-F32_INF, 0.f, NO_TOKEN, 0u};
+    bool bad = false;
+    for (u32 i = lo + tid; i < hi; i += SPLIT_THREADS) {
+        const float l = x[i];
+        if (l > st.m) {
+            st.s = st.s * expf(st.m - l) + 1.f;
+            st.m = l;
+            st.arg = i;
+        } else if (l > -F32_INF) {
+            st.s += expf(l - st.m);
+        }
+        st.n_finite += l > -F32_INF ? 1u : 0u;
+        bad |= !(l < F32_INF);
+    }
+    if (bad) atomicOr(&s_bad, 1u);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) st = combine_stats(st, shfl_stats(st, o));
+    if ((tid & 31) == 0) s_stats[tid >> 5] = st;
+    __syncthreads();
+    if (tid == 0) {
+        st = s_stats[0];
+        for (int w = 1; w < SPLIT_WARPS; ++w) st = combine_stats(st, s_stats[w]);
+        SplitPart& out = parts[(u64)row * slices + slice];
+        out.m = st.m;
+        out.s = st.s;
+        out.arg = st.arg;
+        out.n_finite = st.n_finite;
+        out.score = -F64_INF;
+        out.pick = NO_TOKEN;
+        out.bad = s_bad;
+    }
+}
+
+// The row's max over its slices' parts (every lane gets the same value).
+__device__ __forceinline__ float parts_max(const SplitPart* row_parts, u32 slices) {
+    float m = -F32_INF;
+    for (u32 j = threadIdx.x & 31; j < slices; j += 32) m = fmaxf(m, row_parts[j].m);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+// 2. Grid (rows, slices) of SPLIT_THREADS; greedy and unusable rows (max +-inf) return at once.
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+    split_draw(const float* __restrict__ logits, u32 vocab, const SampleParams* __restrict__ params,
+               const u32* __restrict__ pen_offsets, const u32* __restrict__ bias_offsets, u32 bias_len,
+               SplitPart* __restrict__ parts) {
+    __shared__ float s_max;
+    __shared__ double s_score[SPLIT_WARPS];
+    __shared__ u32 s_pick[SPLIT_WARPS];
+    const u32 row = blockIdx.x, slice = blockIdx.y, slices = gridDim.y, tid = threadIdx.x;
+    const SampleParams p = params[row];
+    if (!split_row(p, vocab, pen_offsets, bias_offsets, bias_len, row) || p.temperature < GREEDY_TEMPERATURE) return;
+    SplitPart* row_parts = parts + (u64)row * slices;
+    if (tid < 32) {
+        const float m = parts_max(row_parts, slices);
+        if (tid == 0) s_max = m;
+    }
+    __syncthreads();
+    const float max = s_max;
+    if (!(max > -F32_INF && max < F32_INF)) return;
+    const float inv_t = 1.f / p.temperature;
+    const float* x = logits + (u64)row * vocab;
+    const u32 lo = slice * SPLIT_CHUNK, hi = min(vocab, lo + SPLIT_CHUNK);
+    double best = -F64_INF;
+    u32 pick = NO_TOKEN;
+    for (u32 i = lo + tid; i < hi; i += SPLIT_THREADS) {
+        const float l = x[i];
+        if (!(l > -F32_INF)) continue;
+        const double score = (double)__fmul_rn(l - max, inv_t) + gumbel_noise(p.seed, p.draw, i);
+        if (score > best) {  // strict: the lower index wins a tie within the thread
+            best = score;
+            pick = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const double ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, pick, o);
+        if (ob > best || (ob == best && oi < pick)) {
+            best = ob;
+            pick = oi;
+        }
+    }
+    if ((tid & 31) == 0) {
+        s_score[tid >> 5] = best;
+        s_pick[tid >> 5] = pick;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        best = s_score[0];
+        pick = s_pick[0];
+        for (int w = 1; w < SPLIT_WARPS; ++w) {
+            if (s_score[w] > best || (s_score[w] == best && s_pick[w] < pick)) {
+                best = s_score[w];
+                pick = s_pick[w];
+            }
+        }
+        row_parts[slice].score = best;
+        row_parts[slice].pick = pick;
+    }
+}
+
+// 3. Grid rows, one warp each. Lane j combines slices j, j + 32, ... in order, then a fixed
+// butterfly; the same shape every time, so the sum's bits never vary between runs.
+extern "C" __global__ void __launch_bounds__(32)
+    split_finish(const float* __restrict__ logits, u32 vocab, const SampleParams* __restrict__ params,
+                 const u32* __restrict__ pen_offsets, const u32* __restrict__ bias_offsets, u32 bias_len,
+                 const SplitPart* __restrict__ parts, u32 slices, u32* __restrict__ out_token,
+                 float* __restrict__ out_logprob, u32* __restrict__ out_n_top, u32* __restrict__ out_flags) {
+    const u32 row = blockIdx.x, lane = threadIdx.x;
+    const SampleParams p = params[row];
+    if (!split_row(p, vocab, pen_offsets, bias_offsets, bias_len, row)) return;
+    const SplitPart* row_parts = parts + (u64)row * slices;
+    RowStats st = {-F32_INF, 0.f, NO_TOKEN, 0u};
+    double best = -F64_INF;
+    u32 pick = NO_TOKEN, bad = 0;
+    for (u32 j = lane; j < slices; j += 32) {
+        const SplitPart q = row_parts[j];
+        const RowStats o = {q.m, q.s, q.arg, q.n_finite};
+        st = combine_stats(st, o);
+        if (q.score > best || (q.score == best && q.pick < pick)) {
+            best = q.score;
+            pick = q.pick;
+        }
+        bad |= q.bad;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        st = combine_stats(st, shfl_stats(st, o));
+        const double ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, pick, o);
+        if (ob > best || (ob == best && oi < pick)) {
+            best = ob;
+            pick = oi;
+        }
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    }
+    if (lane != 0) return;
+    const float max = st.m, log_sum = logf(st.s);
+    const bool usable = max > -F32_INF && max < F32_INF;
+    // The CPU argmax of an all -inf row is 0.
+    u32 token = st.arg == NO_TOKEN ? 0u : st.arg;
+    // A draw that kept nothing (NaN temperature) stays greedy, as in sample_rows.
+    if (p.temperature >= GREEDY_TEMPERATURE && usable && pick != NO_TOKEN) token = pick;
+    const float* x = logits + (u64)row * vocab;
+    out_token[row] = token;
+    out_logprob[row] = (x[token] - max) - log_sum;
+    out_n_top[row] = 0;
+    out_flags[row] = (bad ? FLAG_BAD_LOGIT : 0u) | (max > -F32_INF ? 0u : FLAG_ALL_BANNED);
+}
