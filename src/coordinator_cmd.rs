@@ -1,19 +1,31 @@
 //! `tessera coordinator`: connects to its workers, has each load the model (or its shard:
 //! with `--tp T --pp P`, every T x P consecutive workers form one replica), builds one
 //! scheduler + engine loop per replica, and serves `tessera.coordinator.v1` to gateways.
+//! A replica whose workers fail is re-formed from the workers discovery lists once they
+//! pass a readiness check; on SIGTERM the coordinator drains (refuses new streams, lets
+//! those in flight finish up to `--drain-timeout-s`) and exits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::{Arc, Mutex};
+
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tessera_cluster::{Discovery, StaticDiscovery};
+use tessera_coordinator::drain::Drain;
 use tessera_coordinator::engine::Engine;
+use tessera_coordinator::metrics::CoordinatorMetrics;
 use tessera_coordinator::placement::Placement;
-use tessera_coordinator::replica_link::{LoadSpec, ReplicaLink};
+use tessera_coordinator::replica_link::LoadSpec;
+use tessera_coordinator::replica_set::ReplicaSet;
+use tessera_coordinator::routing::RoutingConfig;
 use tessera_coordinator::service::CoordinatorService;
-use tessera_coordinator::{Scheduler, SchedulerConfig};
+use tessera_coordinator::supervisor::{form, FormSpec, Supervision};
+use tessera_coordinator::SchedulerConfig;
 use tessera_proto::coordinator::coordinator_server::CoordinatorServer;
+use tessera_telemetry::Readiness;
 
 /// Run the coordinator.
 #[derive(Debug, Args)]
@@ -22,11 +34,21 @@ pub struct CoordinatorArgs {
     #[arg(long, env = "TESSERA_COORDINATOR_LISTEN", default_value = "127.0.0.1:50050")]
     pub listen: SocketAddr,
     /// Worker addresses, comma separated; each runs one replica (data parallel).
-    #[arg(long, env = "TESSERA_WORKERS", value_delimiter = ',', required = true)]
+    #[arg(long, env = "TESSERA_WORKERS", value_delimiter = ',', required_unless_present = "etcd_endpoints")]
     pub workers: Vec<String>,
-    /// Model path, as the workers see it.
-    #[arg(long, env = "TESSERA_MODEL")]
+    /// Model path, as the workers see it (with etcd, or `model` in the cluster settings).
+    #[arg(long = "model", value_name = "MODEL", env = "TESSERA_MODEL", required_unless_present = "etcd_endpoints")]
+    pub model_flag: Option<PathBuf>,
+    /// The model path in use: `--model`, else the cluster settings' (set by
+    /// `etcd_cmd::prepare_coordinator` before anything reads it).
+    #[arg(skip)]
     pub model: PathBuf,
+    /// etcd mode (see etcd_cmd.rs): workers from etcd, leader election, cluster settings.
+    #[command(flatten)]
+    pub etcd: crate::etcd_cmd::EtcdFlags,
+    /// Traces and logs.
+    #[command(flatten)]
+    pub trace_log: crate::trace_logs::TraceLogFlags,
     /// Positions per KV block.
     #[arg(long, env = "TESSERA_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: u32,
@@ -58,14 +80,32 @@ pub struct CoordinatorArgs {
     /// Seconds to wait for workers to come up.
     #[arg(long, default_value_t = 120)]
     pub connect_timeout_s: u64,
+    /// Prefix-cache affinity: a request goes to the replica that last served its prefix
+    /// unless that one holds more than this many sequences beyond the least loaded.
+    #[arg(long, env = "TESSERA_AFFINITY_MARGIN", default_value_t = 8)]
+    pub affinity_margin: usize,
+    /// On SIGTERM: seconds the streams in flight may take to finish (new ones are refused
+    /// with UNAVAILABLE meanwhile) before the coordinator exits anyway.
+    #[arg(long, env = "TESSERA_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    pub drain_timeout_s: u64,
+    /// Address of the admin HTTP endpoint (`/health`, `/ready`, `/metrics`); off when absent.
+    #[arg(long, env = "TESSERA_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
 }
 
 pub fn run(args: CoordinatorArgs) -> Result<()> {
+    let _trace = args.trace_log.init("tessera-coordinator")?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        let mut handles = Vec::new();
-        let mut served_len = usize::MAX;
-        let mut vocab = usize::MAX;
+        let mut args = args;
+        let metrics = CoordinatorMetrics::new();
+        let readiness = Readiness::new(false);
+        if let Some(addr) = args.admin_listen {
+            let m = metrics.clone();
+            crate::admin::spawn("coordinator", addr, readiness.clone(), Arc::new(move || m.render())).await?;
+        }
+        // etcd mode: settings applied, and this coordinator leads once this returns.
+        let cluster = crate::etcd_cmd::prepare_coordinator(&mut args).await?;
         // Only a sharded replica needs the model's shape here; a whole-model worker reads
         // the file on its own machine.
         let placement = if args.tp == 1 && args.pp == 1 {
@@ -77,64 +117,124 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
             Placement::plan(&config, args.tp, args.pp).context("placing the model")?
         };
         let per_replica = placement.workers();
-        if args.workers.is_empty() || args.workers.len() % per_replica != 0 {
-            bail!(
-                "{} workers do not form whole replicas of tp {} x pp {} = {per_replica}",
-                args.workers.len(),
-                args.tp,
-                args.pp
-            );
-        }
-        for (r, addrs) in args.workers.chunks(per_replica).enumerate() {
-            let addr = addrs.join(",");
-            let spec = LoadSpec {
-                model_path: args.model.display().to_string(),
-                block_size: args.block_size,
-                kv_memory_bytes: args.kv_memory_mib << 20,
-                group: (std::process::id() as u64) << 16 | r as u64,
-            };
-            let (link, info) =
-                ReplicaLink::connect(addrs, &placement, &spec, Duration::from_secs(args.connect_timeout_s))
-                    .await
-                    .with_context(|| format!("setting up replica {r} on {addr}"))?;
-            let link = link.with_step_timeout(Duration::from_secs(args.step_timeout_s.max(1)));
-            let max_len = args.max_model_len.unwrap_or(info.max_model_len as usize).min(info.max_model_len as usize);
-            served_len = served_len.min(max_len);
-            vocab = vocab.min(info.vocab_size as usize);
-            let cfg = SchedulerConfig {
-                max_num_seqs: args.max_num_seqs,
-                max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
-                max_waiting: args.max_waiting,
-                block_size: info.block_size as usize,
-                num_blocks: info.num_blocks as usize,
-                max_model_len: max_len,
-                long_prefill_threshold: 0,
-                max_in_flight: placement.pp,
-            };
-            let sched = Scheduler::new(cfg).context("scheduler configuration")?;
-            let (engine, handle) = Engine::new(sched, link);
-            tokio::spawn(engine.run());
-            eprintln!(
-                "tessera coordinator: worker {addr} ready ({} KV blocks of {}, {} positions max)",
-                info.num_blocks, info.block_size, max_len
-            );
-            handles.push(handle);
-        }
-        if handles.is_empty() {
-            bail!("no workers given");
-        }
+        let discovery: Arc<dyn Discovery> = match &cluster {
+            Some(c) => c.discovery(per_replica, Duration::from_secs(args.connect_timeout_s)).await?,
+            None => Arc::new(StaticDiscovery::new(&args.workers)),
+        };
+        let (set, supervision, served_len, vocab) = form_replicas(&args, placement, discovery, &metrics).await?;
+        supervision.spawn_all();
         let name = args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let service = CoordinatorService::new(handles, name, served_len, vocab);
+        let drain = Drain::new();
+        let service = CoordinatorService::with_set(set, name, served_len, vocab).with_drain(drain.clone());
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         println!("tessera coordinator listening on {}", listener.local_addr()?);
-        tonic::transport::Server::builder()
+        readiness.set(true);
+        if let Some(c) = &cluster {
+            c.publish(listener.local_addr()?, per_replica).await?;
+        }
+        let drain_timeout = Duration::from_secs(args.drain_timeout_s);
+        let server = tonic::transport::Server::builder()
             .add_service(CoordinatorServer::new(service))
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                tessera_gateway::serve::shutdown_signal(),
-            )
-            .await?;
-        Ok(())
+                // Token events are small writes: without TCP_NODELAY, Nagle's algorithm holds
+                // each one until the previous is acknowledged and tokens arrive in bursts.
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                drained(drain, readiness.clone(), drain_timeout),
+            );
+        // After the drain, connections get a few seconds to close.
+        let server = crate::drain::serve_bounded("coordinator", server, drain_timeout + Duration::from_secs(5));
+        match &cluster {
+            Some(c) => c.serve_while_leading(server).await,
+            None => server.await,
+        }
     })
+}
+
+/// Forms every replica on the workers `discovery` lists (every `tp x pp` consecutive
+/// workers one replica), waiting for them up to `--connect-timeout-s`, and prepares the
+/// supervision that re-forms a replica whose workers fail. Returns the set, the
+/// supervision, the served context length and the vocabulary size.
+async fn form_replicas(
+    args: &CoordinatorArgs,
+    placement: Placement,
+    discovery: Arc<dyn Discovery>,
+    metrics: &Arc<CoordinatorMetrics>,
+) -> Result<(Arc<ReplicaSet>, Arc<Supervision>, usize, usize)> {
+    let per_replica = placement.workers();
+    let records = discovery.workers().await.context("looking up the workers")?;
+    if records.is_empty() || records.len() % per_replica != 0 {
+        bail!(
+            "{} workers do not form whole replicas of tp {} x pp {} = {per_replica}",
+            records.len(),
+            args.tp,
+            args.pp
+        );
+    }
+    let spec = FormSpec {
+        load: LoadSpec {
+            model_path: args.model.display().to_string(),
+            block_size: args.block_size,
+            kv_memory_bytes: args.kv_memory_mib << 20,
+            // Keeps this coordinator's collectives apart; replica and formation numbers are
+            // added in the low 16 bits.
+            group: (std::process::id() as u64) << 16,
+        },
+        sched: SchedulerConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
+            max_waiting: args.max_waiting,
+            ..SchedulerConfig::new(args.block_size as usize, 1, 1)
+        },
+        max_model_len: args.max_model_len,
+        step_timeout: Duration::from_secs(args.step_timeout_s.max(1)),
+        placement,
+    };
+    let routing = RoutingConfig { affinity_margin: args.affinity_margin, ..RoutingConfig::default() };
+    let set = Arc::new(ReplicaSet::new(routing));
+    let (mut handles, mut members) = (Vec::new(), Vec::new());
+    let (mut served_len, mut vocab) = (usize::MAX, usize::MAX);
+    for (r, chunk) in records.chunks(per_replica).enumerate() {
+        let addrs: Vec<String> = chunk.iter().map(|w| w.addr.clone()).collect();
+        let addr = addrs.join(",");
+        let formed = form(&addrs, &spec, spec.load.group | r as u64, Duration::from_secs(args.connect_timeout_s))
+            .await
+            .with_context(|| format!("setting up replica {r} on {addr}"))?;
+        let info = &formed.info;
+        let max_len = formed.sched.config().max_model_len;
+        served_len = served_len.min(max_len);
+        vocab = vocab.min(info.vocab_size as usize);
+        eprintln!(
+            "tessera coordinator: worker {addr} ready ({} KV blocks of {}, {} positions max)",
+            info.num_blocks, info.block_size, max_len
+        );
+        let (engine, handle) = Engine::new(formed.sched, formed.link);
+        tokio::spawn(engine.in_set(set.clone(), r).with_metrics(metrics.replica(r)).run());
+        handles.push(handle);
+        members.push(addrs);
+    }
+    set.install(handles);
+    let supervision = Arc::new(Supervision {
+        set: set.clone(),
+        discovery,
+        spec,
+        members: Mutex::new(members),
+        period: Duration::from_secs(1),
+        ready_timeout: Duration::from_secs(3),
+        form_timeout: Duration::from_secs(args.connect_timeout_s.max(10)),
+    });
+    Ok((set, supervision, served_len, vocab))
+}
+
+/// Completes when the process is asked to stop and the streams in flight have ended (or
+/// `timeout` passed): on the signal, `drain` starts (new calls refused, Status and the
+/// admin `/ready` not ready).
+async fn drained(drain: Drain, readiness: Readiness, timeout: Duration) {
+    tessera_gateway::serve::shutdown_signal().await;
+    readiness.set(false);
+    eprintln!("tessera coordinator: draining {} stream(s) (at most {} s)", drain.in_flight(), timeout.as_secs());
+    drain.start();
+    if tokio::time::timeout(timeout, drain.idle()).await.is_err() {
+        eprintln!("tessera coordinator: drain timeout; {} stream(s) cut", drain.in_flight());
+    }
 }

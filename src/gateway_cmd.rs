@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -36,9 +37,20 @@ pub struct GatewayArgs {
     /// Longest context served (default: the model's).
     #[arg(long, env = "TESSERA_MAX_MODEL_LEN")]
     pub max_model_len: Option<u32>,
+    /// On SIGTERM: seconds the requests in flight may take to finish (new ones get 503
+    /// with Retry-After meanwhile) before the gateway exits anyway.
+    #[arg(long, env = "TESSERA_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    pub drain_timeout_s: u64,
+    /// etcd mode (see etcd_cmd.rs): follow the coordinator leader instead of `--coordinator`.
+    #[command(flatten)]
+    pub etcd: crate::etcd_cmd::EtcdFlags,
+    /// Traces and logs.
+    #[command(flatten)]
+    pub trace_log: crate::trace_logs::TraceLogFlags,
 }
 
 pub fn run(args: GatewayArgs) -> Result<()> {
+    let _trace = args.trace_log.init("tessera-gateway")?;
     let path = crate::default_model::resolve(args.model.as_deref())?;
     let bundle = ModelBundle::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let config = bundle.files.config()?;
@@ -55,12 +67,25 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     gw.max_body_bytes = args.max_body_bytes;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        let engine = GrpcEngine::new(&args.coordinator).map_err(|e| anyhow::anyhow!("{e}"))?;
+        // etcd mode: a client of whichever coordinator leads; `_leader` keeps it following.
+        let (engine, _leader): (Arc<dyn tessera_gateway::Engine>, _) = if args.etcd.enabled() {
+            let (engine, watch) = crate::etcd_cmd::leader_engine(&args.etcd).await?;
+            (Arc::new(engine), Some(watch))
+        } else {
+            (Arc::new(GrpcEngine::new(&args.coordinator).map_err(|e| anyhow::anyhow!("{e}"))?), None)
+        };
         let listener =
             tokio::net::TcpListener::bind(gw.listen).await.with_context(|| format!("binding {}", gw.listen))?;
         println!("tessera gateway listening on {}", listener.local_addr()?);
-        let state = tessera_gateway::app::AppState::new(gw, Arc::new(engine), Arc::new(codec))?;
-        tessera_gateway::serve::serve_on(listener, state, tessera_gateway::serve::shutdown_signal()).await?;
+        let state = tessera_gateway::app::AppState::new(gw, engine, Arc::new(codec))?;
+        // SIGTERM: /ready 503 and new requests 503 at once; the server stops when the
+        // requests in flight have ended (or the drain timeout passed).
+        let shutdown = tessera_gateway::drain::on_signal(
+            state.drain(),
+            tessera_gateway::serve::shutdown_signal(),
+            Duration::from_secs(args.drain_timeout_s),
+        );
+        tessera_gateway::serve::serve_on(listener, state, shutdown).await?;
         Ok(())
     })
 }

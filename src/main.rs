@@ -1,14 +1,18 @@
 //! The `tessera` command: a thin CLI over the crates. Each subcommand's flags are also
 //! environment variables.
 
+mod admin;
 mod bench;
 mod bench_gpu;
 mod coordinator_cmd;
 mod default_model;
+mod drain;
+mod etcd_cmd;
 mod gateway_cmd;
 mod generate;
 mod serve_cmd;
 mod threads;
+mod trace_logs;
 mod worker_cmd;
 
 use clap::{Parser, Subcommand};

@@ -1,11 +1,14 @@
 //! `tessera serve`: a whole local cluster in one command. Starts N worker processes, a
 //! coordinator and a gateway on loopback (separate processes, joined by gRPC, exactly as
-//! a deployment runs them), waits for each to report its address, and supervises them:
-//! when one exits or the supervisor is asked to stop, all are stopped.
+//! a deployment runs them), waits for each to report its address, and supervises them: a
+//! worker that exits is started again on the same address (the coordinator re-forms its
+//! replica); when another child exits or on SIGTERM, the cluster stops front to back
+//! (gateway, which drains its streams, then coordinator, then workers), leaving no
+//! process behind.
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -45,15 +48,31 @@ pub struct ServeArgs {
     /// Extra flags passed to the coordinator (e.g. "--max-waiting 8").
     #[arg(long, env = "TESSERA_COORDINATOR_ARGS", default_value = "", allow_hyphen_values = true)]
     pub coordinator_args: String,
+    /// On SIGTERM: seconds the gateway, then the coordinator, may take to finish the
+    /// requests in flight (new ones get 503) before they are stopped anyway.
+    #[arg(long, env = "TESSERA_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    pub drain_timeout_s: u64,
     /// Extra flags passed to the gateway (e.g. "--api-key k1").
     #[arg(long, env = "TESSERA_GATEWAY_ARGS", default_value = "", allow_hyphen_values = true)]
     pub gateway_args: String,
+    /// Traces and logs of every process (passed on through the environment).
+    #[command(flatten)]
+    pub trace_log: crate::trace_logs::TraceLogFlags,
 }
 
 /// Starts a child and waits for its "listening on ADDR" line; the rest of its output is
 /// passed through.
 async fn start(name: &str, mut cmd: Command, wait: Duration) -> Result<(Child, String)> {
     cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).stdin(Stdio::null()).kill_on_drop(true);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; it only asks the kernel to send the child SIGTERM
+    // when this process dies (so even a SIGKILL-ed `serve` leaves no orphans).
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn().with_context(|| format!("starting the {name}"))?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow!("{name}: no stdout"))?;
     let mut lines = BufReader::new(stdout).lines();
@@ -86,28 +105,33 @@ pub fn run(args: ServeArgs) -> Result<()> {
         bail!("--workers, --tp and --pp must be at least 1");
     }
     let processes = args.workers * args.tp * args.pp;
+    // Before any thread starts: the children (restarted workers too) inherit it.
+    args.trace_log.export_to_children();
     let model = crate::default_model::resolve(args.model.as_deref())?;
     let exe = std::env::current_exe().context("finding the tessera executable")?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = args.threads.unwrap_or((cores / processes).max(1));
+    let drain = args.drain_timeout_s.to_string();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        let mut children: Vec<(String, Child)> = Vec::new();
+        // Registered first, so a SIGTERM during start-up is not lost.
+        let mut signal = std::pin::pin!(tessera_gateway::serve::shutdown_signal());
+        let mut children: Vec<Proc> = Vec::new();
         let mut worker_addrs = Vec::new();
         for i in 0..processes {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["worker", "--listen", "127.0.0.1:0", "--threads", &threads.to_string()]);
-            if let DeviceChoice::Cuda(first) = args.device {
-                cmd.args(["--device", &format!("cuda:{}", first + i)]);
-            }
-            let (child, addr) = start(&format!("worker {i}"), cmd, Duration::from_secs(30)).await?;
-            children.push((format!("worker {i}"), child));
+            let spec = WorkerSpec { exe: exe.clone(), threads, device: args.device, index: i, drain: drain.clone() };
+            let (child, addr) =
+                start(&format!("worker {i}"), spec.command("127.0.0.1:0"), Duration::from_secs(30)).await?;
+            children.push(Proc::new(format!("worker {i}"), child, Some((spec, addr.clone()))));
             worker_addrs.push(addr);
         }
         let mut cmd = Command::new(&exe);
         cmd.args(["coordinator", "--listen", "127.0.0.1:0", "--workers", &worker_addrs.join(",")])
+            // Admin endpoints (/metrics) on free ports; each prints `tessera <role> admin on ADDR`.
+            .args(["--admin-listen", "127.0.0.1:0"])
             .arg("--model")
-            .arg(&model);
+            .arg(&model)
+            .args(["--drain-timeout-s", &drain]);
         if matches!(args.device, DeviceChoice::Cuda(_)) {
             // GPU sizes first; flags given in --coordinator-args come later and win.
             cmd.args(["--kv-memory-mib", "0", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192"]);
@@ -115,14 +139,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         cmd.args(["--tp", &args.tp.to_string(), "--pp", &args.pp.to_string()]);
         cmd.args(split_args(&args.coordinator_args));
         let (child, coord_addr) = start("coordinator", cmd, Duration::from_secs(300)).await?;
-        children.push(("coordinator".into(), child));
+        children.push(Proc::new("coordinator".into(), child, None));
         let mut cmd = Command::new(&exe);
         cmd.args(["gateway", "--listen", &format!("{}:{}", args.host, args.port), "--coordinator", &coord_addr])
             .arg("--model")
             .arg(&model)
+            .args(["--drain-timeout-s", &drain])
             .args(split_args(&args.gateway_args));
         let (child, http) = start("gateway", cmd, Duration::from_secs(120)).await?;
-        children.push(("gateway".into(), child));
+        children.push(Proc::new("gateway".into(), child, None));
         println!(
             "tessera: serving {} on http://{http} ({} replica(s) of tp {} x pp {})",
             model.display(),
@@ -131,36 +156,126 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.pp
         );
 
-        // Supervise: stop everything on a signal or when any child exits.
-        let exited = async {
-            let waits = children.iter_mut().map(|(name, c)| {
-                let name = name.clone();
-                Box::pin(async move { (name, c.wait().await) })
-            });
-            futures::future::select_all(waits).await.0
-        };
-        let result = tokio::select! {
-            _ = tessera_gateway::serve::shutdown_signal() => Ok(()),
-            (name, status) = exited => Err(anyhow!("the {name} exited ({status:?}); stopping the cluster")),
-        };
-        stop_all(&mut children).await;
+        let result = supervise(&mut children, signal.as_mut()).await;
+        stop_all(&mut children, Duration::from_secs(args.drain_timeout_s)).await;
         result
     })
 }
 
-/// SIGTERM to every child (so each drains), then SIGKILL after a grace period.
-async fn stop_all(children: &mut [(String, Child)]) {
-    for (_, c) in children.iter_mut().rev() {
-        if let Some(pid) = c.id() {
-            // SAFETY: plain libc call on a pid we spawned and still own.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGTERM);
+/// A child process of the cluster; workers carry what restarting them needs.
+struct Proc {
+    name: String,
+    child: Child,
+    /// For a worker: how to start it again and the address it serves on.
+    worker: Option<(WorkerSpec, String)>,
+    /// When it was (re)started, and how many times in a row it died soon after.
+    started: Instant,
+    quick_exits: u32,
+}
+
+impl Proc {
+    fn new(name: String, child: Child, worker: Option<(WorkerSpec, String)>) -> Self {
+        Proc { name, child, worker, started: Instant::now(), quick_exits: 0 }
+    }
+}
+
+/// How to start worker `index`.
+struct WorkerSpec {
+    exe: PathBuf,
+    threads: usize,
+    device: DeviceChoice,
+    index: usize,
+    drain: String,
+}
+
+impl WorkerSpec {
+    fn command(&self, listen: &str) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["worker", "--listen", listen, "--threads", &self.threads.to_string()]);
+        cmd.args(["--drain-timeout-s", &self.drain]);
+        cmd.args(["--admin-listen", "127.0.0.1:0"]);
+        if let DeviceChoice::Cuda(first) = self.device {
+            cmd.args(["--device", &format!("cuda:{}", first + self.index)]);
+        }
+        cmd
+    }
+}
+
+/// Until a signal: a worker that exits is started again on its address (the coordinator
+/// re-forms its replica once it answers); any other child exiting stops the cluster.
+async fn supervise(
+    children: &mut [Proc],
+    mut signal: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<()> {
+    loop {
+        let exited = {
+            let waits =
+                children.iter_mut().enumerate().map(|(i, p)| Box::pin(async move { (i, p.child.wait().await) }));
+            // A signal wins over a child's exit (the workers may be stopping because of it).
+            tokio::select! {
+                biased;
+                _ = signal.as_mut() => None,
+                ((i, status), _, _) = futures::future::select_all(waits) => Some((i, status)),
+            }
+        };
+        let Some((i, status)) = exited else { return Ok(()) };
+        let p = &mut children[i];
+        let Some((spec, addr)) = &p.worker else {
+            return Err(anyhow!("the {} exited ({status:?}); stopping the cluster", p.name));
+        };
+        eprintln!("tessera: {} exited ({status:?}); starting it again on {addr}", p.name);
+        // A worker that keeps dying soon after its start is restarted ever more slowly.
+        p.quick_exits = if p.started.elapsed() < Duration::from_secs(10) { p.quick_exits + 1 } else { 0 };
+        let mut backoff = Duration::from_millis(200);
+        if p.quick_exits > 1 {
+            let delay = (backoff * 2u32.saturating_pow(p.quick_exits.min(6))).min(Duration::from_secs(10));
+            tokio::select! {
+                _ = signal.as_mut() => return Ok(()),
+                _ = tokio::time::sleep(delay) => {}
             }
         }
+        let child = loop {
+            let attempt = start(&p.name, spec.command(addr), Duration::from_secs(30));
+            tokio::select! {
+                biased;
+                _ = signal.as_mut() => return Ok(()),
+                r = attempt => match r {
+                    Ok((child, _)) => break child,
+                    Err(e) => eprintln!("tessera: restarting the {}: {e:#}; retrying in {backoff:?}", p.name),
+                },
+            }
+            tokio::select! {
+                _ = signal.as_mut() => return Ok(()),
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        };
+        p.child = child;
+        p.started = Instant::now();
     }
-    for (_, c) in children.iter_mut() {
-        if tokio::time::timeout(Duration::from_secs(10), c.wait()).await.is_err() {
-            let _ = c.kill().await;
+}
+
+/// Stops the cluster front to back, so each role drains before what it depends on goes:
+/// the gateway (its streams finish, up to `drain`), then the coordinator, then the
+/// workers. Each gets SIGTERM, then SIGKILL if it outlives its grace period.
+async fn stop_all(children: &mut [Proc], drain: Duration) {
+    let grace = drain + Duration::from_secs(5);
+    for stage in ["gateway", "coordinator", "worker"] {
+        let members = children.iter_mut().filter(|p| p.name.starts_with(stage));
+        let members: Vec<&mut Proc> = members.collect();
+        for p in &members {
+            if let Some(pid) = p.child.id() {
+                // SAFETY: plain libc call on a pid we spawned and still own (not yet reaped).
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGTERM);
+                }
+            }
+        }
+        for p in members {
+            if tokio::time::timeout(grace, p.child.wait()).await.is_err() {
+                eprintln!("tessera: the {} did not stop within {grace:?}; killing it", p.name);
+                let _ = p.child.kill().await;
+            }
         }
     }
 }

@@ -2,10 +2,13 @@
 //! The coordinator connects, sends Load, then drives the Step stream.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use tessera_proto::worker::worker_server::WorkerServer;
+use tessera_telemetry::Readiness;
 use tessera_worker::service::{DeviceChoice, WorkerService};
 
 /// Run one worker process.
@@ -20,26 +23,56 @@ pub struct WorkerArgs {
     /// Where the model runs: `cpu`, `cuda` (GPU 0) or `cuda:N`.
     #[arg(long, env = "TESSERA_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
+    /// On SIGTERM: seconds to keep serving the coordinator's open streams (until it hangs
+    /// up) before exiting anyway.
+    #[arg(long, env = "TESSERA_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    pub drain_timeout_s: u64,
+    /// Address of the admin HTTP endpoint (`/health`, `/ready`, `/metrics`); off when absent.
+    #[arg(long, env = "TESSERA_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// etcd mode (see etcd_cmd.rs): register this worker under a lease.
+    #[command(flatten)]
+    pub etcd: crate::etcd_cmd::EtcdFlags,
+    /// Traces and logs.
+    #[command(flatten)]
+    pub trace_log: crate::trace_logs::TraceLogFlags,
 }
 
 pub fn run(args: WorkerArgs) -> Result<()> {
+    let _trace = args.trace_log.init("tessera-worker")?;
     crate::threads::init(args.threads)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
+        let service = WorkerService::on(args.device).with_collective_host(args.listen.ip());
+        let readiness = Readiness::new(false);
+        if let Some(addr) = args.admin_listen {
+            let m = service.metrics();
+            crate::admin::spawn("worker", addr, readiness.clone(), Arc::new(move || m.render())).await?;
+        }
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         // The bound address on one line, so a parent that asked for port 0 can read it.
         println!("tessera worker listening on {}", listener.local_addr()?);
-        tonic::transport::Server::builder()
-            .add_service(
-                WorkerServer::new(WorkerService::on(args.device).with_collective_host(args.listen.ip()))
-                    .max_decoding_message_size(64 << 20),
-            )
+        readiness.set(true);
+        let registration = crate::etcd_cmd::register_worker(&args.etcd, listener.local_addr()?, args.device).await?;
+        // SIGTERM: not ready, no new connections, Load refused; the coordinator's open
+        // Step streams are served until it hangs up or the drain timeout passes.
+        let server = tonic::transport::Server::builder()
+            .layer(crate::drain::RefuseWhenNotReady::new(readiness.clone(), &["/tessera.worker.v1.Worker/Load"]))
+            .add_service(WorkerServer::new(service).max_decoding_message_size(64 << 20))
+            // No Nagle delay on step replies: each is small and awaited.
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                tessera_gateway::serve::shutdown_signal(),
-            )
-            .await?;
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                {
+                    let readiness = readiness.clone();
+                    async move {
+                        tessera_gateway::serve::shutdown_signal().await;
+                        readiness.set(false);
+                    }
+                },
+            );
+        crate::drain::serve_bounded("worker", server, Duration::from_secs(args.drain_timeout_s)).await?;
+        crate::etcd_cmd::deregister_worker(registration).await;
         Ok(())
     })
 }

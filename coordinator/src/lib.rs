@@ -10,14 +10,21 @@
 pub mod batch;
 pub mod block_manager;
 pub mod config;
+pub mod drain;
 pub mod engine;
 pub mod error;
+pub mod metrics;
+pub mod migration;
 pub mod placement;
 pub mod prefix_hash;
 pub mod replica_link;
+pub mod replica_set;
+pub mod routing;
 pub mod scheduler;
+pub mod seq_trace;
 pub mod sequence;
 pub mod service;
+pub mod supervisor;
 pub mod validate;
 pub mod worker_link;
 

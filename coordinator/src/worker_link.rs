@@ -24,6 +24,10 @@ pub enum LinkError {
     StepTimeout { addr: String, step: u64, after: std::time::Duration },
     #[error("worker {addr}: reply for step {got}, expected {want}")]
     OutOfOrder { addr: String, got: u64, want: u64 },
+    /// The supervisor took the replica's workers away (e.g. a worker's registration
+    /// lease expired: it is hung or cut off even if its stream is still open).
+    #[error("replica of {addr}: {reason}")]
+    Evicted { addr: String, reason: String },
 }
 
 /// A worker with an open Step stream.

@@ -13,10 +13,12 @@ use tower_http::trace::TraceLayer;
 use crate::auth::require_api_key;
 use crate::codec::Codec;
 use crate::config::{ConfigError, GatewayConfig};
+use crate::drain::{self, Drain};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::handlers;
 use crate::ids::unix_now;
+use crate::metrics::{self, GatewayMetrics};
 
 /// Shared by every request; cheap to clone.
 #[derive(Clone)]
@@ -33,6 +35,10 @@ struct Shared {
     eos_token_ids: Vec<u32>,
     /// Start time, for `/v1/models`' `created`.
     created: u64,
+    /// Request counts and latencies (`GET /metrics`).
+    metrics: Arc<GatewayMetrics>,
+    /// Graceful drain on SIGTERM (drain.rs).
+    drain: Drain,
 }
 
 impl AppState {
@@ -42,7 +48,9 @@ impl AppState {
         let mut eos_token_ids = codec.eos_token_ids();
         eos_token_ids.sort_unstable();
         eos_token_ids.dedup();
-        let shared = Shared { config, engine, codec, model_name, eos_token_ids, created: unix_now() };
+        let metrics = Arc::new(GatewayMetrics::new());
+        let drain = Drain::new();
+        let shared = Shared { config, engine, codec, model_name, eos_token_ids, created: unix_now(), metrics, drain };
         Ok(AppState { inner: Arc::new(shared) })
     }
 
@@ -71,6 +79,15 @@ impl AppState {
         self.inner.created
     }
 
+    pub fn metrics(&self) -> &Arc<GatewayMetrics> {
+        &self.inner.metrics
+    }
+
+    /// The drain state: started on SIGTERM (see `drain::on_signal`).
+    pub fn drain(&self) -> &Drain {
+        &self.inner.drain
+    }
+
     /// 404 unless `model` is absent or names the served model.
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
@@ -81,9 +98,13 @@ impl AppState {
 }
 
 pub fn app(state: AppState) -> Router {
-    let protected = Router::new()
+    // Generation requests are counted by outcome (metrics.rs), after authentication.
+    let generation = Router::new()
         .route("/v1/chat/completions", post(handlers::chat::chat_completions))
         .route("/v1/completions", post(handlers::completions::completions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), metrics::track_requests));
+    let protected = Router::new()
+        .merge(generation)
         .route("/v1/models", get(handlers::meta::models))
         .route("/tokenize", post(handlers::tokenize::tokenize))
         .route("/detokenize", post(handlers::tokenize::detokenize))
@@ -97,6 +118,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config().max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), drain::track))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

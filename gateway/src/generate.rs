@@ -9,6 +9,7 @@ use crate::app::AppState;
 use crate::choice::{ApiFinish, ChoiceAssembler, ChoiceError, Piece, TokenLogprob};
 use crate::engine::{EventStream, GenerateRequest};
 use crate::error::ApiError;
+use crate::metrics::{ChoiceClock, RequestTracker};
 use crate::openai::common::{PromptTokensDetails, Usage};
 use crate::validate::CommonParams;
 
@@ -65,22 +66,31 @@ pub async fn admit(state: &AppState, requests: Vec<GenerateRequest>) -> Result<V
     Ok(streams)
 }
 
-/// The items of one choice, ending after its `Finished` or `Failed`.
-pub fn choice_stream(index: u32, rx: EventStream, assembler: ChoiceAssembler) -> impl Stream<Item = ChoiceItem> + Send {
+/// The items of one choice, ending after its `Finished` or `Failed`; `clock` sees its events
+/// (token timings, outcome) for the request's metrics.
+pub fn choice_stream(
+    index: u32,
+    rx: EventStream,
+    assembler: ChoiceAssembler,
+    clock: ChoiceClock,
+) -> impl Stream<Item = ChoiceItem> + Send {
     struct State {
         rx: Option<EventStream>,
         assembler: ChoiceAssembler,
+        clock: ChoiceClock,
     }
-    let state = State { rx: Some(rx), assembler };
+    let state = State { rx: Some(rx), assembler, clock };
     stream::unfold(state, move |mut st| async move {
         let rx = st.rx.as_mut()?;
         let event = rx.recv().await;
+        st.clock.on_event(&event);
         let items: Vec<ChoiceItem> = match st.assembler.on_event(event) {
             Ok(pieces) => {
                 pieces.into_iter().map(|piece| ChoiceItem { index, event: to_event(piece, &st.assembler) }).collect()
             }
             Err(e) => vec![ChoiceItem { index, event: ChoiceEvent::Failed(e) }],
         };
+        items.iter().for_each(|item| st.clock.on_item(item));
         if st.assembler.is_done() {
             // Release the sequence now rather than when the consumer drops this stream.
             st.rx = None;
@@ -200,10 +210,12 @@ pub async fn start(
     let requests = plan(response_id, prompts, params);
     let assemblers: Vec<ChoiceAssembler> = requests.iter().map(|r| assembler(state, r, &params.stop_strings)).collect();
     let receivers = admit(state, requests).await?;
+    let tracker = RequestTracker::current();
+    tracker.admitted(prompts, params.n);
     Ok(receivers
         .into_iter()
         .zip(assemblers)
         .enumerate()
-        .map(|(i, (rx, asm))| choice_stream(i as u32, rx, asm))
+        .map(|(i, (rx, asm))| choice_stream(i as u32, rx, asm, tracker.choice()))
         .collect())
 }

@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use tessera_proto::coordinator as cpb;
 use tessera_proto::coordinator::coordinator_client::CoordinatorClient;
 use tessera_proto::worker as wpb;
+use tessera_telemetry::trace as otel;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
@@ -131,7 +132,11 @@ impl Engine for GrpcEngine {
         let mut client = self.client.clone();
         Box::pin(async move {
             let logprobs = req.params.logprobs.is_some();
-            let mut stream = client.generate(to_proto(&req)).await.map_err(map_status)?.into_inner();
+            let mut call = tonic::Request::new(to_proto(&req));
+            // The W3C trace context of the caller's span (the request's `stream` phase), when
+            // it is traced: the coordinator's spans become its children.
+            otel::inject(&otel::Context::current(), call.metadata_mut());
+            let mut stream = client.generate(call).await.map_err(map_status)?.into_inner();
             let (tx, rx) = mpsc::channel(64);
             tokio::spawn(async move {
                 loop {

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::app::{app, AppState};
@@ -44,6 +45,13 @@ pub async fn serve_on(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, model = state.model_name(), "gateway listening");
     }
+    // Streamed tokens are small writes: with Nagle's algorithm on, each waits for the
+    // previous one's acknowledgement and they reach the client in bursts.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }

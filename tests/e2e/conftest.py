@@ -47,6 +47,12 @@ def small_queue_cluster(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def metrics_cluster(request, tmp_path_factory):
+    """One running and one waiting sequence at most, so a workload's outcomes are known."""
+    yield from _cluster(request, tmp_path_factory, "metrics", coordinator_args="--max-waiting 1 --max-num-seqs 1")
+
+
+@pytest.fixture(scope="module")
 def tp3_pp2_cluster(request, tmp_path_factory):
     """One replica sharded over 6 worker processes: tensor parallel 3 x pipeline 2."""
     yield from _cluster(request, tmp_path_factory, "tp3_pp2", serve_args=("--tp", "3", "--pp", "2"))

@@ -220,3 +220,88 @@ def worker_pids(cluster: "Cluster") -> list[int]:
     """The `tessera worker` processes of a cluster's process group."""
     out = subprocess.run(["pgrep", "-g", str(cluster.pgid), "-f", "tessera worker"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
+
+
+class Stream:
+    """One streamed completion read on its own thread: its text so far, how it ended
+    (`"done"`: [DONE] after a finish_reason; `"error"`: an error event; `"http <code>"`;
+    `"broken: ..."`: the connection failed) and when (time.monotonic())."""
+
+    def __init__(self, cluster: "Cluster", body: dict, timeout: float = 120):
+        import threading
+        self.text, self.tokens_seen, self.finish_reason, self.error = "", 0, None, None
+        self.ended, self.ended_at = None, None
+        self._thread = threading.Thread(target=self._run, args=(cluster, {**body, "stream": True}, timeout),
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, cluster, body, timeout):
+        try:
+            with requests.post(cluster.url("/v1/completions"), json=body, headers=cluster.headers(), stream=True,
+                               timeout=timeout) as r:
+                if r.status_code != 200:
+                    self.ended = f"http {r.status_code}"
+                    return
+                done = False
+                for event in sse_events(r):
+                    if "error" in event:
+                        self.error = event["error"]
+                        self.ended = "error"
+                        return
+                    for choice in event.get("choices", []):
+                        self.text += choice.get("text") or ""
+                        self.tokens_seen += 1
+                        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                else:
+                    done = True
+                self.ended = "done" if done and self.finish_reason else "broken: no [DONE] after a finish_reason"
+        except requests.RequestException as e:
+            self.ended = f"broken: {e}"
+        finally:
+            self.ended_at = time.monotonic()
+
+    def join(self, timeout: float) -> bool:
+        """Waits for the end; False if the stream is still open after `timeout` s."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+def wait_until(predicate, timeout: float, what: str, period: float = 0.05):
+    """Polls `predicate` until it is truthy; fails the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def admin_addresses(cluster: "Cluster") -> dict[str, list[str]]:
+    """The admin endpoints (`/health`, `/ready`, `/metrics`) the cluster's coordinator and
+    workers announced on stdout (`tessera <role> admin on ADDR`), by role, in the order they
+    were printed (a restarted process appears again, later)."""
+    import re
+    cluster.log.flush()
+    found: dict[str, list[str]] = {}
+    for m in re.finditer(r"tessera (\w+) admin on (\S+)", cluster.log_path.read_text(errors="replace")):
+        found.setdefault(m.group(1), []).append(m.group(2))
+    return found
+
+
+def scrape(url: str) -> str:
+    """The Prometheus text of one `/metrics` endpoint (a full URL)."""
+    r = requests.get(url, timeout=10)
+    r.raise_for_status()
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4"), r.headers
+    return r.text
+
+
+def metric_families(text: str) -> dict[str, str]:
+    """The metric names a Prometheus text declares (`# TYPE name kind`), with their kinds."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            out[name] = kind
+    return out

@@ -73,15 +73,13 @@ def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
     assert elapsed < 35, f"the stream took {elapsed:.1f} s to end after the rank died"
     assert "error" in json.loads(events[-1]), f"the stream ended without an error event: {events[-3:]}"
     # Nothing hangs afterwards: the coordinator marks the replica unhealthy and refuses new
-    # work, and `tessera serve` stops a cluster whose child died; a new request gets an
-    # error status or a refused connection, fast.
+    # work until `tessera serve` has started the worker again and the coordinator has
+    # re-formed the replica (test_chaos.py checks that); a new request gets an error status
+    # or, once re-formed, an answer, fast.
     t1 = time.monotonic()
-    try:
-        r = requests.post(c.url("/v1/completions"), json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 4},
-                          timeout=60)
-        assert r.status_code >= 400, (r.status_code, r.text[:200])
-    except requests.ConnectionError:
-        pass
+    r = requests.post(c.url("/v1/completions"), json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 4},
+                      timeout=60)
+    assert r.status_code in (200, 503), (r.status_code, r.text[:200])
     assert time.monotonic() - t1 < 10
 
 

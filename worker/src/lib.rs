@@ -9,11 +9,13 @@ pub mod error;
 pub mod executor;
 pub mod kv_cache;
 pub mod llama;
+pub mod metrics;
 pub mod parallel;
 pub mod sampling;
 pub mod service;
 pub mod session;
 pub mod shard;
+pub mod step_trace;
 pub mod weights;
 
 pub use error::WorkerError;

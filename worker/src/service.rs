@@ -26,8 +26,10 @@ use crate::collective::{Collective, TcpCollective};
 use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions, TpPart};
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
 use crate::llama::LlamaModel;
+use crate::metrics::WorkerMetrics;
 use crate::parallel::{Comms, Shard};
 use crate::sampling::SamplingParams;
+use crate::step_trace::StepTracer;
 
 /// KV memory a CPU worker allocates when the load request leaves it to the worker.
 const DEFAULT_KV_BYTES: u64 = 1 << 30;
@@ -67,6 +69,8 @@ pub struct WorkerService {
     /// GPU workers: the NCCL id this worker offers as a tensor-parallel rank 0, made when
     /// first reported (Info) and replaced once a Load has used it.
     nccl_id: Arc<Mutex<Option<NcclId>>>,
+    /// Step and collective timings (`GET /metrics` of the worker's admin endpoint).
+    metrics: Arc<WorkerMetrics>,
 }
 
 /// Prefix of a GPU worker's `tp_collective_addr`: `nccl:` and the id's 256 hex digits.
@@ -112,7 +116,18 @@ impl WorkerService {
 
     /// A service that loads models onto `device`.
     pub fn on(device: DeviceChoice) -> Self {
-        WorkerService { state: Arc::default(), device, collective: Arc::default(), nccl_id: Arc::default() }
+        WorkerService {
+            state: Arc::default(),
+            device,
+            collective: Arc::default(),
+            nccl_id: Arc::default(),
+            metrics: Arc::default(),
+        }
+    }
+
+    /// This worker's metrics.
+    pub fn metrics(&self) -> Arc<WorkerMetrics> {
+        self.metrics.clone()
     }
 
     /// Binds the collective listeners on `host` (the worker's own address) instead of
@@ -169,6 +184,7 @@ fn load(
     device: DeviceChoice,
     listeners: &Mutex<Listeners>,
     nccl_id: &Mutex<Option<NcclId>>,
+    metrics: &WorkerMetrics,
 ) -> Result<Loaded, Status> {
     let path = PathBuf::from(&req.model_path);
     let files =
@@ -189,7 +205,7 @@ fn load(
             let per = model.kv_bytes_per_block(block_size) as u64;
             let num_blocks = blocks_for(req, per, DEFAULT_KV_BYTES)?.unwrap_or(0);
             let comms = match sharded {
-                Some(s) => connect_comms(s, listeners)?,
+                Some(s) => connect_comms(s, listeners, metrics)?,
                 None => Comms::default(),
             };
             Backend::cpu_sharded(model, num_blocks, block_size, comms)
@@ -260,7 +276,7 @@ fn group_id(s: &pb::Shard, own: &Mutex<Option<NcclId>>) -> Result<NcclId, Status
 
 /// Joins this shard's tensor-parallel group and pipeline (blocking until every peer has
 /// connected, at most CONNECT_TIMEOUT).
-fn connect_comms(s: &pb::Shard, listeners: &Mutex<Listeners>) -> Result<Comms, Status> {
+fn connect_comms(s: &pb::Shard, listeners: &Mutex<Listeners>, metrics: &WorkerMetrics) -> Result<Comms, Status> {
     let parse = |peers: &[String]| -> Result<Vec<SocketAddr>, Status> {
         peers
             .iter()
@@ -285,10 +301,12 @@ fn connect_comms(s: &pb::Shard, listeners: &Mutex<Listeners>) -> Result<Comms, S
     let base = s.group.wrapping_mul(1 << 16);
     let mut comms = Comms::default();
     if s.tp_size > 1 {
-        comms.tp = Some(join(tp_l, s.tp_rank, &s.tp_peers, base.wrapping_add(u64::from(s.pp_rank)))?);
+        let tp = join(tp_l, s.tp_rank, &s.tp_peers, base.wrapping_add(u64::from(s.pp_rank)))?;
+        comms.tp = Some(metrics.timed_tp(tp));
     }
     if s.pp_size > 1 {
-        comms.pp = Some(join(pp_l, s.pp_rank, &s.pp_peers, base.wrapping_add(0x8000 + u64::from(s.tp_rank)))?);
+        let pp = join(pp_l, s.pp_rank, &s.pp_peers, base.wrapping_add(0x8000 + u64::from(s.tp_rank)))?;
+        comms.pp = Some(metrics.timed_pp(pp));
     }
     Ok(comms)
 }
@@ -379,7 +397,8 @@ impl pb::worker_server::Worker for WorkerService {
         let req = req.into_inner();
         let t0 = Instant::now();
         let (device, listeners, nccl_id) = (self.device, self.collective.clone(), self.nccl_id.clone());
-        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_id))
+        let metrics = self.metrics.clone();
+        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_id, &metrics))
             .await
             .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
@@ -395,19 +414,25 @@ impl pb::worker_server::Worker for WorkerService {
         let mut incoming = req.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let state = self.state.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
+            let mut tracer = StepTracer::default();
             while let Some(msg) = incoming.next().await {
                 let msg = match msg {
                     Ok(m) => m,
                     Err(_) => break, // the coordinator went away
                 };
                 let step_id = msg.step_id;
+                let traced = tracer.begin(&msg);
+                // Its collective time, for the traced sequences' spans.
+                let clock = traced.as_ref().map(|_| metrics.clone());
                 let state = state.clone();
+                let metrics = metrics.clone();
                 let result = tokio::task::spawn_blocking(move || {
                     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
                     match guard.as_mut() {
                         None => Err("no model is loaded".to_string()),
-                        Some(l) => l.exec.step(step_input(msg)).map_err(|e| e.to_string()),
+                        Some(l) => metrics.timed_step(step_input(msg), |i| l.exec.step(i)).map_err(|e| e.to_string()),
                     }
                 })
                 .await;
@@ -416,6 +441,9 @@ impl pb::worker_server::Worker for WorkerService {
                     Ok(Err(e)) => pb::StepReply { step_id, error: e, ..Default::default() },
                     Err(e) => pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
                 };
+                if let Some(t) = traced {
+                    t.end(&reply, clock.map(|m| m.last_collective()));
+                }
                 if tx.send(Ok(reply)).await.is_err() {
                     break;
                 }

@@ -3,8 +3,10 @@
 //! choice, content deltas, a finish chunk per choice, the usage chunk when asked, `[DONE]`).
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tessera_telemetry::trace::FutureExt;
 
 use crate::app::AppState;
 use crate::body::{parse_json, RawBody};
@@ -17,10 +19,23 @@ use crate::openai::chat::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChunkChoice, Delta,
 };
 use crate::openai::common::{SamplingFields, Usage};
+use crate::request_trace::{Operation, RequestTrace};
 use crate::sse::{sse_response, ChunkRenderer};
 use crate::validate;
 
-pub async fn chat_completions(State(state): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    let trace = RequestTrace::start(Operation::Chat, state.model_name(), &headers);
+    let result = chat(state, body, &trace).with_context(trace.context()).await;
+    trace.handler_result(&result);
+    result
+}
+
+async fn chat(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) -> Result<Response, ApiError> {
+    let validate = trace.phase("validate");
     let fields: SamplingFields = parse_json(&body)?;
     let req: ChatCompletionRequest = parse_json(&body)?;
     let max_tokens = match req.max_completion_tokens {
@@ -30,7 +45,10 @@ pub async fn chat_completions(State(state): State<AppState>, RawBody(body): RawB
     let top_logprobs = validate::chat_logprobs(req.logprobs, req.top_logprobs)?;
     let params = validate::common(&state, &fields, max_tokens, top_logprobs)?;
     let messages = validate::chat_messages(&req.messages)?;
+    trace.request(&params);
+    drop(validate);
 
+    let tokenize = trace.phase("tokenize");
     let codec = state.codec();
     let text = codec
         .render_chat(&messages, req.add_generation_prompt.unwrap_or(true))
@@ -38,10 +56,13 @@ pub async fn chat_completions(State(state): State<AppState>, RawBody(body): RawB
     let ids = codec.encode_prompt(&text, true).map_err(|e| ApiError::from_codec(e, "messages"))?;
     let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "messages")?;
     let prompts = [PromptPlan { ids, max_tokens }];
+    drop(tokenize);
 
     let id = new_id("chatcmpl");
     let created = unix_now();
-    let choices = generate::start(&state, &id, &prompts, &params).await?;
+    let choices =
+        generate::start(&state, &id, &prompts, &params).with_context(trace.begin_stream(&id, &prompts)).await?;
+    let choices = trace.observe(choices);
     let mut tally = UsageTally::new(&prompts, params.n);
     if params.stream {
         let renderer = ChatChunks {

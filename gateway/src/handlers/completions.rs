@@ -3,9 +3,11 @@
 //! `text_completion` or a stream of them.
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::Value;
+use tessera_telemetry::trace::FutureExt;
 
 use crate::app::AppState;
 use crate::body::{parse_json, RawBody};
@@ -16,16 +18,32 @@ use crate::ids::{new_id, unix_now};
 use crate::logprobs;
 use crate::openai::common::{SamplingFields, Usage};
 use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
+use crate::request_trace::{Operation, RequestTrace};
 use crate::sse::{sse_response, ChunkRenderer};
 use crate::validate;
 
-pub async fn completions(State(state): State<AppState>, RawBody(body): RawBody) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    let trace = RequestTrace::start(Operation::TextCompletion, state.model_name(), &headers);
+    let result = complete(state, body, &trace).with_context(trace.context()).await;
+    trace.handler_result(&result);
+    result
+}
+
+async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) -> Result<Response, ApiError> {
+    let validate = trace.phase("validate");
     let fields: SamplingFields = parse_json(&body)?;
     let req: CompletionRequest = parse_json(&body)?;
     let top_logprobs = validate::completion_logprobs(req.logprobs)?;
     let params = validate::common(&state, &fields, ("max_tokens", fields.max_tokens), top_logprobs)?;
     unsupported(&req, params.n)?;
+    trace.request(&params);
+    drop(validate);
 
+    let tokenize = trace.phase("tokenize");
     let prompts = prompt_ids(&state, req.prompt.as_ref())?;
     let total = prompts.len() as u64 * u64::from(params.n);
     if total > u64::from(state.config().max_choices) {
@@ -45,10 +63,13 @@ pub async fn completions(State(state): State<AppState>, RawBody(body): RawBody) 
             Ok(PromptPlan { ids, max_tokens })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
+    drop(tokenize);
 
     let id = new_id("cmpl");
     let created = unix_now();
-    let choices = generate::start(&state, &id, &prompts, &params).await?;
+    let choices =
+        generate::start(&state, &id, &prompts, &params).with_context(trace.begin_stream(&id, &prompts)).await?;
+    let choices = trace.observe(choices);
     let mut tally = UsageTally::new(&prompts, params.n);
     let mut renderer = CompletionChunks {
         state: state.clone(),

@@ -33,8 +33,9 @@ pub async fn ready(State(state): State<AppState>) -> Result<Json<Value>, ApiErro
     }
 }
 
-/// `GET /metrics`: the engine's load in Prometheus text format (names after vLLM's,
-/// under the `tessera:` prefix). Empty of samples while the engine reports nothing.
+/// `GET /metrics` in Prometheus text format (names after vLLM's, under the `tessera:`
+/// prefix): the engine's load (summed over its replicas; absent while the engine reports
+/// nothing), then the gateway's own request counts and latencies (`metrics.rs`).
 pub async fn metrics(State(state): State<AppState>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
     let mut out = String::new();
     if let Some(s) = state.engine().stats() {
@@ -49,5 +50,6 @@ pub async fn metrics(State(state): State<AppState>) -> ([(axum::http::header::He
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
         }
     }
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+    out.push_str(&state.metrics().render());
+    ([(axum::http::header::CONTENT_TYPE, tessera_telemetry::admin::METRICS_CONTENT_TYPE)], out)
 }

@@ -1,0 +1,258 @@
+//! Forming replicas from the workers a [`Discovery`] lists, and re-forming a failed one.
+//!
+//! `form` sets a replica up on given addresses (Info, Load of every shard, step streams)
+//! and builds its scheduler from what the workers report. `supervise` runs per replica
+//! for the coordinator's lifetime: when the replica's engine reports it unhealthy, it
+//! looks the workers up again every `period`, picks the ones for this replica
+//! (`choose_workers`: its previous addresses first, never a worker another healthy replica
+//! uses), checks each answers Info within a few seconds (readiness), forms the replica on
+//! them and attaches it to the engine, which then serves again. While the replica is
+//! healthy it watches the listing too: a worker of the replica that is no longer listed (its
+//! etcd lease expired: the process is hung, stopped or cut off, even if its step stream
+//! has not broken) fails the replica at once (`EngineHandle::evict`) rather than after the
+//! per-step deadline.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tessera_cluster::{Discovery, WorkerRecord};
+use tessera_proto::worker as pb;
+
+use crate::config::SchedulerConfig;
+use crate::error::ConfigError;
+use crate::placement::Placement;
+use crate::replica_link::{LoadSpec, ReplicaLink};
+use crate::replica_set::ReplicaSet;
+use crate::scheduler::Scheduler;
+use crate::worker_link::{LinkError, WorkerLink};
+
+/// How every replica is formed.
+#[derive(Debug, Clone)]
+pub struct FormSpec {
+    /// Workers per replica and their ranks.
+    pub placement: Placement,
+    /// What each shard loads; `group` is the base that formation numbers are added to.
+    pub load: LoadSpec,
+    /// Scheduler limits; block size, block count, context length and batches in flight
+    /// are filled in from the workers and the placement.
+    pub sched: SchedulerConfig,
+    /// Context length to serve at most (the model's when `None`).
+    pub max_model_len: Option<usize>,
+    /// Per-step deadline of the replica's link.
+    pub step_timeout: Duration,
+}
+
+/// A replica set up on its workers.
+pub struct Formed {
+    pub link: ReplicaLink,
+    pub sched: Scheduler,
+    /// The leader's info, with the smallest block count of any rank.
+    pub info: pb::WorkerInfo,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("scheduler for the replica: {0}")]
+    Config(#[from] ConfigError),
+    #[error("worker {addr} did not answer Info within {after:?}")]
+    NotReady { addr: String, after: Duration },
+    #[error("forming the replica took longer than {0:?}")]
+    Timeout(Duration),
+    #[error("waiting for workers: {need} needed, {free} listed and free")]
+    TooFewWorkers { need: usize, free: usize },
+}
+
+/// Sets a replica up on `addrs` (rank `i` at `addrs[i]`) with collective group `group`,
+/// waiting up to `wait` for the workers to accept connections.
+pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration) -> Result<Formed, FormError> {
+    let load = LoadSpec { group, ..spec.load.clone() };
+    let (link, info) = ReplicaLink::connect(addrs, &spec.placement, &load, wait).await?;
+    let link = link.with_step_timeout(spec.step_timeout);
+    let model_len = info.max_model_len as usize;
+    let cfg = SchedulerConfig {
+        block_size: info.block_size as usize,
+        num_blocks: info.num_blocks as usize,
+        max_model_len: spec.max_model_len.map_or(model_len, |m| m.min(model_len)),
+        max_in_flight: spec.placement.pp,
+        ..spec.sched.clone()
+    };
+    Ok(Formed { link, sched: Scheduler::new(cfg)?, info })
+}
+
+/// Whether the worker at `addr` answers Info within `after` (it is up and serving).
+pub async fn ready_check(addr: &str, after: Duration) -> Result<pb::WorkerInfo, FormError> {
+    let check = async {
+        let mut client = WorkerLink::dial(addr, after).await?;
+        WorkerLink::info_of(&mut client, addr).await
+    };
+    match tokio::time::timeout(after, check).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(FormError::NotReady { addr: addr.to_string(), after }),
+    }
+}
+
+/// The `n` workers to form a replica on, from those listed now (`records`, in id order):
+/// the replica's `previous` addresses that are still listed, then other listed workers,
+/// none that is `busy` (serving another replica). `None` when fewer than `n` are free.
+/// A replica whose every previous worker is back keeps its rank order.
+pub fn choose_workers(
+    records: &[WorkerRecord],
+    busy: &HashSet<String>,
+    previous: &[String],
+    n: usize,
+) -> Option<Vec<String>> {
+    let free = |a: &String| !busy.contains(a);
+    let listed: Vec<&String> = records.iter().map(|r| &r.addr).filter(|a| free(a)).collect();
+    let mut chosen: Vec<String> = previous.iter().filter(|a| listed.contains(a)).cloned().collect();
+    for a in listed {
+        if chosen.len() >= n {
+            break;
+        }
+        if !chosen.contains(a) {
+            chosen.push(a.clone());
+        }
+    }
+    chosen.truncate(n);
+    (chosen.len() == n).then_some(chosen)
+}
+
+/// The first of `members` that `records` no longer lists.
+pub fn unlisted_member<'a>(records: &[WorkerRecord], members: &'a [String]) -> Option<&'a String> {
+    members.iter().find(|m| !records.iter().any(|r| &r.addr == *m))
+}
+
+/// Shared by the supervisors of one coordinator.
+pub struct Supervision {
+    pub set: Arc<ReplicaSet>,
+    pub discovery: Arc<dyn Discovery>,
+    pub spec: FormSpec,
+    /// Each replica's worker addresses (the last formation's).
+    pub members: Mutex<Vec<Vec<String>>>,
+    /// How often a failed replica looks for workers.
+    pub period: Duration,
+    /// Readiness check deadline per worker.
+    pub ready_timeout: Duration,
+    /// Longest a re-formation (connect + load) may take.
+    pub form_timeout: Duration,
+}
+
+impl Supervision {
+    /// Runs `supervise` for every replica of the set.
+    pub fn spawn_all(self: &Arc<Self>) {
+        for i in 0..self.set.handles().len() {
+            tokio::spawn(supervise(self.clone(), i));
+        }
+    }
+
+    fn busy_except(&self, index: usize) -> HashSet<String> {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        let healthy = |i: usize| self.set.handles().get(i).is_some_and(|h| h.healthy());
+        members.iter().enumerate().filter(|&(i, _)| i != index && healthy(i)).flat_map(|(_, m)| m.clone()).collect()
+    }
+
+    /// One attempt to re-form replica `index`; `epoch` numbers the attempt.
+    async fn reform(&self, index: usize, epoch: u64) -> Result<Option<Vec<String>>, FormError> {
+        let records = match self.discovery.workers().await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("tessera coordinator: replica {index}: looking up workers: {e}");
+                return Ok(None);
+            }
+        };
+        let previous = self.members.lock().unwrap_or_else(|e| e.into_inner()).get(index).cloned().unwrap_or_default();
+        let n = self.spec.placement.workers();
+        let busy = self.busy_except(index);
+        let Some(addrs) = choose_workers(&records, &busy, &previous, n) else {
+            let free = records.iter().filter(|r| !busy.contains(&r.addr)).count();
+            return Err(FormError::TooFewWorkers { need: n, free });
+        };
+        for a in &addrs {
+            ready_check(a, self.ready_timeout).await?;
+        }
+        let group = self.spec.load.group | ((epoch & 0xff) << 8) | (index as u64 & 0xff);
+        let formed = tokio::time::timeout(self.form_timeout, form(&addrs, &self.spec, group, self.ready_timeout))
+            .await
+            .map_err(|_| FormError::Timeout(self.form_timeout))??;
+        let handle = &self.set.handles()[index];
+        if !handle.attach(formed.link, formed.sched) {
+            return Ok(None);
+        }
+        Ok(Some(addrs))
+    }
+}
+
+/// Watches replica `index` for the coordinator's lifetime and re-forms it after each
+/// failure.
+pub async fn supervise(sup: Arc<Supervision>, index: usize) {
+    let Some(handle) = sup.set.handles().get(index).cloned() else { return };
+    let mut health = handle.health();
+    let mut epoch = 0u64;
+    loop {
+        // Healthy: until the engine reports a failure, check that its workers are listed.
+        loop {
+            tokio::select! {
+                alive = async { health.wait_for(|&h| !h).await.is_ok() } => {
+                    if !alive {
+                        return; // the engine is gone
+                    }
+                    break;
+                }
+                _ = sup.discovery.wait_change(sup.period) => {
+                    let Ok(records) = sup.discovery.workers().await else { continue };
+                    let members = sup.members.lock().unwrap_or_else(|e| e.into_inner()).get(index).cloned();
+                    if let Some(gone) = members.as_deref().and_then(|m| unlisted_member(&records, m)) {
+                        handle.evict(format!("worker {gone} is no longer registered (its lease expired)"));
+                    }
+                }
+            }
+        }
+        eprintln!("tessera coordinator: replica {index} failed; looking for its workers");
+        let mut last_error = String::new();
+        loop {
+            epoch += 1;
+            match sup.reform(index, epoch).await {
+                Ok(Some(addrs)) => {
+                    eprintln!("tessera coordinator: replica {index} re-formed on {}", addrs.join(","));
+                    if let Some(m) = sup.members.lock().unwrap_or_else(|e| e.into_inner()).get_mut(index) {
+                        *m = addrs;
+                    }
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_error {
+                        eprintln!("tessera coordinator: replica {index}: not re-formed yet: {msg}");
+                        last_error = msg;
+                    }
+                }
+            }
+            sup.discovery.wait_change(sup.period).await;
+        }
+        // Wait for the engine to report the attachment before watching for the next failure.
+        if health.wait_for(|&h| h).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(addr: &str) -> WorkerRecord {
+        WorkerRecord { id: addr.into(), addr: addr.into(), device: String::new(), free_memory_bytes: 0 }
+    }
+
+    #[test]
+    fn a_member_missing_from_the_listing_is_found() {
+        let members = vec!["a:1".to_string(), "b:2".to_string()];
+        assert_eq!(unlisted_member(&[rec("a:1"), rec("b:2"), rec("c:3")], &members), None);
+        assert_eq!(unlisted_member(&[rec("a:1"), rec("c:3")], &members), Some(&members[1]));
+        assert_eq!(unlisted_member(&[], &members), Some(&members[0]));
+        assert_eq!(unlisted_member(&[rec("a:1")], &[]), None, "a replica with no members yet");
+    }
+}
