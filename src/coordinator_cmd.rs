@@ -3,7 +3,8 @@
 //! scheduler + engine loop per replica, and serves `tessera.coordinator.v1` to gateways.
 //! A replica whose workers fail is re-formed from the workers discovery lists once they
 //! pass a readiness check; on SIGTERM the coordinator drains (refuses new streams, lets
-//! those in flight finish up to `--drain-timeout-s`) and exits.
+//! those in flight finish up to `--drain-timeout-s`) and exits. With the mTLS flags
+//! (tls.rs) both its server and its links to the workers are mutual TLS.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -91,10 +92,14 @@ pub struct CoordinatorArgs {
     /// Address of the admin HTTP endpoint (`/health`, `/ready`, `/metrics`); off when absent.
     #[arg(long, env = "TESSERA_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
+    /// mTLS on the gRPC server and on the links to the workers (see tls.rs).
+    #[command(flatten)]
+    pub tls: crate::tls::TlsFlags,
 }
 
 pub fn run(args: CoordinatorArgs) -> Result<()> {
     let _trace = args.trace_log.init("tessera-coordinator")?;
+    let tls = args.tls.load()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let mut args = args;
@@ -121,7 +126,9 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
             Some(c) => c.discovery(per_replica, Duration::from_secs(args.connect_timeout_s)).await?,
             None => Arc::new(StaticDiscovery::new(&args.workers)),
         };
-        let (set, supervision, served_len, vocab) = form_replicas(&args, placement, discovery, &metrics).await?;
+        let client_tls = tls.as_ref().map(crate::tls::Tls::client);
+        let (set, supervision, served_len, vocab) =
+            form_replicas(&args, placement, discovery, &metrics, client_tls).await?;
         supervision.spawn_all();
         let name = args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let drain = Drain::new();
@@ -134,7 +141,7 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
             c.publish(listener.local_addr()?, per_replica).await?;
         }
         let drain_timeout = Duration::from_secs(args.drain_timeout_s);
-        let server = tonic::transport::Server::builder()
+        let server = crate::tls::server_builder(tls.as_ref())?
             .add_service(CoordinatorServer::new(service))
             .serve_with_incoming_shutdown(
                 // Token events are small writes: without TCP_NODELAY, Nagle's algorithm holds
@@ -152,14 +159,16 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
 }
 
 /// Forms every replica on the workers `discovery` lists (every `tp x pp` consecutive
-/// workers one replica), waiting for them up to `--connect-timeout-s`, and prepares the
-/// supervision that re-forms a replica whose workers fail. Returns the set, the
-/// supervision, the served context length and the vocabulary size.
+/// workers one replica; over mutual TLS with `tls`), waiting for them up to
+/// `--connect-timeout-s`, and prepares the supervision that re-forms a replica whose
+/// workers fail. Returns the set, the supervision, the served context length and the
+/// vocabulary size.
 async fn form_replicas(
     args: &CoordinatorArgs,
     placement: Placement,
     discovery: Arc<dyn Discovery>,
     metrics: &Arc<CoordinatorMetrics>,
+    tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<(Arc<ReplicaSet>, Arc<Supervision>, usize, usize)> {
     let per_replica = placement.workers();
     let records = discovery.workers().await.context("looking up the workers")?;
@@ -189,6 +198,7 @@ async fn form_replicas(
         max_model_len: args.max_model_len,
         step_timeout: Duration::from_secs(args.step_timeout_s.max(1)),
         placement,
+        tls,
     };
     let routing = RoutingConfig { affinity_margin: args.affinity_margin, ..RoutingConfig::default() };
     let set = Arc::new(ReplicaSet::new(routing));

@@ -284,9 +284,11 @@ impl CoordinatorCluster {
 // ---- gateway ------------------------------------------------------------------------------
 
 /// The gateway's engine in etcd mode: a client of whichever coordinator leads. The returned
-/// watch must live as long as the engine (dropping it stops following).
+/// watch must live as long as the engine (dropping it stops following). With `tls`, every
+/// leader is dialed over mutual TLS.
 pub async fn leader_engine(
     flags: &EtcdFlags,
+    tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<(tessera_gateway::leader::LeaderEngine, tessera_cluster::LeaderWatch)> {
     let watch = tessera_cluster::follow_leader(&flags.endpoints(), &flags.cluster_name)
         .await
@@ -295,7 +297,7 @@ pub async fn leader_engine(
         Some(a) => eprintln!("tessera gateway: coordinator leader is {a}"),
         None => eprintln!("tessera gateway: no coordinator leader published yet; waiting for one"),
     }
-    let engine = tessera_gateway::leader::LeaderEngine::new(watch.subscribe(), watch.refresher());
+    let engine = tessera_gateway::leader::LeaderEngine::new(watch.subscribe(), watch.refresher()).with_tls(tls);
     Ok((engine, watch))
 }
 

@@ -1,5 +1,6 @@
 //! `tessera gateway`: the OpenAI-compatible HTTP server in front of a coordinator. It
-//! owns the tokenizer and chat template (text never goes further).
+//! owns the tokenizer and chat template (text never goes further). With the mTLS flags
+//! (tls.rs) its gRPC link to the coordinator is mutual TLS; its HTTP API stays plain HTTP.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,10 +48,14 @@ pub struct GatewayArgs {
     /// Traces and logs.
     #[command(flatten)]
     pub trace_log: crate::trace_logs::TraceLogFlags,
+    /// mTLS on the gRPC link to the coordinator (see tls.rs).
+    #[command(flatten)]
+    pub tls: crate::tls::TlsFlags,
 }
 
 pub fn run(args: GatewayArgs) -> Result<()> {
     let _trace = args.trace_log.init("tessera-gateway")?;
+    let client_tls = args.tls.load()?.as_ref().map(crate::tls::Tls::client);
     let path = crate::default_model::resolve(args.model.as_deref())?;
     let bundle = ModelBundle::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let config = bundle.files.config()?;
@@ -69,10 +74,11 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     rt.block_on(async move {
         // etcd mode: a client of whichever coordinator leads; `_leader` keeps it following.
         let (engine, _leader): (Arc<dyn tessera_gateway::Engine>, _) = if args.etcd.enabled() {
-            let (engine, watch) = crate::etcd_cmd::leader_engine(&args.etcd).await?;
+            let (engine, watch) = crate::etcd_cmd::leader_engine(&args.etcd, client_tls).await?;
             (Arc::new(engine), Some(watch))
         } else {
-            (Arc::new(GrpcEngine::new(&args.coordinator).map_err(|e| anyhow::anyhow!("{e}"))?), None)
+            let engine = GrpcEngine::with_tls(&args.coordinator, client_tls).map_err(|e| anyhow::anyhow!("{e}"))?;
+            (Arc::new(engine), None)
         };
         let listener =
             tokio::net::TcpListener::bind(gw.listen).await.with_context(|| format!("binding {}", gw.listen))?;

@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod bench_gpu;
+mod certs_cmd;
 mod coordinator_cmd;
 mod default_model;
 mod drain;
@@ -12,6 +13,9 @@ mod gateway_cmd;
 mod generate;
 mod serve_cmd;
 mod threads;
+mod tls;
+#[cfg(test)]
+mod tls_link_tests;
 mod trace_logs;
 mod worker_cmd;
 
@@ -45,6 +49,8 @@ enum Command {
     Worker(worker_cmd::WorkerArgs),
     /// Print the path of the default model, fetching it if needed.
     FetchModel,
+    /// Make a development CA and certificates for mTLS between the roles.
+    Certs(certs_cmd::CertsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Worker(args) => worker_cmd::run(args),
+        Command::Certs(args) => certs_cmd::run(args),
         Command::FetchModel => {
             println!("{}", default_model::resolve(None)?.display());
             Ok(())

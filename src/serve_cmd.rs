@@ -4,7 +4,8 @@
 //! worker that exits is started again on the same address (the coordinator re-forms its
 //! replica); when another child exits or on SIGTERM, the cluster stops front to back
 //! (gateway, which drains its streams, then coordinator, then workers), leaving no
-//! process behind.
+//! process behind. With `--tls-dir` (the files `tessera certs` writes) every gRPC link
+//! between them is mutual TLS.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -58,6 +59,11 @@ pub struct ServeArgs {
     /// Traces and logs of every process (passed on through the environment).
     #[command(flatten)]
     pub trace_log: crate::trace_logs::TraceLogFlags,
+    /// mTLS between the processes: a directory as `tessera certs` writes it (ca.pem;
+    /// server.pem/.key for the coordinator and workers, naming 127.0.0.1; client.pem/.key
+    /// for the gateway).
+    #[arg(long, env = "TESSERA_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// Starts a child and waits for its "listening on ADDR" line; the rest of its output is
@@ -96,6 +102,29 @@ async fn start(name: &str, mut cmd: Command, wait: Duration) -> Result<(Child, S
     Ok((child, addr))
 }
 
+/// The mTLS flags of the servers (coordinator, workers) and of the gateway, from a
+/// directory `tessera certs` wrote; checked here so a bad directory fails before any child
+/// starts.
+fn tls_args(dir: &std::path::Path) -> Result<(Vec<std::ffi::OsString>, Vec<std::ffi::OsString>)> {
+    let f = crate::certs_cmd::CertFiles::in_dir(dir);
+    let check = |cert: &std::path::Path, key: &std::path::Path| {
+        crate::tls::TlsFlags {
+            tls_cert: Some(cert.to_path_buf()),
+            tls_key: Some(key.to_path_buf()),
+            tls_ca: Some(f.ca_cert.clone()),
+            tls_server_name: None,
+        }
+        .load()
+        .with_context(|| format!("--tls-dir {}", dir.display()))
+    };
+    check(&f.server_cert, &f.server_key)?;
+    check(&f.client_cert, &f.client_key)?;
+    Ok((
+        crate::tls::child_args(&f.server_cert, &f.server_key, &f.ca_cert),
+        crate::tls::child_args(&f.client_cert, &f.client_key, &f.ca_cert),
+    ))
+}
+
 fn split_args(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_string).collect()
 }
@@ -112,6 +141,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = args.threads.unwrap_or((cores / processes).max(1));
     let drain = args.drain_timeout_s.to_string();
+    let (server_tls, gateway_tls) = match &args.tls_dir {
+        Some(dir) => tls_args(dir)?,
+        None => (Vec::new(), Vec::new()),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         // Registered first, so a SIGTERM during start-up is not lost.
@@ -119,7 +152,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let mut children: Vec<Proc> = Vec::new();
         let mut worker_addrs = Vec::new();
         for i in 0..processes {
-            let spec = WorkerSpec { exe: exe.clone(), threads, device: args.device, index: i, drain: drain.clone() };
+            let spec = WorkerSpec {
+                exe: exe.clone(),
+                threads,
+                device: args.device,
+                index: i,
+                drain: drain.clone(),
+                tls: server_tls.clone(),
+            };
             let (child, addr) =
                 start(&format!("worker {i}"), spec.command("127.0.0.1:0"), Duration::from_secs(30)).await?;
             children.push(Proc::new(format!("worker {i}"), child, Some((spec, addr.clone()))));
@@ -137,6 +177,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             cmd.args(["--kv-memory-mib", "0", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192"]);
         }
         cmd.args(["--tp", &args.tp.to_string(), "--pp", &args.pp.to_string()]);
+        cmd.args(&server_tls);
         cmd.args(split_args(&args.coordinator_args));
         let (child, coord_addr) = start("coordinator", cmd, Duration::from_secs(300)).await?;
         children.push(Proc::new("coordinator".into(), child, None));
@@ -145,15 +186,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .arg("--model")
             .arg(&model)
             .args(["--drain-timeout-s", &drain])
+            .args(&gateway_tls)
             .args(split_args(&args.gateway_args));
         let (child, http) = start("gateway", cmd, Duration::from_secs(120)).await?;
         children.push(Proc::new("gateway".into(), child, None));
+        println!("tessera: gRPC: coordinator {coord_addr}, workers {}", worker_addrs.join(","));
         println!(
-            "tessera: serving {} on http://{http} ({} replica(s) of tp {} x pp {})",
+            "tessera: serving {} on http://{http} ({} replica(s) of tp {} x pp {}{})",
             model.display(),
             args.workers,
             args.tp,
-            args.pp
+            args.pp,
+            if args.tls_dir.is_some() { ", mTLS inside" } else { "" }
         );
 
         let result = supervise(&mut children, signal.as_mut()).await;
@@ -186,6 +230,8 @@ struct WorkerSpec {
     device: DeviceChoice,
     index: usize,
     drain: String,
+    /// The mTLS flags (empty without TLS).
+    tls: Vec<std::ffi::OsString>,
 }
 
 impl WorkerSpec {
@@ -194,6 +240,7 @@ impl WorkerSpec {
         cmd.args(["worker", "--listen", listen, "--threads", &self.threads.to_string()]);
         cmd.args(["--drain-timeout-s", &self.drain]);
         cmd.args(["--admin-listen", "127.0.0.1:0"]);
+        cmd.args(&self.tls);
         if let DeviceChoice::Cuda(first) = self.device {
             cmd.args(["--device", &format!("cuda:{}", first + self.index)]);
         }

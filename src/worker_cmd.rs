@@ -1,5 +1,6 @@
 //! `tessera worker`: one worker process serving `tessera.worker.v1.Worker` over gRPC.
-//! The coordinator connects, sends Load, then drives the Step stream.
+//! The coordinator connects, sends Load, then drives the Step stream. With the mTLS flags
+//! (tls.rs) only clients with a certificate signed by the CA are served.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,10 +37,14 @@ pub struct WorkerArgs {
     /// Traces and logs.
     #[command(flatten)]
     pub trace_log: crate::trace_logs::TraceLogFlags,
+    /// mTLS on the gRPC server (see tls.rs).
+    #[command(flatten)]
+    pub tls: crate::tls::TlsFlags,
 }
 
 pub fn run(args: WorkerArgs) -> Result<()> {
     let _trace = args.trace_log.init("tessera-worker")?;
+    let tls = args.tls.load()?;
     crate::threads::init(args.threads)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
@@ -57,7 +62,7 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         let registration = crate::etcd_cmd::register_worker(&args.etcd, listener.local_addr()?, args.device).await?;
         // SIGTERM: not ready, no new connections, Load refused; the coordinator's open
         // Step streams are served until it hangs up or the drain timeout passes.
-        let server = tonic::transport::Server::builder()
+        let server = crate::tls::server_builder(tls.as_ref())?
             .layer(crate::drain::RefuseWhenNotReady::new(readiness.clone(), &["/tessera.worker.v1.Worker/Load"]))
             .add_service(WorkerServer::new(service).max_decoding_message_size(64 << 20))
             // No Nagle delay on step replies: each is small and awaited.

@@ -39,14 +39,15 @@ pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(300);
 impl ReplicaLink {
     /// Sets up the replica on `addrs` (worker `i` of the placement at `addrs[i]`). The
     /// returned info is the leader's, with the smallest KV block count of any rank (the
-    /// scheduler's pool must fit on every rank).
+    /// scheduler's pool must fit on every rank). With `tls`, every link is mutual TLS.
     pub async fn connect(
         addrs: &[String],
         placement: &Placement,
         spec: &LoadSpec,
         wait: Duration,
+        tls: Option<&tonic::transport::ClientTlsConfig>,
     ) -> Result<(Self, pb::WorkerInfo), LinkError> {
-        let mut clients = try_join_all(addrs.iter().map(|a| WorkerLink::dial(a, wait))).await?;
+        let mut clients = try_join_all(addrs.iter().map(|a| WorkerLink::dial(a, wait, tls))).await?;
         let mut infos = Vec::with_capacity(addrs.len());
         for (c, a) in clients.iter_mut().zip(addrs) {
             infos.push(WorkerLink::info_of(c, a).await?);

@@ -41,6 +41,9 @@ pub struct FormSpec {
     pub max_model_len: Option<usize>,
     /// Per-step deadline of the replica's link.
     pub step_timeout: Duration,
+    /// Mutual TLS on the links to the workers (forming, re-forming and readiness checks);
+    /// plain gRPC when `None`.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// A replica set up on its workers.
@@ -69,7 +72,7 @@ pub enum FormError {
 /// waiting up to `wait` for the workers to accept connections.
 pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration) -> Result<Formed, FormError> {
     let load = LoadSpec { group, ..spec.load.clone() };
-    let (link, info) = ReplicaLink::connect(addrs, &spec.placement, &load, wait).await?;
+    let (link, info) = ReplicaLink::connect(addrs, &spec.placement, &load, wait, spec.tls.as_ref()).await?;
     let link = link.with_step_timeout(spec.step_timeout);
     let model_len = info.max_model_len as usize;
     let cfg = SchedulerConfig {
@@ -82,10 +85,15 @@ pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration)
     Ok(Formed { link, sched: Scheduler::new(cfg)?, info })
 }
 
-/// Whether the worker at `addr` answers Info within `after` (it is up and serving).
-pub async fn ready_check(addr: &str, after: Duration) -> Result<pb::WorkerInfo, FormError> {
+/// Whether the worker at `addr` answers Info within `after` (it is up and serving), over
+/// mutual TLS when `tls` is set.
+pub async fn ready_check(
+    addr: &str,
+    after: Duration,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> Result<pb::WorkerInfo, FormError> {
     let check = async {
-        let mut client = WorkerLink::dial(addr, after).await?;
+        let mut client = WorkerLink::dial(addr, after, tls).await?;
         WorkerLink::info_of(&mut client, addr).await
     };
     match tokio::time::timeout(after, check).await {
@@ -170,7 +178,7 @@ impl Supervision {
             return Err(FormError::TooFewWorkers { need: n, free });
         };
         for a in &addrs {
-            ready_check(a, self.ready_timeout).await?;
+            ready_check(a, self.ready_timeout, self.spec.tls.as_ref()).await?;
         }
         let group = self.spec.load.group | ((epoch & 0xff) << 8) | (index as u64 & 0xff);
         let formed = tokio::time::timeout(self.form_timeout, form(&addrs, &self.spec, group, self.ready_timeout))

@@ -1,12 +1,14 @@
 //! The coordinator's connection to one worker: connect, load the model, then the
-//! long-lived Step stream, one request in, one reply out, in order.
+//! long-lived Step stream, one request in, one reply out, in order. With a client TLS
+//! config the link is mutual TLS (`https://`): the coordinator presents its certificate and
+//! checks the worker's against the cluster CA.
 
 use std::time::Duration;
 
 use tessera_proto::worker as pb;
 use tessera_proto::worker::worker_client::WorkerClient;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::Streaming;
 
 /// Why talking to a worker failed.
@@ -39,25 +41,37 @@ pub struct WorkerLink {
 }
 
 impl WorkerLink {
-    /// Connects (retrying for up to `wait` while the worker starts), loads the model and
-    /// opens the step stream. Returns the worker's state after loading.
+    /// Connects (retrying for up to `wait` while the worker starts; over TLS when `tls` is
+    /// set), loads the model and opens the step stream. Returns the worker's state after
+    /// loading.
     pub async fn connect(
         addr: &str,
         load: pb::LoadRequest,
         wait: Duration,
+        tls: Option<&ClientTlsConfig>,
     ) -> Result<(Self, pb::WorkerInfo), LinkError> {
-        let mut client = Self::dial(addr, wait).await?;
+        let mut client = Self::dial(addr, wait, tls).await?;
         let info = Self::load(&mut client, addr, load).await?;
         Ok((Self::open(client, addr).await?, info))
     }
 
-    /// A client of the worker at `addr`, retrying for up to `wait` while it starts.
-    pub async fn dial(addr: &str, wait: Duration) -> Result<WorkerClient<Channel>, LinkError> {
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let endpoint = Endpoint::from_shared(uri)
+    /// A client of the worker at `addr`, retrying for up to `wait` while it starts. With
+    /// `tls`, the connection is mutual TLS (a bare `host:port` is dialed as `https://`).
+    pub async fn dial(
+        addr: &str,
+        wait: Duration,
+        tls: Option<&ClientTlsConfig>,
+    ) -> Result<WorkerClient<Channel>, LinkError> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
+        let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|e| LinkError::Connect { addr: addr.into(), source: e })?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(2));
+        if let Some(tls) = tls {
+            endpoint =
+                endpoint.tls_config(tls.clone()).map_err(|e| LinkError::Connect { addr: addr.into(), source: e })?;
+        }
         let deadline = tokio::time::Instant::now() + wait;
         let channel = loop {
             match endpoint.connect().await {

@@ -1,7 +1,9 @@
 //! The production `Engine`: a gRPC client of the coordinator (`tessera.coordinator.v1`).
 //! Each sequence is one server-streaming Generate call; dropping the gateway's receiver
 //! drops the call, which closes the coordinator's event channel and aborts the sequence.
-//! Readiness comes from polling the coordinator's Status in the background.
+//! Readiness comes from polling the coordinator's Status in the background. With a client
+//! TLS config the channel is mutual TLS (the gateway presents its certificate and checks the
+//! coordinator's against the cluster CA).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use tessera_proto::coordinator::coordinator_client::CoordinatorClient;
 use tessera_proto::worker as wpb;
 use tessera_telemetry::trace as otel;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
 
 use std::sync::Mutex;
@@ -34,12 +36,24 @@ impl GrpcEngine {
     /// A client of the coordinator at `addr` (`host:port` or a URI). Connects lazily, so
     /// the gateway can start before the coordinator; `/ready` says when it can serve.
     pub fn new(addr: &str) -> Result<Self, EngineError> {
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let channel = Endpoint::from_shared(uri)
+        Self::with_tls(addr, None)
+    }
+
+    /// Like [`GrpcEngine::new`], over mutual TLS when `tls` is set (a bare `host:port` is
+    /// dialed as `https://`).
+    pub fn with_tls(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Self, EngineError> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
+        let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|e| EngineError::Internal(format!("bad coordinator address {addr}: {e}")))?
             .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_timeout(Duration::from_secs(2));
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| EngineError::Internal(format!("TLS settings for the coordinator {addr}: {e}")))?;
+        }
+        let channel = endpoint.connect_lazy();
         let client = CoordinatorClient::new(channel);
         let ready = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(None));

@@ -4,6 +4,7 @@
 //! request or readiness check builds a client of the new leader and drops the old one. With
 //! no leader published, requests get 503 (`Unavailable`) and `/ready` is false. When the
 //! leader cannot be reached, it asks the watcher (through `refresh`) to read etcd again.
+//! With a client TLS config (`with_tls`), every leader is dialed over mutual TLS.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,13 +20,21 @@ pub struct LeaderEngine {
     refresh: Arc<Notify>,
     /// The client of the address it was built for.
     current: Mutex<Option<(String, Arc<GrpcEngine>)>>,
+    /// Mutual TLS towards the leader; plain gRPC when `None`.
+    tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl LeaderEngine {
     /// Follows `leader` (the leader's `host:port`, `None` while there is none); `refresh`
     /// is notified when the leader could not be reached.
     pub fn new(leader: watch::Receiver<Option<String>>, refresh: Arc<Notify>) -> Self {
-        LeaderEngine { leader, refresh, current: Mutex::new(None) }
+        LeaderEngine { leader, refresh, current: Mutex::new(None), tls: None }
+    }
+
+    /// Dials every leader over mutual TLS with `tls` (plain gRPC when `None`).
+    pub fn with_tls(mut self, tls: Option<tonic::transport::ClientTlsConfig>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The client for the leader now. Must run inside a tokio runtime (a new client spawns
@@ -42,7 +51,7 @@ impl LeaderEngine {
                 return Ok(e.clone());
             }
         }
-        let engine = Arc::new(GrpcEngine::new(&addr)?);
+        let engine = Arc::new(GrpcEngine::with_tls(&addr, self.tls.clone())?);
         *cur = Some((addr, engine.clone()));
         Ok(engine)
     }
