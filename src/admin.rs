@@ -29,7 +29,7 @@ pub async fn spawn(
     let role = role.to_owned();
     tokio::spawn(async move {
         if let Err(e) = tessera_telemetry::serve_admin(listener, ready, render, std::future::pending()).await {
-            eprintln!("tessera {role}: the admin endpoint stopped: {e}");
+            tracing::warn!("tessera {role}: the admin endpoint stopped: {e}");
         }
     });
     Ok(bound)

@@ -214,9 +214,11 @@ async fn form_replicas(
         let max_len = formed.sched.config().max_model_len;
         served_len = served_len.min(max_len);
         vocab = vocab.min(info.vocab_size as usize);
-        eprintln!(
+        tracing::info!(
             "tessera coordinator: worker {addr} ready ({} KV blocks of {}, {} positions max)",
-            info.num_blocks, info.block_size, max_len
+            info.num_blocks,
+            info.block_size,
+            max_len
         );
         let (engine, handle) = Engine::new(formed.sched, formed.link);
         tokio::spawn(engine.in_set(set.clone(), r).with_metrics(metrics.replica(r)).run());
@@ -242,9 +244,9 @@ async fn form_replicas(
 async fn drained(drain: Drain, readiness: Readiness, timeout: Duration) {
     tessera_gateway::serve::shutdown_signal().await;
     readiness.set(false);
-    eprintln!("tessera coordinator: draining {} stream(s) (at most {} s)", drain.in_flight(), timeout.as_secs());
+    tracing::info!("tessera coordinator: draining {} stream(s) (at most {} s)", drain.in_flight(), timeout.as_secs());
     drain.start();
     if tokio::time::timeout(timeout, drain.idle()).await.is_err() {
-        eprintln!("tessera coordinator: drain timeout; {} stream(s) cut", drain.in_flight());
+        tracing::warn!("tessera coordinator: drain timeout; {} stream(s) cut", drain.in_flight());
     }
 }

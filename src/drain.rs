@@ -26,7 +26,7 @@ pub async fn serve_bounded<E: std::error::Error + Send + Sync + 'static>(
     };
     tokio::select! {
         r = &mut server => r?,
-        _ = expired => eprintln!("tessera {role}: streams still open {} s after SIGTERM; exiting", bound.as_secs()),
+        _ = expired => tracing::warn!("tessera {role}: streams still open {} s after SIGTERM; exiting", bound.as_secs()),
     }
     Ok(())
 }

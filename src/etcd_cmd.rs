@@ -91,7 +91,7 @@ pub async fn register_worker(
         tessera_cluster::register_worker(&flags.endpoints(), &flags.cluster_name, record.clone(), flags.lease_ttl_s)
             .await
             .context("registering the worker in etcd")?;
-    eprintln!("tessera worker: registered as {} in cluster {:?}", record.id, flags.cluster_name);
+    tracing::info!("tessera worker: registered as {} in cluster {:?}", record.id, flags.cluster_name);
     Ok(Some(reg))
 }
 
@@ -99,7 +99,7 @@ pub async fn register_worker(
 pub async fn deregister_worker(reg: Option<Registration>) {
     if let Some(reg) = reg {
         if let Err(e) = reg.deregister().await {
-            eprintln!("tessera worker: deregistering: {e} (the record expires with its lease)");
+            tracing::warn!("tessera worker: deregistering: {e} (the record expires with its lease)");
         }
     }
 }
@@ -170,24 +170,31 @@ pub async fn prepare_coordinator(args: &mut CoordinatorArgs) -> Result<Option<Co
         bail!("no model: give --model or set \"model\" in /tessera/{}/config", flags.cluster_name);
     }
     let candidate = flags.advertise(args.listen)?;
-    eprintln!("tessera coordinator: campaigning for leadership of cluster {:?} as {candidate}", flags.cluster_name);
+    tracing::info!(
+        "tessera coordinator: campaigning for leadership of cluster {:?} as {candidate}",
+        flags.cluster_name
+    );
     let leadership = loop {
         tokio::select! {
             r = tessera_cluster::campaign(&eps, &flags.cluster_name, &candidate, flags.lease_ttl_s) => match r {
                 Ok(l) => break l,
                 Err(e @ (ClusterError::Invalid(_) | ClusterError::Malformed { .. })) => return Err(e.into()),
                 Err(e) => {
-                    eprintln!("tessera coordinator: campaign failed, retrying in 1 s: {e}");
+                    tracing::warn!("tessera coordinator: campaign failed, retrying in 1 s: {e}");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             },
             _ = tessera_gateway::serve::shutdown_signal() => {
-                eprintln!("tessera coordinator: stopped while standing by");
+                tracing::warn!("tessera coordinator: stopped while standing by");
                 std::process::exit(0);
             }
         }
     };
-    eprintln!("tessera coordinator: leading cluster {:?} (fencing token {})", flags.cluster_name, leadership.token());
+    tracing::info!(
+        "tessera coordinator: leading cluster {:?} (fencing token {})",
+        flags.cluster_name,
+        leadership.token()
+    );
     let discovery =
         Arc::new(EtcdDiscovery::connect(&eps, &flags.cluster_name).await.context("watching the workers in etcd")?);
     Ok(Some(CoordinatorCluster { flags, leadership, discovery }))
@@ -258,7 +265,7 @@ impl CoordinatorCluster {
         self.leadership.write_plan(replicas).await.context("writing the replica plan")?;
         let addr = self.flags.advertise(bound)?;
         self.leadership.publish_address(&addr).await.context("publishing the leader address")?;
-        eprintln!("tessera coordinator: published {addr} as the leader of cluster {:?}", self.flags.cluster_name);
+        tracing::info!("tessera coordinator: published {addr} as the leader of cluster {:?}", self.flags.cluster_name);
         Ok(())
     }
 
@@ -268,7 +275,7 @@ impl CoordinatorCluster {
         tokio::select! {
             r = serve => {
                 if let Err(e) = self.leadership.resign().await {
-                    eprintln!("tessera coordinator: resigning: {e} (the leadership expires with its lease)");
+                    tracing::warn!("tessera coordinator: resigning: {e} (the leadership expires with its lease)");
                 }
                 r
             }
@@ -294,8 +301,8 @@ pub async fn leader_engine(
         .await
         .context("finding the coordinator leader in etcd")?;
     match watch.current() {
-        Some(a) => eprintln!("tessera gateway: coordinator leader is {a}"),
-        None => eprintln!("tessera gateway: no coordinator leader published yet; waiting for one"),
+        Some(a) => tracing::info!("tessera gateway: coordinator leader is {a}"),
+        None => tracing::info!("tessera gateway: no coordinator leader published yet; waiting for one"),
     }
     let engine = tessera_gateway::leader::LeaderEngine::new(watch.subscribe(), watch.refresher()).with_tls(tls);
     Ok((engine, watch))

@@ -318,7 +318,7 @@ impl Engine {
         self.sched.fail_all();
         self.publish(0);
         let index = self.set.as_ref().map_or(0, |(_, i)| *i);
-        eprintln!("tessera coordinator: replica {index} failed ({} sequence(s) to move): {msg}", migrants.len());
+        tracing::warn!("tessera coordinator: replica {index} failed ({} sequence(s) to move): {msg}", migrants.len());
         match &self.set {
             Some((set, index)) => {
                 set.replica_failed(*index);

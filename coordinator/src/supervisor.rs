@@ -166,7 +166,7 @@ impl Supervision {
         let records = match self.discovery.workers().await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("tessera coordinator: replica {index}: looking up workers: {e}");
+                tracing::warn!("tessera coordinator: replica {index}: looking up workers: {e}");
                 return Ok(None);
             }
         };
@@ -217,13 +217,13 @@ pub async fn supervise(sup: Arc<Supervision>, index: usize) {
                 }
             }
         }
-        eprintln!("tessera coordinator: replica {index} failed; looking for its workers");
+        tracing::warn!("tessera coordinator: replica {index} failed; looking for its workers");
         let mut last_error = String::new();
         loop {
             epoch += 1;
             match sup.reform(index, epoch).await {
                 Ok(Some(addrs)) => {
-                    eprintln!("tessera coordinator: replica {index} re-formed on {}", addrs.join(","));
+                    tracing::info!("tessera coordinator: replica {index} re-formed on {}", addrs.join(","));
                     if let Some(m) = sup.members.lock().unwrap_or_else(|e| e.into_inner()).get_mut(index) {
                         *m = addrs;
                     }
@@ -233,7 +233,7 @@ pub async fn supervise(sup: Arc<Supervision>, index: usize) {
                 Err(e) => {
                     let msg = e.to_string();
                     if msg != last_error {
-                        eprintln!("tessera coordinator: replica {index}: not re-formed yet: {msg}");
+                        tracing::warn!("tessera coordinator: replica {index}: not re-formed yet: {msg}");
                         last_error = msg;
                     }
                 }
