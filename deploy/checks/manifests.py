@@ -12,7 +12,9 @@ with `kubectl kustomize` first).
    that covers the preStop pause plus the drain timeout; a PodDisruptionBudget and a
    NetworkPolicy over every workload; GPU workers with GPU requests and a memory-backed
    /dev/shm; a replica shape (TP x PP) that the worker pods can fill; env values that
-   reference ($(VAR)) only variables defined before them.
+   reference ($(VAR)) only variables defined before them; mTLS set all or nothing on each
+   role, its files inside a mounted Secret (and, where cert-manager issues them, a
+   Certificate writing that Secret, from an Issuer that is rendered).
 
 Usage: python manifests.py RENDERED.yaml...   (exit 1 and one line per problem on failure)
 """
@@ -28,7 +30,10 @@ import yaml
 VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version())
 # Custom resources: no bundled schema; checked by check_custom below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
-                ("keda.sh/v1alpha1", "ScaledObject")}
+                ("keda.sh/v1alpha1", "ScaledObject"),
+                ("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
+TLS_FILES = ("TESSERA_TLS_CERT", "TESSERA_TLS_KEY", "TESSERA_TLS_CA")
+ROLES = ("coordinator", "worker", "gateway")
 # The rule file the PrometheusRule copies.
 ALERT_RULES = Path(__file__).resolve().parents[1] / "observability" / "tessera-alerts.yml"
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
@@ -87,6 +92,31 @@ def check_env_references(where, container, problems):
         defined.add(e["name"])
 
 
+def check_tls(where, spec, container, docs, problems):
+    """All three TESSERA_TLS_* files or none, each under a mounted Secret volume; a Secret
+    that a cert-manager Certificate of the same render must write, if there are any."""
+    files = {k: env_value(container, k) for k in TLS_FILES}
+    if not any(files.values()):
+        if env_value(container, "TESSERA_TLS_SERVER_NAME"):
+            problems.append(f"{where}: TESSERA_TLS_SERVER_NAME without the TLS files")
+        return
+    if not all(files.values()):
+        problems.append(f"{where}: mTLS half configured ({', '.join(k for k, v in files.items() if not v)} missing)")
+        return
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    issued = {d["spec"]["secretName"] for d in docs if d["kind"] == "Certificate"}
+    for key, path in files.items():
+        mount = next((m for m in container.get("volumeMounts", [])
+                      if path.startswith(m["mountPath"].rstrip("/") + "/")), None)
+        secret = vols.get(mount["name"], {}).get("secret") if mount else None
+        if not secret:
+            problems.append(f"{where}: {key}={path} is not in a mounted Secret")
+        elif not mount.get("readOnly"):
+            problems.append(f"{where}: the Secret holding {key} is mounted writable")
+        elif issued and secret["secretName"] not in issued:
+            problems.append(f"{where}: Secret {secret['secretName']} ({key}) is not written by any Certificate")
+
+
 def check_workload(doc, docs, config, problems):
     pod = doc["spec"]["template"]
     spec, labels = pod["spec"], pod["metadata"]["labels"]
@@ -110,6 +140,8 @@ def check_workload(doc, docs, config, problems):
             problems.append(f"{where}: {key} is set")
     for c in spec.get("initContainers", []) + spec["containers"]:
         check_env_references(f"{where} container {c['name']}", c, problems)
+        if c["name"] in ROLES:
+            check_tls(f"{where} container {c['name']}", spec, c, docs, problems)
     for c in spec["containers"]:
         cw = f"{where} container {c['name']}"
         for probe in ("livenessProbe", "readinessProbe"):
@@ -162,6 +194,10 @@ def check_custom(docs, problems):
             for t in d["spec"]["triggers"]:
                 if "tessera:num_requests_waiting" not in t.get("metadata", {}).get("query", ""):
                     problems.append(f"{name(d)}: a trigger does not read tessera:num_requests_waiting")
+        if d["kind"] == "Certificate":
+            ref = d["spec"]["issuerRef"]
+            if ref.get("kind", "Issuer") == "Issuer" and ref["name"] not in by_kind.get("Issuer", {}):
+                problems.append(f"{name(d)}: issued by Issuer {ref['name']}, which is not rendered")
         if d["kind"] == "PrometheusRule":
             if d["spec"]["groups"] != yaml.safe_load(ALERT_RULES.read_text())["groups"]:
                 problems.append(f"{name(d)}: its groups differ from {ALERT_RULES.name}; copy them again")
