@@ -130,6 +130,16 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
         let (set, supervision, served_len, vocab) =
             form_replicas(&args, placement, discovery, &metrics, client_tls).await?;
         supervision.spawn_all();
+        // Workers registered later (etcd) form new replicas.
+        let spawn_engine: tessera_coordinator::supervisor::SpawnEngine = {
+            let (set, metrics) = (set.clone(), metrics.clone());
+            Box::new(move |r, formed| {
+                let (engine, handle) = Engine::new(formed.sched, formed.link);
+                tokio::spawn(engine.in_set(set.clone(), r).with_metrics(metrics.replica(r)).run());
+                handle
+            })
+        };
+        tokio::spawn(tessera_coordinator::supervisor::scale_out(supervision.clone(), spawn_engine));
         let name = args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let drain = Drain::new();
         let service = CoordinatorService::with_set(set, name, served_len, vocab).with_drain(drain.clone());

@@ -4,9 +4,10 @@
 //! (`hand_off`).
 //!
 //! Engines are built before the set is complete (each needs the set to hand work off),
-//! so the handles are installed once, after every engine exists.
+//! so the first handles are installed after every engine exists; replicas formed later
+//! (workers registered after the start, `supervisor::scale_out`) are pushed at the end.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, RwLock};
 
 use crate::engine::EngineHandle;
 use crate::migration::Migrant;
@@ -14,42 +15,70 @@ use crate::routing::{self, AffinityMap, RoutingConfig};
 
 /// Every replica of the served model.
 pub struct ReplicaSet {
-    handles: OnceLock<Vec<EngineHandle>>,
+    handles: RwLock<Vec<EngineHandle>>,
     affinity: Mutex<AffinityMap>,
     cfg: RoutingConfig,
 }
 
 impl ReplicaSet {
     pub fn new(cfg: RoutingConfig) -> Self {
-        ReplicaSet { handles: OnceLock::new(), affinity: Mutex::new(AffinityMap::new(cfg.capacity)), cfg }
+        ReplicaSet { handles: RwLock::new(Vec::new()), affinity: Mutex::new(AffinityMap::new(cfg.capacity)), cfg }
     }
 
-    /// Installs the handles, replica `i` at index `i` (once; later calls are ignored).
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<EngineHandle>> {
+        self.handles.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Installs the first handles, replica `i` at index `i` (once; later calls are ignored).
     pub fn install(&self, handles: Vec<EngineHandle>) {
-        let _ = self.handles.set(handles);
+        let mut h = self.handles.write().unwrap_or_else(|e| e.into_inner());
+        if h.is_empty() {
+            *h = handles;
+        }
     }
 
-    /// The replicas, by index (empty before `install`).
-    pub fn handles(&self) -> &[EngineHandle] {
-        self.handles.get().map_or(&[], Vec::as_slice)
+    /// Adds a replica formed later; returns its index.
+    pub fn push(&self, handle: EngineHandle) -> usize {
+        let mut h = self.handles.write().unwrap_or_else(|e| e.into_inner());
+        h.push(handle);
+        h.len() - 1
+    }
+
+    /// Replicas now.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Replica `i`'s handle.
+    pub fn get(&self, i: usize) -> Option<EngineHandle> {
+        self.read().get(i).cloned()
+    }
+
+    /// The replicas, by index (a snapshot; empty before `install`).
+    pub fn handles(&self) -> Vec<EngineHandle> {
+        self.read().clone()
     }
 
     /// Positions per KV block (the replicas share it).
     pub fn block_size(&self) -> usize {
-        self.handles().first().map_or(0, EngineHandle::block_size)
+        self.read().first().map_or(0, EngineHandle::block_size)
     }
 
     /// Sequences held (or about to be) by each replica that can take work now.
     fn loads(&self) -> Vec<Option<usize>> {
-        self.handles().iter().map(|h| h.healthy().then(|| h.sequences())).collect()
+        self.read().iter().map(|h| h.healthy().then(|| h.sequences())).collect()
     }
 
     /// The replica for a prompt whose block chain is `hashes`
     /// (`routing::prompt_block_hashes`).
-    pub fn pick(&self, hashes: &[u64]) -> Option<(usize, &EngineHandle)> {
+    pub fn pick(&self, hashes: &[u64]) -> Option<(usize, EngineHandle)> {
         let preferred = self.affinity.lock().unwrap_or_else(|e| e.into_inner()).lookup(hashes);
         let i = routing::choose(&self.loads(), preferred, self.cfg.affinity_margin)?;
-        Some((i, &self.handles()[i]))
+        Some((i, self.get(i)?))
     }
 
     /// Replica `i` took a prompt whose block chain is `hashes`.
@@ -72,12 +101,12 @@ impl ReplicaSet {
     /// client gets an error event.
     pub fn hand_off(&self, from: usize, mut m: Migrant) {
         m.hops += 1;
-        if m.hops > self.handles().len() {
+        if m.hops > self.len() {
             return m.fail();
         }
-        match routing::migration_target(&self.loads(), from) {
-            Some(t) => {
-                if let Err(m) = self.handles()[t].adopt(m) {
+        match routing::migration_target(&self.loads(), from).and_then(|t| self.get(t)) {
+            Some(target) => {
+                if let Err(m) = target.adopt(m) {
                     m.fail();
                 }
             }

@@ -10,7 +10,9 @@
 //! healthy it watches the listing too: a worker of the replica that is no longer listed (its
 //! etcd lease expired: the process is hung, stopped or cut off, even if its step stream
 //! has not broken) fails the replica at once (`EngineHandle::evict`) rather than after the
-//! per-step deadline.
+//! per-step deadline. `scale_out` forms new replicas from workers registered after the
+//! start (enough unused ones for a whole replica, while every replica is healthy), so an
+//! operator adds capacity by starting workers.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -20,6 +22,7 @@ use tessera_cluster::{Discovery, WorkerRecord};
 use tessera_proto::worker as pb;
 
 use crate::config::SchedulerConfig;
+use crate::engine::EngineHandle;
 use crate::error::ConfigError;
 use crate::placement::Placement;
 use crate::replica_link::{LoadSpec, ReplicaLink};
@@ -132,6 +135,35 @@ pub fn unlisted_member<'a>(records: &[WorkerRecord], members: &'a [String]) -> O
     members.iter().find(|m| !records.iter().any(|r| &r.addr == *m))
 }
 
+/// The first `n` listed workers that no replica uses, when there are that many.
+pub fn unused_workers(records: &[WorkerRecord], members: &[Vec<String>], n: usize) -> Option<Vec<String>> {
+    let used: HashSet<&String> = members.iter().flatten().collect();
+    let free: Vec<String> = records.iter().map(|r| &r.addr).filter(|a| !used.contains(a)).take(n).cloned().collect();
+    (n > 0 && free.len() == n).then_some(free)
+}
+
+/// Starts the engine of a replica formed at `index` and returns its handle.
+pub type SpawnEngine = Box<dyn Fn(usize, Formed) -> EngineHandle + Send + Sync>;
+
+/// For the coordinator's lifetime: whenever the listing holds enough unused workers for a
+/// whole replica and every replica is healthy (so this never races a re-formation for the
+/// same workers), forms a new replica on them (readiness check, Load) and supervises it.
+pub async fn scale_out(sup: Arc<Supervision>, spawn_engine: SpawnEngine) {
+    let n = sup.spec.placement.workers();
+    loop {
+        sup.discovery.wait_change(sup.period).await;
+        if sup.set.handles().iter().any(|h| !h.healthy()) {
+            continue;
+        }
+        let Ok(records) = sup.discovery.workers().await else { continue };
+        let members = sup.members.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(addrs) = unused_workers(&records, &members, n) else { continue };
+        if let Err(e) = sup.add_replica(&addrs, &spawn_engine).await {
+            tracing::warn!("tessera coordinator: a new replica on {} not formed yet: {e}", addrs.join(","));
+        }
+    }
+}
+
 /// Shared by the supervisors of one coordinator.
 pub struct Supervision {
     pub set: Arc<ReplicaSet>,
@@ -150,15 +182,34 @@ pub struct Supervision {
 impl Supervision {
     /// Runs `supervise` for every replica of the set.
     pub fn spawn_all(self: &Arc<Self>) {
-        for i in 0..self.set.handles().len() {
+        for i in 0..self.set.len() {
             tokio::spawn(supervise(self.clone(), i));
         }
     }
 
     fn busy_except(&self, index: usize) -> HashSet<String> {
         let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
-        let healthy = |i: usize| self.set.handles().get(i).is_some_and(|h| h.healthy());
+        let healthy = |i: usize| self.set.get(i).is_some_and(|h| h.healthy());
         members.iter().enumerate().filter(|&(i, _)| i != index && healthy(i)).flat_map(|(_, m)| m.clone()).collect()
+    }
+
+    /// Forms a new replica on `addrs` and starts supervising it.
+    async fn add_replica(self: &Arc<Self>, addrs: &[String], spawn_engine: &SpawnEngine) -> Result<(), FormError> {
+        for a in addrs {
+            ready_check(a, self.ready_timeout, self.spec.tls.as_ref()).await?;
+        }
+        let index = self.set.len();
+        let group = self.spec.load.group | (index as u64 & 0xff);
+        let formed = tokio::time::timeout(self.form_timeout, form(addrs, &self.spec, group, self.ready_timeout))
+            .await
+            .map_err(|_| FormError::Timeout(self.form_timeout))??;
+        let handle = spawn_engine(index, formed);
+        let pushed = self.set.push(handle);
+        self.members.lock().unwrap_or_else(|e| e.into_inner()).push(addrs.to_vec());
+        debug_assert_eq!(pushed, index, "only scale_out adds replicas");
+        tracing::info!("tessera coordinator: replica {pushed} added on {}", addrs.join(","));
+        tokio::spawn(supervise(self.clone(), pushed));
+        Ok(())
     }
 
     /// One attempt to re-form replica `index`; `epoch` numbers the attempt.
@@ -184,7 +235,7 @@ impl Supervision {
         let formed = tokio::time::timeout(self.form_timeout, form(&addrs, &self.spec, group, self.ready_timeout))
             .await
             .map_err(|_| FormError::Timeout(self.form_timeout))??;
-        let handle = &self.set.handles()[index];
+        let Some(handle) = self.set.get(index) else { return Ok(None) };
         if !handle.attach(formed.link, formed.sched) {
             return Ok(None);
         }
@@ -195,7 +246,7 @@ impl Supervision {
 /// Watches replica `index` for the coordinator's lifetime and re-forms it after each
 /// failure.
 pub async fn supervise(sup: Arc<Supervision>, index: usize) {
-    let Some(handle) = sup.set.handles().get(index).cloned() else { return };
+    let Some(handle) = sup.set.get(index) else { return };
     let mut health = handle.health();
     let mut epoch = 0u64;
     loop {
@@ -262,5 +313,15 @@ mod tests {
         assert_eq!(unlisted_member(&[rec("a:1"), rec("c:3")], &members), Some(&members[1]));
         assert_eq!(unlisted_member(&[], &members), Some(&members[0]));
         assert_eq!(unlisted_member(&[rec("a:1")], &[]), None, "a replica with no members yet");
+    }
+
+    #[test]
+    fn a_new_replica_takes_only_unused_workers() {
+        let listed = [rec("a:1"), rec("b:2"), rec("c:3"), rec("d:4")];
+        let members = vec![vec!["a:1".to_string()], vec!["c:3".to_string()]];
+        assert_eq!(unused_workers(&listed, &members, 2), Some(vec!["b:2".to_string(), "d:4".to_string()]));
+        assert_eq!(unused_workers(&listed, &members, 3), None, "not enough for a whole replica");
+        assert_eq!(unused_workers(&listed[..1], &members, 1), None);
+        assert_eq!(unused_workers(&listed, &members, 0), None);
     }
 }

@@ -6,7 +6,8 @@ is killed with SIGKILL: the standby must take over (its lease wait is the TTL) a
 gateway must follow it, serving the same greedy completion. A worker stopped with SIGSTOP
 (hung: its step stream stays open) loses its lease: the coordinator must fail its replica
 within the TTL and a few seconds, not at the 300 s step deadline, and re-form it once the
-worker resumes and registers again.
+worker resumes and registers again. A worker that registers after the start forms a new
+replica (scale-out).
 
 Skipped when no etcd binary exists, unless TESSERA_REQUIRE_ETCD is set (CI sets it).
 """
@@ -196,4 +197,30 @@ def test_a_hung_worker_is_evicted_when_its_lease_expires(etcd_cluster):
     # Resumed, the worker registers again and the replica is re-formed on it.
     again: list[str] = []
     wait_for("a completion after the worker resumed", lambda: again.append(complete(base)) or again[-1], 60, procs)
+    assert again[-1] == first[-1]
+
+
+def test_a_worker_registered_later_forms_a_new_replica(etcd_cluster):
+    procs, endpoint = etcd_cluster
+    binary, model = str(tessera_bin()), model_path()
+    common = ["--etcd-endpoints", endpoint, "--cluster-name", "grow", "--lease-ttl-s", str(TTL_S)]
+    first_worker = procs.start("worker_1", [binary, "worker", "--listen", f"127.0.0.1:{free_port()}",
+                                            "--threads", "1", *common])
+    procs.start("coordinator", [binary, "coordinator", "--listen", f"127.0.0.1:{free_port()}", "--model", model,
+                                "--kv-memory-mib", "64", "--connect-timeout-s", "60", *common])
+    http_port = free_port()
+    procs.start("gateway", [binary, "gateway", "--listen", f"127.0.0.1:{http_port}", "--model", model, *common])
+    base = f"http://127.0.0.1:{http_port}"
+    first: list[str] = []
+    wait_for("a completion on one replica", lambda: first.append(complete(base)) or first[-1], 90, procs)
+
+    second_addr = f"127.0.0.1:{free_port()}"
+    procs.start("worker_2", [binary, "worker", "--listen", second_addr, "--threads", "1", *common])
+    wait_for("the second replica", lambda: f"replica 1 added on {second_addr}" in procs.tail("coordinator", 200),
+             60, procs)
+    # The first replica's worker dies for good: the new replica serves on its own.
+    os.killpg(first_worker.pid, signal.SIGKILL)
+    first_worker.wait(timeout=10)
+    again: list[str] = []
+    wait_for("a completion on the added replica", lambda: again.append(complete(base)) or again[-1], 30, procs)
     assert again[-1] == first[-1]
