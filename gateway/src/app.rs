@@ -1,6 +1,7 @@
 //! The router: `AppState` (config, engine, codec) and `app(state)`, which tests drive directly
 //! with `tower::ServiceExt::oneshot`. Authentication covers every route except `/health` and
-//! `/ready`; unknown routes and methods get OpenAI-shaped 404/405 bodies.
+//! `/ready` (`/v1/messages*` answer its errors in Anthropic's shape); unknown routes and
+//! methods get OpenAI-shaped 404/405 bodies.
 
 use std::sync::Arc;
 
@@ -109,11 +110,18 @@ pub fn app(state: AppState) -> Router {
         .route("/tokenize", post(handlers::tokenize::tokenize))
         .route("/detokenize", post(handlers::tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    // Anthropic's Messages API: its own auth layer, so errors come in Anthropic's shape.
+    let anthropic = Router::new()
+        .route("/v1/messages", post(handlers::messages::messages))
+        .route_layer(middleware::from_fn_with_state(state.clone(), metrics::track_requests))
+        .route("/v1/messages/count_tokens", post(handlers::messages::count_tokens))
+        .route_layer(middleware::from_fn_with_state(state.clone(), handlers::messages::require_api_key));
     let open = Router::new()
         .route("/health", get(handlers::meta::health))
         .route("/ready", get(handlers::meta::ready))
         .route("/metrics", get(handlers::meta::metrics));
     protected
+        .merge(anthropic)
         .merge(open)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

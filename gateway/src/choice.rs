@@ -111,6 +111,11 @@ impl ChoiceAssembler {
         self.cached_tokens
     }
 
+    /// The stop string that ended the sequence, if one did.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.matcher.matched()
+    }
+
     pub fn is_done(&self) -> bool {
         self.done
     }

@@ -29,8 +29,17 @@ pub struct ChoiceItem {
 
 #[derive(Debug)]
 pub enum ChoiceEvent {
-    Delta { text: String, logprobs: Vec<TokenLogprob> },
-    Finished { reason: ApiFinish, completion_tokens: u32, cached_tokens: Option<u32> },
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// `stop_sequence`: the stop string that ended the choice, if one did.
+    Finished {
+        reason: ApiFinish,
+        completion_tokens: u32,
+        cached_tokens: Option<u32>,
+        stop_sequence: Option<String>,
+    },
     Failed(ChoiceError),
 }
 
@@ -107,6 +116,7 @@ fn to_event(piece: Piece, assembler: &ChoiceAssembler) -> ChoiceEvent {
             reason,
             completion_tokens: assembler.completion_tokens(),
             cached_tokens: assembler.cached_tokens(),
+            stop_sequence: assembler.stop_sequence().map(str::to_owned),
         },
     }
 }
@@ -120,6 +130,8 @@ pub struct ChoiceResult {
     pub finish: Option<ApiFinish>,
     pub completion_tokens: u32,
     pub cached_tokens: Option<u32>,
+    /// The stop string that ended the choice, if one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// Runs all choices to the end. The first failure drops the others (aborting them).
@@ -134,8 +146,9 @@ pub async fn collect(streams: Vec<impl Stream<Item = ChoiceItem> + Send>) -> Res
                     result.text.push_str(&text);
                     result.logprobs.extend(logprobs);
                 }
-                ChoiceEvent::Finished { reason, completion_tokens, cached_tokens } => {
+                ChoiceEvent::Finished { reason, completion_tokens, cached_tokens, stop_sequence } => {
                     result.finish = Some(reason);
+                    result.stop_sequence = stop_sequence;
                     result.completion_tokens = completion_tokens;
                     result.cached_tokens = cached_tokens;
                 }

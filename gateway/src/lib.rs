@@ -1,4 +1,5 @@
-//! Tessera's gateway: the OpenAI-compatible HTTP front end (axum). It validates requests,
+//! Tessera's gateway: the OpenAI-compatible HTTP front end (axum), which also speaks
+//! Anthropic's Messages API (`anthropic/`, `handlers/messages.rs`). It validates requests,
 //! renders the chat template, tokenizes, sends token ids to an `Engine` (the coordinator's
 //! gRPC client in production, `testing::FakeEngine` in tests), and streams the tokens back,
 //! detokenized incrementally with stop strings matched here. Text never crosses the engine
@@ -7,6 +8,7 @@
 //! Request path: `app.rs` (router, auth) -> `handlers/*` -> `validate.rs` -> `generate.rs`
 //! (one engine sequence per choice) -> `choice.rs` (detokenize, `stop.rs`) -> JSON or `sse.rs`.
 
+pub mod anthropic;
 pub mod app;
 pub mod auth;
 pub mod body;

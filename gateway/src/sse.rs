@@ -44,7 +44,7 @@ pub fn sse_response<R: ChunkRenderer>(
         while let Some(item) = merged.next().await {
             match item.event {
                 ChoiceEvent::Delta { text, logprobs } => yield data(&renderer.delta(item.index, text, logprobs)),
-                ChoiceEvent::Finished { reason, completion_tokens, cached_tokens } => {
+                ChoiceEvent::Finished { reason, completion_tokens, cached_tokens, .. } => {
                     tally.record(item.index, completion_tokens, cached_tokens);
                     yield data(&renderer.finish(item.index, reason));
                 }

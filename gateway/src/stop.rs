@@ -24,17 +24,24 @@ pub struct StopMatcher {
     /// Text received but not yet released: a tail that is a proper prefix of a stop string.
     held: String,
     stopped: bool,
+    /// The stop string that matched, once one has.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
     /// Empty stop strings are ignored (they would match before any text).
     pub fn new(stops: &[String]) -> Self {
         let stops = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
-        StopMatcher { stops, held: String::new(), stopped: false }
+        StopMatcher { stops, held: String::new(), stopped: false, matched: None }
     }
 
     pub fn is_empty(&self) -> bool {
         self.stops.is_empty()
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Feeds the next piece of text. After `Stopped`, further pieces return `Stopped("")`.
@@ -46,8 +53,9 @@ impl StopMatcher {
             return StopStep::Continue(piece.to_owned());
         }
         self.held.push_str(piece);
-        if let Some(at) = self.earliest_match() {
+        if let Some((at, stop)) = self.earliest_match() {
             self.stopped = true;
+            self.matched = Some(stop);
             let mut out = std::mem::take(&mut self.held);
             out.truncate(at);
             return StopStep::Stopped(out);
@@ -65,10 +73,10 @@ impl StopMatcher {
         std::mem::take(&mut self.held)
     }
 
-    /// Start in `held` of the stop string that completes first.
-    fn earliest_match(&self) -> Option<usize> {
-        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at + s.len(), at)));
-        found.min().map(|(_, start)| start)
+    /// Start in `held` of the stop string that completes first, and that string.
+    fn earliest_match(&self) -> Option<(usize, String)> {
+        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at + s.len(), at, s)));
+        found.min().map(|(_, start, s)| (start, s.clone()))
     }
 
     /// Start of the longest suffix of `held` that is a proper prefix of some stop string
@@ -163,7 +171,9 @@ mod tests {
         // "ENx" cannot become "END": released whole.
         assert_eq!(m.push("x"), StopStep::Continue("ENx".into()));
         assert_eq!(m.push("yE"), StopStep::Continue("y".into()));
+        assert_eq!(m.matched(), None);
         assert_eq!(m.push("ND tail"), StopStep::Stopped(String::new()));
+        assert_eq!(m.matched(), Some("END"));
         assert_eq!(m.push("more"), StopStep::Stopped(String::new()));
         assert_eq!(m.finish(), "");
     }

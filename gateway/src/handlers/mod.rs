@@ -3,5 +3,6 @@
 
 pub mod chat;
 pub mod completions;
+pub mod messages;
 pub mod meta;
 pub mod tokenize;

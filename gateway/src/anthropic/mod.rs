@@ -1,0 +1,10 @@
+//! Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`): wire types, the
+//! translation of a request onto the chat path (template, sampling, stop strings), the error
+//! shape and the SSE event sequence. Generation itself is the chat path's (`generate.rs`).
+//! Text only for now: `tool_use`, `tool_result`, images and structured outputs are refused with
+//! a 400.
+
+pub mod convert;
+pub mod errors;
+pub mod stream;
+pub mod types;

@@ -1,0 +1,91 @@
+//! Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens`, and the API-key check
+//! for them (`x-api-key` or `Authorization: Bearer`) with errors in Anthropic's shape. The
+//! request is rendered through the chat template and generated exactly as chat is
+//! (`generate::start`); `anthropic/` holds the translation and the event stream.
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::anthropic::convert::{self, stop_reason};
+use crate::anthropic::errors::AnthropicError;
+use crate::anthropic::stream::sse_response;
+use crate::anthropic::types::{
+    CountTokensRequest, CountTokensResponse, MessageIn, MessageResponse, MessageUsage, MessagesRequest, TextBlock,
+};
+use crate::app::AppState;
+use crate::auth::check_api_key;
+use crate::body::{parse_json, RawBody};
+use crate::error::ApiError;
+use crate::generate::{self, PromptPlan};
+use crate::ids::new_id;
+use crate::validate;
+
+/// The auth middleware of the Anthropic routes.
+pub async fn require_api_key(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, AnthropicError> {
+    check_api_key(&state, req.headers())?;
+    Ok(next.run(req).await)
+}
+
+pub async fn messages(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<RawBody, ApiError>,
+) -> Result<Response, AnthropicError> {
+    convert::check_version(&headers)?;
+    let RawBody(body) = body?;
+    let req: MessagesRequest = parse_json(&body)?;
+    let params = convert::params(&state, &req)?;
+    let ids = prompt_ids(&state, req.system.as_ref(), &req.messages)?;
+    let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "messages")?;
+    let input_tokens = ids.len() as u32;
+    let prompts = [PromptPlan { ids, max_tokens }];
+
+    let id = new_id("msg").replacen('-', "_", 1);
+    let model = state.model_name().to_owned();
+    let mut choices = generate::start(&state, &id, &prompts, &params).await?;
+    let usage = MessageUsage { input_tokens, output_tokens: 0 };
+    if params.stream {
+        let choice = choices.pop().ok_or_else(|| ApiError::Internal("no choice stream".to_owned()))?;
+        let start = MessageResponse::new(id, model, Vec::new(), usage);
+        return Ok(sse_response(start, choice, state.config().keep_alive));
+    }
+    let result =
+        generate::collect(choices).await?.pop().ok_or_else(|| ApiError::Internal("no choice result".to_owned()))?;
+    let usage = MessageUsage { input_tokens, output_tokens: result.completion_tokens };
+    let mut message = MessageResponse::new(id, model, vec![TextBlock::new(result.text)], usage);
+    message.stop_reason = Some(stop_reason(result.finish, result.stop_sequence.as_deref()));
+    message.stop_sequence = result.stop_sequence;
+    Ok(Json(message).into_response())
+}
+
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<RawBody, ApiError>,
+) -> Result<Json<CountTokensResponse>, AnthropicError> {
+    convert::check_version(&headers)?;
+    let RawBody(body) = body?;
+    let req: CountTokensRequest = parse_json(&body)?;
+    state.check_model(req.model.as_deref())?;
+    let ids = prompt_ids(&state, req.system.as_ref(), &req.messages)?;
+    Ok(Json(CountTokensResponse { input_tokens: ids.len() as u32 }))
+}
+
+/// The templated prompt's ids, exactly as chat renders and encodes them.
+fn prompt_ids(
+    state: &AppState,
+    system: Option<&serde_json::Value>,
+    messages: &[MessageIn],
+) -> Result<Vec<u32>, AnthropicError> {
+    let messages = convert::messages(system, messages)?;
+    let codec = state.codec();
+    let text = codec.render_chat(&messages, true).map_err(|e| ApiError::from_codec(e, "messages"))?;
+    Ok(codec.encode_prompt(&text, true).map_err(|e| ApiError::from_codec(e, "messages"))?)
+}
