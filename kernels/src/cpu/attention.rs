@@ -43,12 +43,12 @@ pub struct SeqSlice<'a> {
 
 impl PagedKv {
     /// Values per token in the cache: all kv heads of one slot.
-    fn token_stride(&self) -> usize {
+    pub(crate) fn token_stride(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
 
     /// Checks the geometry and both cache buffers; returns `num_blocks`.
-    fn check_cache(&self, op: &'static str, k_len: usize, v_len: usize) -> Result<usize, KernelError> {
+    pub(crate) fn check_cache(&self, op: &'static str, k_len: usize, v_len: usize) -> Result<usize, KernelError> {
         check(self.block_size > 0 && self.n_kv_heads > 0 && self.head_dim > 0, op, || {
             format!("block_size, n_kv_heads, head_dim must be > 0, got {self:?}")
         })?;
@@ -64,7 +64,7 @@ impl PagedKv {
 
     /// Checks `seq`'s table covers its context with valid block ids; returns the context
     /// length `first_pos + n_tokens`.
-    fn check_seq(&self, op: &'static str, seq: &SeqSlice, num_blocks: usize) -> Result<usize, KernelError> {
+    pub(crate) fn check_seq(&self, op: &'static str, seq: &SeqSlice, num_blocks: usize) -> Result<usize, KernelError> {
         let ctx = seq.first_pos.checked_add(seq.n_tokens).ok_or_else(|| KernelError::Shape {
             op,
             detail: format!("first_pos {} + n_tokens {} overflows", seq.first_pos, seq.n_tokens),
@@ -84,7 +84,7 @@ impl PagedKv {
     }
 
     /// Offset in the cache of `position`'s slot (all kv heads) for a checked table.
-    fn slot_offset(&self, block_table: &[u32], position: usize) -> usize {
+    pub(crate) fn slot_offset(&self, block_table: &[u32], position: usize) -> usize {
         let block = block_table[position / self.block_size] as usize;
         (block * self.block_size + position % self.block_size) * self.token_stride()
     }
