@@ -181,8 +181,10 @@ fn f16_attention_follows_its_rounding_steps_and_approaches_exact() {
                 let want = case.stepwise(scale);
                 let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0f32, f32::max);
                 assert!(worst <= 2.0 * 2f32.powi(-11), "{what}: stepwise reference off by {worst:e}");
-                let equal = got.iter().zip(&want).filter(|(g, w)| g.to_bits() == w.to_bits()).count();
-                assert!(equal * 10 >= got.len() * 9, "{what}: only {equal}/{} values bit-equal to stepwise", got.len());
+                // Mostly the f16 accumulators agree exactly and only the f32 sum `S` (one
+                // ulp here and there from the dot's order) differs: far below an f16 step.
+                let near = got.iter().zip(&want).filter(|(g, w)| (*g - *w).abs() <= 1e-6 * w.abs() + 1e-9).count();
+                assert!(near * 10 >= got.len() * 9, "{what}: only {near}/{} values within 1e-6 of stepwise", got.len());
 
                 // Against exact attention: each of the <= ctx accumulator roundings loses at
                 // most 2^-12 of |acc| <= Σw; relative to the output (acc / Σw) that is

@@ -11,6 +11,10 @@
 //! Softmax is two-pass per (token, head): scores into an O(context) f32 buffer, max,
 //! `exp(s - max)` weights summed in f32, then the weighted sum of V rows normalised once.
 //! Work is parallel over (token, head) rows of the output.
+//!
+//! This f32 version is the exact reference (the GPU kernels are tested against it); the
+//! CPU engine keeps its cache in f16 and takes llama.cpp's rounding steps, see
+//! [`super::attention_f16`].
 
 use rayon::prelude::*;
 
