@@ -534,8 +534,7 @@ fn rope_ggml_angles_follow_the_f32_recurrence() {
     let theta = 100_000.0f32;
     let ff: Vec<f32> = (0..hd / 2).map(|i| 1.0 + (i % 5) as f32 * 0.75).collect();
     for factors in [None, Some(ff)] {
-        let params =
-            RopeParams::new(hd, theta, None, factors.clone()).unwrap().with_angles(RopeAngles::Ggml).unwrap();
+        let params = RopeParams::new(hd, theta, None, factors.clone()).unwrap().with_angles(RopeAngles::Ggml).unwrap();
         assert_eq!(params.angles(), RopeAngles::Ggml);
         let x = rand_vec(&mut r, positions.len() * n_heads * hd, -2.0, 2.0);
         let mut got = x.clone();

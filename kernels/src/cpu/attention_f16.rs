@@ -18,8 +18,8 @@
 //! the point (llama.cpp's results carry the same loss), not an accident.
 //! Work is parallel over (token, head) rows of the output, as in [`super::attention`].
 
-use half::slice::HalfFloatSliceExt;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::attention::{PagedKv, SeqSlice};
