@@ -16,7 +16,8 @@
 //! dequantised weights gets 95.6% teacher-forced and 4 of 12). So the CPU engine takes
 //! llama.cpp's CPU rounding steps (the fixture's run: AVX-512 build, flash attention
 //! auto = on, f16 KV cache), and for a short prompt its logits are bit-identical to
-//! llama.cpp's at every step (checked layer by layer against a tensor dump of libllama):
+//! llama.cpp's at every step (checked layer by layer against libllama's tensors, dumped
+//! with an eval callback):
 //! f16 KV cache and ggml's f16 flash-attention steps (`attention_f16`), f16 scales of the
 //! 8-bit activation blocks and their `127 / max` multiplier (`quant::q8`), one FMA chain
 //! per lane in the Q4_1/Q8_0 dots (`matmul_scalar`, `simd_avx2`), ggml's f32 RoPE angles
