@@ -1,11 +1,13 @@
 //! The non-matmul CPU ops against straightforward f64 references written here, on
-//! random inputs: RMSNorm, RoPE (both pair styles, Llama-3 scaling, frequency factors),
-//! the pointwise ops, softmax, and paged attention against dense causal attention.
+//! random inputs: RMSNorm, RoPE (both pair styles, Llama-3 scaling, frequency factors,
+//! ggml-style angles), the pointwise ops (incl. ggml's `e^x` and SwiGLU), softmax, and
+//! paged attention against dense causal attention.
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{attention, write_kv, PagedKv, SeqSlice};
-use tessera_kernels::cpu::rope::{rope, Llama3Scaling, RopeParams, RopeStyle};
+use tessera_kernels::cpu::exp_ggml::exp_ggml;
+use tessera_kernels::cpu::rope::{rope, Llama3Scaling, RopeAngles, RopeParams, RopeStyle};
 use tessera_kernels::cpu::{activation, norm, softmax};
 use tessera_kernels::KernelError;
 
@@ -516,4 +518,102 @@ fn paged_attention_rejects_bad_inputs() {
     assert!(is_shape_err(write_kv(&cache, &mut kc, &mut vc, &kv[1..], &kv[1..], &ok)));
     let zero = PagedKv { block_size: 0, ..cache };
     assert!(is_shape_err(attention(&zero, &kc, &vc, &mut out, &q, &ok, 4, 0.3)));
+}
+
+// ---------------------------------------------------------------- llama.cpp-style steps
+
+/// The ggml-style rope against its definition, written out here: `theta_scale =
+/// theta^(-2/d)` in f32, pair `i`'s angle is the position multiplied by it `i` times in
+/// f32 (then divided by frequency factor `i`), and the rotation is evaluated in f64 from
+/// the f32 `cos`/`sin` of that angle.
+#[test]
+fn rope_ggml_angles_follow_the_f32_recurrence() {
+    let mut r = rng(40);
+    let positions: Vec<u32> = vec![0, 1, 7, 300, 4095, 31_000];
+    let (n_heads, hd) = (3, 64);
+    let theta = 100_000.0f32;
+    let ff: Vec<f32> = (0..hd / 2).map(|i| 1.0 + (i % 5) as f32 * 0.75).collect();
+    for factors in [None, Some(ff)] {
+        let params = RopeParams::new(hd, theta, None, factors.clone()).unwrap().with_angles(RopeAngles::Ggml).unwrap();
+        assert_eq!(params.angles(), RopeAngles::Ggml);
+        let x = rand_vec(&mut r, positions.len() * n_heads * hd, -2.0, 2.0);
+        let mut got = x.clone();
+        rope(&mut got, positions.len(), n_heads, hd, &positions, &params, RopeStyle::Interleaved).unwrap();
+        let scale = theta.powf(-2.0 / hd as f32);
+        let mut want = Vec::new();
+        for (t, &p) in positions.iter().enumerate() {
+            let mut angles = Vec::new();
+            let mut a = p as f32;
+            for i in 0..hd / 2 {
+                angles.push(match &factors {
+                    Some(f) => a / f[i],
+                    None => a,
+                });
+                a *= scale;
+            }
+            for h in 0..n_heads {
+                let base = (t * n_heads + h) * hd;
+                for (i, &ang) in angles.iter().enumerate() {
+                    let (c, s) = (f64::from(ang.cos()), f64::from(ang.sin()));
+                    let (x0, x1) = (f64::from(x[base + 2 * i]), f64::from(x[base + 2 * i + 1]));
+                    want.push(x0 * c - x1 * s);
+                    want.push(x0 * s + x1 * c);
+                }
+            }
+        }
+        assert_close("rope ggml angles", &got, &want, 1e-6, 1e-6);
+        // The f32 recurrence drifts from the exact angle at large positions: the two
+        // modes are different computations, and both stay close to the rotation.
+        let mut exact = x.clone();
+        let p_exact = RopeParams::new(hd, theta, None, factors.clone()).unwrap();
+        rope(&mut exact, positions.len(), n_heads, hd, &positions, &p_exact, RopeStyle::Interleaved).unwrap();
+        assert_ne!(exact, got, "ggml and exact angles gave identical rows");
+        let worst = exact.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 0.05, "ggml-style angles far from the exact rotation: {worst}");
+    }
+    // llama.cpp has no ggml arithmetic for Llama-3 scaling given as a config.
+    let l3 = RopeParams::new(128, 500_000.0, Some(llama31()), None).unwrap();
+    assert!(is_shape_err(l3.with_angles(RopeAngles::Ggml)));
+}
+
+#[test]
+fn exp_ggml_is_within_a_few_ulp_of_exp() {
+    let mut r = rng(41);
+    let mut worst_ulp = 0.0f64;
+    for _ in 0..200_000 {
+        let x = unif(&mut r, -87.0, 88.0);
+        let got = f64::from(exp_ggml(x));
+        let want = f64::from(x).exp();
+        // Error in units of the last place of the f32 result.
+        let ulp = (want.abs() as f32).next_up() as f64 - want.abs() as f32 as f64;
+        worst_ulp = worst_ulp.max((got - want).abs() / ulp);
+    }
+    assert!(worst_ulp <= 4.0, "exp_ggml off by {worst_ulp:.2} ulp");
+    // Edges: exact at 0, overflow to +inf, underflow through subnormals to 0, NaN.
+    assert_eq!(exp_ggml(0.0), 1.0);
+    assert_eq!(exp_ggml(100.0), f32::INFINITY);
+    assert_eq!(exp_ggml(f32::INFINITY), f32::INFINITY);
+    let tiny = exp_ggml(-100.0);
+    assert!(tiny > 0.0 && !tiny.is_normal(), "e^-100 should be an f32 subnormal, got {tiny:e}");
+    assert!((f64::from(tiny) - (-100f64).exp()).abs() <= f64::from(f32::from_bits(1)));
+    assert_eq!(exp_ggml(-200.0), 0.0);
+    assert_eq!(exp_ggml(f32::NEG_INFINITY), 0.0);
+    assert!(exp_ggml(f32::NAN).is_nan());
+}
+
+#[test]
+fn silu_mul_ggml_matches_reference() {
+    let mut r = rng(42);
+    // A decode row and a batch large enough for the parallel path.
+    for n in [1536, 64 * 1536 + 16] {
+        let gate = rand_vec(&mut r, n, -12.0, 12.0);
+        let up = rand_vec(&mut r, n, -3.0, 3.0);
+        let mut got = gate.clone();
+        activation::silu_mul_ggml_inplace(&mut got, &up).unwrap();
+        let want: Vec<f64> =
+            gate.iter().zip(&up).map(|(&g, &u)| f64::from(g) / (1.0 + (-f64::from(g)).exp()) * f64::from(u)).collect();
+        assert_close("silu_mul_ggml", &got, &want, 1e-6, 2e-6);
+    }
+    let mut g = vec![1.0f32; 4];
+    assert!(is_shape_err(activation::silu_mul_ggml_inplace(&mut g, &[1.0; 3])));
 }

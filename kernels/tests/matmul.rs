@@ -96,7 +96,7 @@ fn act_block(ty: GgmlType) -> Option<usize> {
 }
 
 /// Independent 8-bit quantisation of one token's activations, as the matmul's contract
-/// says: per block, `d = max|x| / 127` (f32), `q = round_half_even(x / d)`; for 32-value
+/// says: per block, `d = max|x| / 127` (f32), `q = round_half_even(x · id)` (see below); for 32-value
 /// blocks the stored scale `d16` and the block sum `s16 = d·Σq` are rounded to f16 when
 /// the library says so (`Q8_SCALES_F16`, as ggml's Q8_0/Q8_1), for 256-value blocks (Q8_K)
 /// `d` stays f32. (`d16 = d`, `s16 = d·Σq` when nothing is rounded.)
@@ -121,7 +121,13 @@ fn quantised_x(x: &[f32], block: usize) -> QuantX {
     for b in x.chunks(block) {
         let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        // The multiplier is `127 / max|x|` for 32-value blocks (as ggml's x86 Q8_0/Q8_1),
+        // `1 / d` for 256-value ones.
+        let id = match (d > 0.0, block == 32) {
+            (false, _) => 0.0,
+            (true, true) => 127.0 / amax,
+            (true, false) => 1.0 / d,
+        };
         let q: Vec<f32> = b.iter().map(|&v| (v * id).round_ties_even()).collect();
         let d16 = f16_round(d) as f64;
         let qsum: f32 = q.iter().sum();
@@ -264,7 +270,11 @@ fn scalar_and_avx2_agree() {
                 for t in 0..n {
                     let abs_sum: f32 = wrow.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(p, q)| (p * q).abs()).sum();
                     let (s, v) = (a[t * rows + r], b[t * rows + r]);
-                    // Same integer block sums; only the f32 summation order differs.
+                    if act_block(ty) == Some(32) {
+                        // Q4_0/Q4_1/Q8_0: the same lanes, FMA chains and final sum.
+                        assert!(s.to_bits() == v.to_bits(), "{ty} cols={cols} r={r} t={t}: scalar {s} avx2 {v}");
+                    }
+                    // Same integer block sums; at most the f32 summation order differs.
                     assert!((s - v).abs() <= 2e-6 * abs_sum, "{ty} cols={cols} r={r} t={t}: scalar {s} avx2 {v}");
                 }
             }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use tessera_kernels::cpu::{activation, attention, matmul, norm, rope};
+use tessera_kernels::cpu::{activation, attention, attention_f16, matmul, norm, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
 
@@ -178,7 +178,12 @@ impl LlamaModel {
             });
         }
         let freq_factors = if w.has("rope_freqs.weight") { Some(w.vector("rope_freqs.weight", hd / 2)?) } else { None };
-        let rope = rope_params(c, freq_factors)?;
+        // llama.cpp's angle arithmetic where it has one (everything but Llama-3 scaling
+        // from a config.json): the engine is checked against its output.
+        let rope = match c.rope_scaling {
+            None => rope_params(c, freq_factors)?.with_angles(rope::RopeAngles::Ggml)?,
+            Some(_) => rope_params(c, freq_factors)?,
+        };
         let rope_style = rope_style(c);
         let norm = w.vector("output_norm.weight", h)?;
         debug_assert!(matches!(c.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3));
@@ -299,7 +304,7 @@ impl LlamaModel {
                 let n = s.tokens.len();
                 let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
                 let (kr, vr) = (&k[row * kv_dim..(row + n) * kv_dim], &v[row * kv_dim..(row + n) * kv_dim]);
-                attention::write_kv(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
+                attention_f16::write_kv_f16(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
                 row += n;
             }
             // Then attention for all chunks in one parallel region: one region per
@@ -325,7 +330,7 @@ impl LlamaModel {
                 let n = s.tokens.len();
                 let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
                 let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
-                attention::attention(&cache, k_cache, v_cache, out, qs, &seq, n_heads, scale)
+                attention_f16::attention_f16(&cache, k_cache, v_cache, out, qs, &seq, n_heads, scale)
             })?;
             match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
@@ -339,7 +344,7 @@ impl LlamaModel {
 
             norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)?;
             layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)?;
-            activation::silu_mul_inplace(&mut gate, &up)?;
+            activation::silu_mul_ggml_inplace(&mut gate, &up)?;
             match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &gate, t_total, &mut act_full, &mut gathered)?;

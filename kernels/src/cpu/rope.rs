@@ -6,9 +6,14 @@
 //! per-pair frequency factors (llama.cpp's `rope_freqs.weight`). Dimensions at and past
 //! `rope_dim` pass through unchanged (partial rotary).
 //!
-//! Precision: `inv_freq` and the angle are computed in f64 and `sin`/`cos` rounded to
-//! f32; the rotation itself is f32. This is the exact angle; llama.cpp (f32, repeated
-//! multiplication) and HF (f32 `pos * inv_freq`) differ from it only by their rounding.
+//! Precision: by default ([`RopeAngles::Exact`]) `inv_freq` and the angle are computed
+//! in f64 and `sin`/`cos` rounded to f32: the exact angle. [`RopeAngles::Ggml`] instead
+//! takes llama.cpp's CPU steps, all f32 (`theta_scale = theta^(-2/rope_dim)`, the angle
+//! of pair `i` is the position multiplied by `theta_scale` `i` times, then divided by
+//! frequency factor `i`), which differ from the exact angle only by their rounding but
+//! let the CPU engine reproduce llama.cpp's rotated q/k bit for bit. The rotation is
+//! `x0·cos - x1·sin`, `x0·sin + x1·cos` with the `x0` product fused (one FMA each), as
+//! ggml's compiled loop does.
 
 use rayon::prelude::*;
 
@@ -45,12 +50,26 @@ pub struct Llama3Scaling {
     pub original_max_position: usize,
 }
 
+/// How [`rope`] computes each position's angles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeAngles {
+    /// `pos * inv_freq[i]` in f64; `sin`/`cos` rounded to f32.
+    Exact,
+    /// llama.cpp's CPU arithmetic (see the module docs). Not available with Llama-3
+    /// scaling from a config (llama.cpp only knows it as frequency factors).
+    Ggml,
+}
+
 /// The per-pair inverse frequencies of one model's RoPE.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeParams {
     rope_dim: usize,
     /// `[rope_dim / 2]`, radians per position.
     inv_freq: Vec<f64>,
+    angles: RopeAngles,
+    /// For [`RopeAngles::Ggml`]: `theta^(-2 / rope_dim)` in f32, and the frequency
+    /// factors (`[rope_dim / 2]`) if any. `None` with Llama-3 scaling.
+    ggml: Option<(f32, Option<Vec<f32>>)>,
 }
 
 impl RopeParams {
@@ -79,16 +98,54 @@ impl RopeParams {
                 *f = llama3_inv_freq(*f, &s);
             }
         }
-        if let Some(ff) = freq_factors {
+        if let Some(ff) = &freq_factors {
             check(ff.len() == half, OP, || format!("{} frequency factors, expected rope_dim/2 = {half}", ff.len()))?;
             check(ff.iter().all(|&v| v.is_finite() && v > 0.0), OP, || {
                 "frequency factors must be finite and > 0".to_string()
             })?;
-            for (f, &d) in inv_freq.iter_mut().zip(&ff) {
+            for (f, &d) in inv_freq.iter_mut().zip(ff) {
                 *f /= f64::from(d);
             }
         }
-        Ok(Self { rope_dim, inv_freq })
+        let ggml = llama3.is_none().then(|| (theta.powf(-2.0 / rope_dim as f32), freq_factors));
+        Ok(Self { rope_dim, inv_freq, angles: RopeAngles::Exact, ggml })
+    }
+
+    /// These parameters with angles computed as `angles` says. [`RopeAngles::Ggml`] is
+    /// refused for parameters built with Llama-3 scaling.
+    pub fn with_angles(mut self, angles: RopeAngles) -> Result<Self, KernelError> {
+        check(angles == RopeAngles::Exact || self.ggml.is_some(), "rope_params", || {
+            "ggml-style angles need frequency factors, not Llama-3 scaling from a config".to_string()
+        })?;
+        self.angles = angles;
+        Ok(self)
+    }
+
+    /// How the angles are computed.
+    pub fn angles(&self) -> RopeAngles {
+        self.angles
+    }
+
+    /// Writes the `(cos, sin)` of each pair's angle at position `pos` into `cs`.
+    fn cos_sin(&self, pos: u32, cs: &mut Vec<(f32, f32)>) {
+        cs.clear();
+        match (&self.ggml, self.angles) {
+            (Some((theta_scale, ff)), RopeAngles::Ggml) => {
+                let mut theta = pos as f32;
+                for i in 0..self.rope_dim / 2 {
+                    let t = match ff {
+                        Some(ff) => theta / ff[i],
+                        None => theta,
+                    };
+                    cs.push((t.cos(), t.sin()));
+                    theta *= theta_scale;
+                }
+            }
+            _ => cs.extend(self.inv_freq.iter().map(|&f| {
+                let (s, c) = (f64::from(pos) * f).sin_cos();
+                (c as f32, s as f32)
+            })),
+        }
     }
 
     /// Number of rotated dimensions per head.
@@ -153,26 +210,18 @@ pub fn rope(
     let half = params.rope_dim / 2;
     // `cs` holds the token's (cos, sin) per pair, shared by all its heads.
     let token = |cs: &mut Vec<(f32, f32)>, (xr, &pos): (&mut [f32], &u32)| {
-        cs.clear();
-        cs.extend(params.inv_freq.iter().map(|&f| {
-            let (s, c) = (f64::from(pos) * f).sin_cos();
-            (c as f32, s as f32)
-        }));
+        params.cos_sin(pos, cs);
         for head in xr.chunks_exact_mut(head_dim) {
             match style {
                 RopeStyle::Interleaved => {
                     for (pair, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs.iter()) {
-                        let (a, b) = (pair[0], pair[1]);
-                        pair[0] = a * c - b * s;
-                        pair[1] = a * s + b * c;
+                        (pair[0], pair[1]) = rotate(pair[0], pair[1], c, s);
                     }
                 }
                 RopeStyle::Neox => {
                     let (lo, hi) = head[..2 * half].split_at_mut(half);
                     for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs.iter()) {
-                        let (x0, x1) = (*a, *b);
-                        *a = x0 * c - x1 * s;
-                        *b = x0 * s + x1 * c;
+                        (*a, *b) = rotate(*a, *b, c, s);
                     }
                 }
             }
@@ -185,4 +234,11 @@ pub fn rope(
         x.chunks_mut(row).zip(positions.iter()).for_each(|item| token(&mut cs, item));
     }
     Ok(())
+}
+
+/// `(x0·c - x1·s, x0·s + x1·c)`, each with its `x0` product fused into the subtraction
+/// or addition (the order of ggml's compiled rotation).
+#[inline]
+fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
 }

@@ -1,7 +1,8 @@
 //! AVX2 row kernels of the CPU matmul for Q4_0, Q4_1, Q8_0 and the float types.
 //!
-//! Same arithmetic as `matmul_scalar.rs` (the integer block sums are identical; only the
-//! order of the f32 additions differs). Per 32-value block: unpack the weight quants to
+//! Same arithmetic as `matmul_scalar.rs`, bit for bit for Q4_0, Q4_1 and Q8_0 (the same
+//! eight i32 lanes per block, FMA chains and final horizontal sum; for the float types
+//! only the order of the f32 additions differs). Per 32-value block: unpack the weight quants to
 //! 32 bytes, `maddubs` (u8 × i8 → pairs summed in i16, which cannot saturate here:
 //! |pair| <= 2·15·127 for nibbles, 2·128·127 for Q8_0), `madd` with ones (→ 8 × i32),
 //! convert and FMA with `d_w · d_x`. For several tokens, micro-kernels of 2 rows × 2 or 4
@@ -75,6 +76,7 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
 /// the FMA latency when R·N = 1). `$unpack(blk)` gives (32 quant bytes, d, offset
 /// coefficient); the block adds `coef · s_x` when `$offset`; `$mul(w, x)` gives the i32
 /// lanes of the block's integer dot; `$feat` the target features it is compiled for.
+/// (The kernels are called with K = 1, see `tiled!`; K stays a parameter for experiments.)
 macro_rules! q8_kernel {
     ($feat:literal, $name:ident, $bytes:expr, $offset:expr, |$blk:ident| $unpack:block, |$wv:ident, $xv:ident| $mul:block) => {
         /// `w`: `R` rows of `row_bytes` from `w`; writes `out[r * stride + t]` for token `t0 + t`.
@@ -213,9 +215,12 @@ pub(crate) fn check_q8(
 /// Tiles rows × tokens into micro-kernel calls: one row at a time for a single token
 /// (decode: reading several rows at once defeats the hardware prefetcher and halves
 /// the speed of streaming weights from DRAM), two rows × two or four tokens otherwise.
-// Every variant splits the blocks over the same two accumulators (K = 2), so a token's
-// result is bit-identical whatever tile it lands in: batch invariance (a sequence's
-// tokens do not depend on what else is in the batch) rests on this.
+// Every variant uses one accumulator set (K = 1), so a token's result is bit-identical
+// whatever tile it lands in: batch invariance (a sequence's tokens do not depend on what
+// else is in the batch) rests on this. K = 1 is also the order of the scalar kernels and
+// of ggml's x86 `vec_dot` (one FMA chain per lane over the row's blocks), which the CPU
+// engine reproduces bit for bit. (K = 2 had been chosen to hide FMA latency at decode;
+// `tessera bench` showed no decode difference beyond this 2-core machine's ±10% noise.)
 macro_rules! tiled {
     ($pub_name:ident, $rn:ident, $bytes:expr) => {
         pub(crate) unsafe fn $pub_name(
@@ -241,33 +246,33 @@ macro_rules! tiled {
                 match nt {
                     1 => {
                         while r < rows {
-                            call!(1, 1, 2);
+                            call!(1, 1, 1);
                             r += 1;
                         }
                     }
                     2 => {
                         while r + 2 <= rows {
-                            call!(2, 2, 2);
+                            call!(2, 2, 1);
                             r += 2;
                         }
                         while r < rows {
-                            call!(1, 2, 2);
+                            call!(1, 2, 1);
                             r += 1;
                         }
                     }
                     3 => {
                         while r < rows {
-                            call!(1, 3, 2);
+                            call!(1, 3, 1);
                             r += 1;
                         }
                     }
                     _ => {
                         while r + 2 <= rows {
-                            call!(2, 4, 2);
+                            call!(2, 4, 1);
                             r += 2;
                         }
                         while r < rows {
-                            call!(1, 4, 2);
+                            call!(1, 4, 1);
                             r += 1;
                         }
                     }

@@ -1,0 +1,188 @@
+//! Causal attention over a paged KV cache held in f16: the CPU engine's attention.
+//!
+//! Same cache layout, block tables and causal rule as [`super::attention`] (which keeps
+//! f32 and is the exact reference), but with the rounding steps of llama.cpp's CPU
+//! flash-attention kernel for an f16 cache (llama.cpp's default), so that the engine
+//! makes the same near-tie decisions as the reference it is checked against:
+//! - K and V are stored rounded to f16 (nearest, ties to even): half the memory of f32.
+//! - Each query row is rounded to f16. A score is the f16·f16 dot (every product is
+//!   exact in f32) summed in f32 in the lane order of ggml's AVX-512 build (64 lanes, see
+//!   [`dot_lanes`]), times `scale`.
+//! - Softmax is online over the positions in order: a running max `M` and sum `S` in f32,
+//!   and the weighted sum of V rows kept in f16. On a new maximum the accumulator is
+//!   scaled by `e^(M_old - M)` and rounded to f16; every position adds `w * v` (one f32
+//!   FMA, rounded to f16), with `w = e^(s - M)`.
+//! - The output is the accumulator widened to f32, times `1 / S`.
+//!
+//! The f16 accumulator loses about 11 bits per step against the f32 reference; that is
+//! the point (llama.cpp's results carry the same loss), not an accident.
+//! Work is parallel over (token, head) rows of the output, as in [`super::attention`].
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::attention::{PagedKv, SeqSlice};
+use crate::error::check;
+use crate::KernelError;
+
+/// Below this many multiply-adds (`tokens * heads * context * head_dim`) a call stays on
+/// the calling thread.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// Lanes of one step of the score dot (ggml AVX-512: four 16-lane f32 registers).
+const LANES: usize = 64;
+
+/// Stores the chunk's new keys and values, `k`, `v`: `[n_tokens, n_kv_heads * head_dim]`
+/// f32, rounded to f16; token `t` goes to position `first_pos + t`.
+pub fn write_kv_f16(
+    cache: &PagedKv,
+    k_cache: &mut [f16],
+    v_cache: &mut [f16],
+    k: &[f32],
+    v: &[f32],
+    seq: &SeqSlice,
+) -> Result<(), KernelError> {
+    const OP: &str = "write_kv_f16";
+    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
+    cache.check_seq(OP, seq, num_blocks)?;
+    let stride = cache.token_stride();
+    check(k.len() == v.len() && seq.n_tokens.checked_mul(stride) == Some(k.len()), OP, || {
+        format!("k {} / v {} values, expected {} tokens x {stride}", k.len(), v.len(), seq.n_tokens)
+    })?;
+    for (t, (kt, vt)) in k.chunks_exact(stride).zip(v.chunks_exact(stride)).enumerate() {
+        let off = cache.slot_offset(seq.block_table, seq.first_pos + t);
+        k_cache[off..off + stride].convert_from_f32_slice(kt);
+        v_cache[off..off + stride].convert_from_f32_slice(vt);
+    }
+    Ok(())
+}
+
+/// Per-thread scratch of one (token, head) row, each `[head_dim]`.
+struct Scratch {
+    /// The query rounded to f16, widened back.
+    q: Vec<f32>,
+    /// The current K or V row, widened.
+    kv: Vec<f32>,
+    /// The weighted V sum: f16 between steps, widened during one.
+    acc16: Vec<f16>,
+    acc: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(hd: usize) -> Self {
+        Scratch { q: vec![0.0; hd], kv: vec![0.0; hd], acc16: vec![f16::ZERO; hd], acc: vec![0.0; hd] }
+    }
+
+    /// Rounds `acc` to f16 (kept in `acc16`) and widens it back.
+    fn round_acc(&mut self) {
+        self.acc16.convert_from_f32_slice(&self.acc);
+        self.acc16.convert_to_f32_slice(&mut self.acc);
+    }
+}
+
+/// Causal attention of the chunk's queries over the f16 cache (which must already hold
+/// the chunk's own K/V, see [`write_kv_f16`]). `q`, `out`: `[n_tokens, n_heads *
+/// head_dim]` f32; scores are `scale * q.k`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f16(
+    cache: &PagedKv,
+    k_cache: &[f16],
+    v_cache: &[f16],
+    out: &mut [f32],
+    q: &[f32],
+    seq: &SeqSlice,
+    n_heads: usize,
+    scale: f32,
+) -> Result<(), KernelError> {
+    const OP: &str = "attention_f16";
+    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
+    let ctx = cache.check_seq(OP, seq, num_blocks)?;
+    let (hd, n_kv) = (cache.head_dim, cache.n_kv_heads);
+    check(n_heads > 0 && n_heads % n_kv == 0, OP, || {
+        format!("n_heads {n_heads} is not a positive multiple of n_kv_heads {n_kv}")
+    })?;
+    let q_len = seq.n_tokens.checked_mul(n_heads * hd);
+    check(q_len == Some(q.len()) && out.len() == q.len(), OP, || {
+        format!("q {} / out {} values, expected {} tokens x {n_heads} heads x {hd}", q.len(), out.len(), seq.n_tokens)
+    })?;
+    check(scale.is_finite(), OP, || format!("scale {scale} is not finite"))?;
+    let group = n_heads / n_kv;
+
+    // One output row per (token, head): `row = t * n_heads + h`.
+    let head = |b: &mut Scratch, (row, o): (usize, &mut [f32])| {
+        let (t, h) = (row / n_heads, row % n_heads);
+        let kv_off = (h / group) * hd;
+        for (d, &x) in b.q.iter_mut().zip(&q[row * hd..(row + 1) * hd]) {
+            *d = f16::from_f32(x).to_f32();
+        }
+        b.acc.fill(0.0);
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+        for p in 0..=seq.first_pos + t {
+            let off = cache.slot_offset(seq.block_table, p) + kv_off;
+            k_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
+            let s = dot_lanes(&b.q, &b.kv) * scale;
+            // `ms` rescales what was summed under the old maximum, `w` weighs this row.
+            let (mut ms, mut w) = (1.0f32, 1.0f32);
+            if s > m {
+                ms = (m - s).exp();
+                m = s;
+                b.acc.iter_mut().for_each(|a| *a *= ms);
+                b.round_acc();
+            } else {
+                w = (s - m).exp();
+            }
+            v_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
+            for (a, &vv) in b.acc.iter_mut().zip(&b.kv) {
+                *a = vv.mul_add(w, *a);
+            }
+            b.round_acc();
+            sum = sum.mul_add(ms, w);
+        }
+        // sum >= 1 (the maximum contributes e^0) unless a score was NaN.
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for (o, &a) in o.iter_mut().zip(&b.acc) {
+            *o = a * inv;
+        }
+    };
+
+    let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
+    if work >= PAR_MIN_WORK {
+        out.par_chunks_mut(hd).enumerate().for_each_init(|| Scratch::new(hd), head);
+    } else {
+        let mut scratch = Scratch::new(hd);
+        out.chunks_mut(hd).enumerate().for_each(|item| head(&mut scratch, item));
+    }
+    Ok(())
+}
+
+/// `Σ a[i]·b[i]` in f32, summed as ggml's AVX-512 `ggml_vec_dot_f16` does: each run of
+/// 64 values adds into 64 lane sums by FMA; the lanes (four registers of 16) are reduced
+/// by adding registers 0+2 and 1+3, then those two, then the 16 lanes pairwise down to
+/// one (8+8, 4+4, then lanes {0,2} and {1,3}, then the two). A tail shorter than 64 is
+/// added in f64. The inputs are f16 values, so the products are exact and only the
+/// order of the additions is being reproduced.
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let whole = a.len() - a.len() % LANES;
+    let mut sum = if whole > 0 {
+        let mut lanes = [0.0f32; LANES];
+        for (ac, bc) in a[..whole].chunks_exact(LANES).zip(b[..whole].chunks_exact(LANES)) {
+            for i in 0..LANES {
+                lanes[i] = ac[i].mul_add(bc[i], lanes[i]);
+            }
+        }
+        let mut r16 = [0.0f32; 16];
+        for (l, r) in r16.iter_mut().enumerate() {
+            *r = (lanes[l] + lanes[32 + l]) + (lanes[16 + l] + lanes[48 + l]);
+        }
+        let r8: [f32; 8] = std::array::from_fn(|l| r16[8 + l] + r16[l]);
+        let r4: [f32; 4] = std::array::from_fn(|l| r8[4 + l] + r8[l]);
+        f64::from((r4[0] + r4[2]) + (r4[1] + r4[3]))
+    } else {
+        0.0
+    };
+    for (&x, &y) in a[whole..].iter().zip(&b[whole..]) {
+        sum += f64::from(x * y);
+    }
+    sum as f32
+}
