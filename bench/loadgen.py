@@ -16,6 +16,11 @@ and vLLM's take {"prompt"}, llama-server's {"content"}), else estimated. Output 
 the server's `usage.completion_tokens` when it streams usage, else the number of non-empty
 chunks. `--ignore-eos` sends the `ignore_eos: true` extension (Tessera, vLLM, llama-server)
 so every request produces exactly --max-tokens tokens.
+
+`--constrained K` makes K of the sessions send a `json_schema` response_format (structured
+outputs, see BENCH_SCHEMA: a list of records long enough that --max-tokens ends it) to
+measure what constrained decoding costs the whole batch: compare the tok/s of the same run
+with `--constrained 0`.
 """
 from __future__ import annotations
 
@@ -32,6 +37,29 @@ import requests
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
          "government company number group problem fact river mountain signal garden harbor lantern copper "
          "meadow thunder candle valley feather compass engine silver forest window ladder canyon violet").split()
+
+
+# What the constrained sessions' outputs must follow: records with bounded fields, up to 64
+# of them, so the grammar stays open for the whole --max-tokens budget.
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "records": {
+            "type": "array", "maxItems": 64,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 16},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "role": {"enum": ["admin", "user", "guest"]},
+                    "score": {"type": "number", "minimum": 0, "maximum": 1},
+                },
+                "required": ["name", "age", "role"], "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["records"], "additionalProperties": False,
+}
 
 
 @dataclass
@@ -91,10 +119,13 @@ class Client:
         words = max(1, round(self.args.prompt_tokens * self.words_per_token))
         return " ".join(rng.choice(WORDS) for _ in range(words))
 
-    def body(self, prompt: str) -> dict:
+    def body(self, prompt: str, constrained: bool = False) -> dict:
         a = self.args
         body = {"model": self.model, "max_tokens": a.max_tokens, "temperature": a.temperature, "stream": True,
                 "stream_options": {"include_usage": True}}
+        if constrained:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "records", "schema": BENCH_SCHEMA, "strict": True}}
         if a.ignore_eos:
             body["ignore_eos"] = True
         if a.endpoint == "chat":
@@ -103,13 +134,13 @@ class Client:
             body["prompt"] = prompt
         return body
 
-    def run_one(self, prompt: str) -> Result:
+    def run_one(self, prompt: str, constrained: bool = False) -> Result:
         path = "/v1/chat/completions" if self.args.endpoint == "chat" else "/v1/completions"
         start = time.perf_counter()
         res = Result(ok=False)
         chunks, usage_tokens, last = 0, None, None
         try:
-            with requests.post(self.base + path, json=self.body(prompt), headers=self.headers, stream=True,
+            with requests.post(self.base + path, json=self.body(prompt, constrained), headers=self.headers, stream=True,
                                timeout=(10, self.args.timeout)) as r:
                 res.status = r.status_code
                 if r.status_code != 200:
@@ -163,6 +194,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="send the ignore_eos extension")
+    p.add_argument("--constrained", type=int, default=0,
+                   help="how many of the sessions send a json_schema response_format (structured outputs)")
     p.add_argument("--timeout", type=float, default=600, help="per-request read timeout, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", help="first column of the row (default: the URL)")
@@ -173,6 +206,8 @@ def main(argv=None) -> int:
         args.duration = 20.0
     if args.concurrency < 1 or (args.requests is not None and args.requests < 1):
         p.error("--concurrency and --requests must be at least 1")
+    if not 0 <= args.constrained <= args.concurrency:
+        p.error("--constrained must be between 0 and --concurrency")
 
     client = Client(args)
     results: list[Result] = []
@@ -190,14 +225,14 @@ def main(argv=None) -> int:
             issued[0] += 1
             return issued[0]
 
-    def session():
+    def session(index: int):
         while (ticket := take_ticket()) is not None:
             prompt = client.prompt(random.Random(args.seed * 1_000_003 + ticket))
-            r = client.run_one(prompt)
+            r = client.run_one(prompt, constrained=index < args.constrained)
             with lock:
                 results.append(r)
 
-    threads = [threading.Thread(target=session, daemon=True) for _ in range(args.concurrency)]
+    threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(args.concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -212,7 +247,7 @@ def main(argv=None) -> int:
     tok_s = out_tokens / wall if wall > 0 else 0.0
     row = {
         "label": args.label or args.url, "concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens,
-        "max_tokens": args.max_tokens, "requests": len(ok), "errors": errors,
+        "max_tokens": args.max_tokens, "constrained": args.constrained, "requests": len(ok), "errors": errors,
         "ttft_p50_ms": percentile(ttfts, 0.5), "ttft_p99_ms": percentile(ttfts, 0.99),
         "itl_p50_ms": percentile(gaps, 0.5), "itl_p99_ms": percentile(gaps, 0.99),
         "output_tok_s": tok_s, "wall_s": wall,

@@ -76,6 +76,27 @@ try:
     c = requests.post(f"{url}/v1/chat/completions", json={**body, "seed": 99}).json()["choices"][0]["message"]["content"]
     check("another seed differs", c != ta)
 
+    # Structured outputs on the GPU: the token masks are applied on the device before
+    # sampling; at temperature 1 every answer must still be JSON of the schema's shape.
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "rank": {"type": "integer", "minimum": 1, "maximum": 9},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+              "required": ["city", "rank", "tags"], "additionalProperties": False}
+    shaped = 0
+    for seed in range(8):
+        out = requests.post(f"{url}/v1/chat/completions", json={
+            "model": name, "messages": [{"role": "user", "content": "Describe a city as JSON."}], "max_tokens": 96,
+            "temperature": 1.0, "seed": seed,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}}).json()
+        try:
+            v = json.loads(out["choices"][0]["message"]["content"])
+            shaped += (set(v) == {"city", "rank", "tags"} and isinstance(v["rank"], int) and 1 <= v["rank"] <= 9
+                       and len(v["city"]) <= 20 and all(t in ("a", "b") for t in v["tags"]))
+        except (ValueError, KeyError, TypeError):
+            print(f"  not the schema's JSON: {out}")
+    print(f"RESULT structured outputs on the GPU: {shaped}/8 answers valid JSON of the schema")
+    check("structured outputs", shaped == 8, f"{shaped}/8")
+
     # A stream cancelled mid-way does not disturb the next request.
     with requests.post(f"{url}/v1/completions", json={"model": name, "prompt": "Count:", "max_tokens": 200,
                                                      "stream": True, "ignore_eos": True}, stream=True) as s:

@@ -285,8 +285,12 @@ impl Engine {
                     reply.sampled.iter().map(|s| StepOutput { seq_id: s.seq_id, token: s.token }).collect();
                 let updates = self.sched.postprocess(&outs);
                 let by_id: HashMap<u64, &pb::Sampled> = reply.sampled.iter().map(|s| (s.seq_id, s)).collect();
+                // A sequence that failed on its own (its constraint) has no sampled token, so
+                // postprocess ends it with an error; this is the message the client gets.
+                let errors: HashMap<u64, &str> =
+                    reply.seq_errors.iter().map(|e| (e.seq_id, e.message.as_str())).collect();
                 for u in updates {
-                    self.emit(u, by_id.get(&u.seq_id).copied());
+                    self.emit(u, by_id.get(&u.seq_id).copied(), errors.get(&u.seq_id).copied());
                 }
                 cpu += t1.elapsed();
                 self.metrics.step_done(t0.elapsed(), cpu);
@@ -431,7 +435,7 @@ impl Engine {
         }
     }
 
-    fn emit(&mut self, u: SeqUpdate, sampled: Option<&pb::Sampled>) {
+    fn emit(&mut self, u: SeqUpdate, sampled: Option<&pb::Sampled>, error: Option<&str>) {
         let Some(c) = self.clients.get_mut(&u.seq_id) else { return };
         let send =
             |c: &ClientState, e: cpb::generate_event::Event| c.events.send(Ok(cpb::GenerateEvent { event: Some(e) }));
@@ -467,7 +471,7 @@ impl Engine {
                     reason: reason as i32,
                     prompt_tokens: c.prompt_tokens as u32,
                     completion_tokens: c.completion_tokens as u32,
-                    message: String::new(),
+                    message: error.unwrap_or_default().to_string(),
                 }),
             );
             c.trace.finish(seq_trace::reason_name(reason), c.prompt_tokens, c.completion_tokens, u.num_cached_prompt);

@@ -40,6 +40,8 @@ struct Shared {
     metrics: Arc<GatewayMetrics>,
     /// Graceful drain on SIGTERM (drain.rs).
     drain: Drain,
+    /// The grammar compiler for structured outputs, built on first use (structured.rs).
+    grammars: crate::structured::GrammarCache,
 }
 
 impl AppState {
@@ -51,7 +53,9 @@ impl AppState {
         eos_token_ids.dedup();
         let metrics = Arc::new(GatewayMetrics::new());
         let drain = Drain::new();
-        let shared = Shared { config, engine, codec, model_name, eos_token_ids, created: unix_now(), metrics, drain };
+        let grammars = crate::structured::GrammarCache::default();
+        let shared =
+            Shared { config, engine, codec, model_name, eos_token_ids, created: unix_now(), metrics, drain, grammars };
         Ok(AppState { inner: Arc::new(shared) })
     }
 
@@ -74,6 +78,11 @@ impl AppState {
 
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.inner.eos_token_ids
+    }
+
+    /// The structured-outputs grammar compiler (structured.rs).
+    pub fn grammars(&self) -> &crate::structured::GrammarCache {
+        &self.inner.grammars
     }
 
     pub fn created(&self) -> u64 {

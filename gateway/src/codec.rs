@@ -59,4 +59,25 @@ pub trait Codec: Send + Sync + 'static {
     /// The raw bytes of one token (for logprobs' `token` and `bytes`); may be part of a
     /// UTF-8 character.
     fn token_bytes(&self, id: u32) -> Result<Vec<u8>, CodecError>;
+
+    // Tool calling (tools/render.rs): a codec whose chat template renders tools itself says
+    // so here, with the syntax its model writes calls in; otherwise the gateway renders tools
+    // in its own fallback format (docs/tools.md) through `render_chat`.
+
+    /// `Some` when the chat template renders `tools`, `tool_calls` and `tool` turns itself.
+    fn tool_syntax(&self) -> Option<crate::tools::ToolSyntax> {
+        None
+    }
+
+    /// Renders OpenAI-shaped messages (`role`, `content`, `tool_calls`, `tool_call_id`,
+    /// `name`) and `tools` through the chat template (only called when `tool_syntax` is
+    /// `Some`).
+    fn render_chat_tools(
+        &self,
+        _messages: &serde_json::Value,
+        _tools: Option<&serde_json::Value>,
+        _add_generation_prompt: bool,
+    ) -> Result<String, CodecError> {
+        Err(CodecError::Template("this model's chat template does not render tools".into()))
+    }
 }

@@ -49,7 +49,14 @@ pub struct SamplingSpec {
     pub ignore_eos: bool,
     /// `Some(k)`: send each sampled token's logprob plus the `k` most likely alternatives.
     pub logprobs: Option<u32>,
+    /// Constrained decoding (structured outputs): the grammar the output must follow, already
+    /// compile-checked by the gateway. `None` = free sampling.
+    pub constraint: Option<Constraint>,
 }
+
+/// A grammar for constrained decoding, passed unchanged to the worker that samples
+/// (`tessera.worker.v1.Constraint`); the gateway checks it compiles first.
+pub use tessera_constrain::Constraint;
 
 /// One sequence to generate.
 #[derive(Debug, Clone, PartialEq)]

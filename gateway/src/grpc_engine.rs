@@ -20,7 +20,9 @@ use tonic::Code;
 
 use std::sync::Mutex;
 
-use crate::engine::{Engine, EngineError, EngineEvent, EngineStats, EventStream, FinishReason, GenerateRequest};
+use crate::engine::{
+    Constraint, Engine, EngineError, EngineEvent, EngineStats, EventStream, FinishReason, GenerateRequest,
+};
 
 /// How often readiness is refreshed.
 const STATUS_PERIOD: Duration = Duration::from_millis(500);
@@ -103,11 +105,24 @@ fn to_proto(req: &GenerateRequest) -> cpb::GenerateRequest {
             seed: p.seed,
             top_logprobs: p.logprobs.unwrap_or(0),
             logprobs: p.logprobs.is_some(),
+            constraint: p.constraint.as_ref().map(constraint_to_proto),
         }),
         max_tokens: p.max_tokens,
         stop_token_ids: p.stop_token_ids.clone(),
         ignore_eos: p.ignore_eos,
     }
+}
+
+/// The gateway's grammar as the worker's `Constraint` message (one to one).
+fn constraint_to_proto(c: &Constraint) -> wpb::Constraint {
+    use wpb::constraint::Kind;
+    let kind = match c {
+        Constraint::JsonSchema(s) => Kind::JsonSchema(s.clone()),
+        Constraint::JsonObject => Kind::JsonObject(true),
+        Constraint::Lark(s) => Kind::Lark(s.clone()),
+        Constraint::Regex(s) => Kind::Regex(s.clone()),
+    };
+    wpb::Constraint { kind: Some(kind) }
 }
 
 fn map_status(s: tonic::Status) -> EngineError {

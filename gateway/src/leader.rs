@@ -112,6 +112,7 @@ mod tests {
                 stop_token_ids: vec![],
                 ignore_eos: false,
                 logprobs: None,
+                constraint: None,
             },
         };
         let r = engine.generate(req).await;

@@ -32,13 +32,17 @@ pub mod request_trace;
 pub mod serve;
 pub mod sse;
 pub mod stop;
+pub mod structured;
 pub mod testing;
+pub mod tools;
 pub mod validate;
 
 pub use app::{app, AppState};
 pub use codec::{ChatMessage, Codec, CodecError, StreamDecoder};
 pub use config::{ConfigError, GatewayConfig};
-pub use engine::{Engine, EngineError, EngineEvent, EventStream, FinishReason, GenerateRequest, SamplingSpec};
+pub use engine::{
+    Constraint, Engine, EngineError, EngineEvent, EventStream, FinishReason, GenerateRequest, SamplingSpec,
+};
 pub use error::ApiError;
 #[cfg(feature = "model")]
 pub use model_codec::ModelCodec;

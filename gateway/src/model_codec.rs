@@ -15,12 +15,15 @@ use tessera_model::gguf::GgufFile;
 use tessera_model::tokenizer::{DecodeStream, Tokenizer};
 
 use crate::codec::{ChatMessage, Codec, CodecError, StreamDecoder};
+use crate::tools::ToolSyntax;
 
 pub struct ModelCodec {
     name: String,
     tokenizer: &'static Tokenizer,
     /// `None` when the model ships no chat template: chat requests then get 400.
     template: Option<ChatTemplate>,
+    /// Whether (and in which syntax) the template renders tool calling itself.
+    tool_syntax: Option<ToolSyntax>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +35,8 @@ pub enum ModelCodecError {
 impl ModelCodec {
     /// `template` should be built `with_tokenizer_adding_bos(tokenizer.add_bos_token())`.
     pub fn new(name: &str, tokenizer: &'static Tokenizer, template: Option<ChatTemplate>) -> Self {
-        ModelCodec { name: name.to_owned(), tokenizer, template }
+        let tool_syntax = template.as_ref().and_then(|t| t.tool_probe()).and_then(|probe| tool_syntax_of(&probe));
+        ModelCodec { name: name.to_owned(), tokenizer, template, tool_syntax }
     }
 
     /// The tokenizer and chat template stored in a GGUF file.
@@ -52,6 +56,21 @@ impl ModelCodec {
         };
         Ok(ModelCodec::new(name, tokenizer, template))
     }
+}
+
+/// The call syntax a tool-rendering template shows in its probe prompt
+/// (`ChatTemplate::tool_probe`): the probe's assistant call written as `<tool_call>` JSON
+/// (Qwen, Hermes) or as a bare `{"name": ..., "parameters": ...}` object (Llama 3.1/3.2).
+/// `None` for any other syntax: the gateway then uses its own fallback format.
+pub fn tool_syntax_of(probe: &str) -> Option<ToolSyntax> {
+    let call = probe.find("tessera_probe_call")?;
+    let before = &probe[..call];
+    if before.rfind("<tool_call>").is_some_and(|open| !before[open..].contains("</tool_call>")) {
+        return Some(ToolSyntax::Hermes);
+    }
+    let after = &probe[call..];
+    let object = before.rfind('{').is_some_and(|b| before[b..].contains("\"name\""));
+    (object && after.contains("\"parameters\"")).then_some(ToolSyntax::Llama3Json)
 }
 
 fn template_error(e: ChatTemplateError) -> CodecError {
@@ -86,6 +105,21 @@ impl Codec for ModelCodec {
         let messages: Vec<TemplateMessage> =
             messages.iter().map(|m| TemplateMessage::new(m.role.as_str(), m.content.as_str())).collect();
         template.render(&messages, add_generation_prompt).map_err(template_error)
+    }
+
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        self.tool_syntax
+    }
+
+    fn render_chat_tools(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, CodecError> {
+        let template =
+            self.template.as_ref().ok_or_else(|| CodecError::Template("this model has no chat template".into()))?;
+        template.render_json(messages, tools, add_generation_prompt).map_err(template_error)
     }
 
     fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, CodecError> {

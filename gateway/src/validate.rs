@@ -83,6 +83,7 @@ pub fn common(
         stop_token_ids,
         ignore_eos,
         logprobs,
+        constraint: None,
     };
     Ok(CommonParams { stream, include_usage, n, stop_strings: stop_strings(f.stop.as_ref())?, max_tokens, spec })
 }
@@ -128,7 +129,9 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
         .collect()
 }
 
-fn message_content(content: Option<&Value>, role: &str, param: &str) -> Result<String, ApiError> {
+/// Text of an OpenAI message's content: a string, text parts (joined by newlines), or
+/// nothing for an assistant turn that only called tools; `param` names it in errors.
+pub(crate) fn message_content(content: Option<&Value>, role: &str, param: &str) -> Result<String, ApiError> {
     match content {
         Some(Value::String(s)) => Ok(s.clone()),
         // An assistant turn that only called tools has no content.

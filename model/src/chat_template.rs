@@ -106,13 +106,56 @@ impl ChatTemplate {
     /// The prompt for `messages`; with `add_generation_prompt` it ends with the header that
     /// opens the assistant's reply.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
+        let messages = messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>();
+        self.render_values(Value::from(messages), Value::from(()), add_generation_prompt)
+    }
+
+    /// The prompt for a conversation given as JSON, the way Hugging Face's
+    /// `apply_chat_template` passes it to templates that handle tool calling: messages with
+    /// `role`, `content`, `tool_calls` (`[{"id", "type": "function", "function": {"name",
+    /// "arguments": {...}}}]`), `tool_call_id` and `name`; `tools` as
+    /// `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let tools = tools.map_or(Value::from(()), json_value);
+        self.render_values(json_value(messages), tools, add_generation_prompt)
+    }
+
+    /// The prompt of a probe conversation with one offered tool (`tessera_probe_tool`), an
+    /// assistant call (`tessera_probe_call`) and its result (`tessera_probe_result`), when the
+    /// template renders all three: then it handles tool calling itself, and the prompt shows
+    /// the syntax it writes calls in. `None` otherwise.
+    pub fn tool_probe(&self) -> Option<String> {
+        let messages = serde_json::json!([
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "tessera_probe_call", "arguments": {"x": 1}}}]},
+            {"role": "tool", "tool_call_id": "call_1", "name": "tessera_probe_call", "content": "tessera_probe_result"},
+        ]);
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "tessera_probe_tool",
+            "description": "probe", "parameters": {"type": "object", "properties": {}}}}]);
+        let out = self.render_json(&messages, Some(&tools), true).ok()?;
+        let markers = ["tessera_probe_tool", "tessera_probe_call", "tessera_probe_result"];
+        markers.iter().all(|m| out.contains(m)).then_some(out)
+    }
+
+    fn render_values(
+        &self,
+        messages: Value,
+        tools: Value,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
         let template = self.env.get_template(NAME).map_err(|e| ChatTemplateError::Render(describe(&e)))?;
         let ctx = context! {
-            messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
+            messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
-            tools => Value::from(()),
+            tools => tools,
         };
         let mut out = template.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::OutOfFuel => ChatTemplateError::OutOfFuel(self.fuel),
@@ -125,6 +168,23 @@ impl ChatTemplate {
             out.drain(..self.bos_token.len());
         }
         Ok(out)
+    }
+}
+
+/// A JSON value as a template value (maps keep serde_json's key order).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(items) => Value::from(items.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(map) => Value::from_pairs(map.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
     }
 }
 

@@ -4,12 +4,18 @@
 //!
 //! Plain synchronous code; the gRPC service (`service.rs`) feeds it from the step stream
 //! on a blocking thread, so a slow forward pass never stalls the async runtime.
+//!
+//! Constrained sequences (structured outputs, `constrained.rs`): their masks are computed
+//! on a scoped thread during the forward pass and applied before sampling; a step without
+//! constrained sampled rows spawns nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::batch::{LogitsWanted, SeqChunk};
+use crate::constrained::{apply_mask, compute_masks, Grammars, MaskJob, SeqGrammar};
 use crate::cuda::RowRequest;
 use crate::error::WorkerError;
 use crate::sampling::{Sampled, Sampler, SamplingParams};
@@ -51,6 +57,8 @@ pub struct StepInput {
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
     pub sampled: Vec<(u64, Sampled)>,
+    /// Sequences that failed on their own (their constraint): no sampled token, this error.
+    pub errors: Vec<(u64, String)>,
     pub forward_us: u64,
     pub sample_us: u64,
 }
@@ -66,11 +74,23 @@ struct SeqState {
 pub struct Executor {
     backend: Backend,
     seqs: HashMap<u64, SeqState>,
+    /// Grammar state of the constrained sequences (apart from `seqs`, so a step can move
+    /// it to the mask thread while the batch borrows the block tables).
+    grammar: HashMap<u64, SeqGrammar>,
+    /// The grammar compiler; only on the rank that samples for the replica.
+    grammars: Option<Arc<Grammars>>,
 }
 
 impl Executor {
     pub fn new(backend: Backend) -> Self {
-        Executor { backend, seqs: HashMap::new() }
+        Executor { backend, seqs: HashMap::new(), grammar: HashMap::new(), grammars: None }
+    }
+
+    /// This executor samples for its replica and enforces constraints with `g`. Without
+    /// it constraints are ignored (the other ranks of a replica, whose samples are unused).
+    pub fn with_grammars(mut self, g: Arc<Grammars>) -> Self {
+        self.grammars = Some(g);
+        self
     }
 
     pub fn backend(&self) -> &Backend {
@@ -95,10 +115,16 @@ impl Executor {
     pub fn step(&mut self, input: StepInput) -> Result<StepOutput, WorkerError> {
         for id in &input.finished {
             self.seqs.remove(id);
+            self.grammar.remove(id);
         }
         for s in input.new_sequences {
             if self.seqs.contains_key(&s.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
+            }
+            // Only the rank that samples for the replica enforces constraints.
+            if let (Some(c), Some(_)) = (&s.params.constraint, &self.grammars) {
+                let replay = usize::try_from(s.num_generated).unwrap_or(usize::MAX);
+                self.grammar.insert(s.seq_id, SeqGrammar::Pending { constraint: c.clone(), replay });
             }
             let mut sampler = Sampler::new(s.params)?;
             sampler.resume_at(s.num_generated);
@@ -145,15 +171,68 @@ impl Executor {
                 logits: if r.sample { LogitsWanted::Last } else { LogitsWanted::None },
             });
         }
+        // The constrained rows' grammars move to the mask thread for the step.
+        let mut jobs = Vec::new();
+        if samples && !self.grammar.is_empty() {
+            let mut request = 0;
+            for (i, r) in input.runs.iter().enumerate() {
+                if !r.sample {
+                    continue;
+                }
+                let row = request;
+                request += 1;
+                // Every run's sequence was checked above; a failed grammar is reported
+                // again below with nothing to compute.
+                let Some(st) = self.seqs.get(&r.seq_id) else { continue };
+                let g = match self.grammar.remove(&r.seq_id) {
+                    None => continue,
+                    Some(g @ SeqGrammar::Failed(_)) => {
+                        self.grammar.insert(r.seq_id, g);
+                        continue;
+                    }
+                    Some(g) => g,
+                };
+                let history = |n: usize| {
+                    let all: Vec<u32> = st.history[..r.first_pos].iter().chain(&r.tokens).copied().collect();
+                    all[all.len().saturating_sub(n)..].to_vec()
+                };
+                let job = MaskJob::new(i, r.seq_id, g, history, vocab);
+                if let Some(req) = requests.get_mut(row) {
+                    req.mask = Some(job.cell.clone());
+                }
+                jobs.push(job);
+            }
+        }
         let t0 = Instant::now();
-        let (mut logits, mut gpu_sampled) = match &mut self.backend {
-            Backend::Cuda(m, sampler) => (None, Some(m.forward_sample(&chunks, &requests, sampler)?.into_iter())),
-            backend => (Some(backend.forward(&chunks)?), None),
+        let grammars = self.grammars.clone();
+        let backend = &mut self.backend;
+        let forward = move || match backend {
+            Backend::Cuda(m, sampler) => Ok((None, Some(m.forward_sample(&chunks, &requests, sampler)?.into_iter()))),
+            backend => Ok((Some(backend.forward(&chunks)?), None)),
         };
+        let result: Result<_, WorkerError> = if jobs.is_empty() {
+            forward()
+        } else {
+            std::thread::scope(|s| {
+                let masks = s.spawn(|| compute_masks(&mut jobs, grammars.as_deref()));
+                let r = forward();
+                // compute_masks catches the grammar engine's panics; a panic here is a bug.
+                masks.join().map_err(|_| WorkerError::InvalidBatch("the mask thread panicked".into()))?;
+                r
+            })
+        };
+        // Grammars go back before any error is returned.
+        let mut masks: HashMap<usize, Option<Vec<u32>>> = HashMap::with_capacity(jobs.len());
+        for j in jobs {
+            masks.insert(j.run, j.cell.wait_take());
+            self.grammar.insert(j.seq_id, j.grammar);
+        }
+        let (mut logits, mut gpu_sampled) = result?;
         let forward_us = t0.elapsed().as_micros() as u64;
 
         let t1 = Instant::now();
         let mut sampled = Vec::new();
+        let mut errors = Vec::new();
         for (i, r) in input.runs.iter().enumerate() {
             let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             // History covers exactly the positions now in the cache.
@@ -162,17 +241,37 @@ impl Executor {
             if !r.sample || !samples {
                 continue;
             }
-            match (&mut logits, &mut gpu_sampled) {
-                (Some(l), _) => sampled.push((r.seq_id, st.sampler.sample(l.chunk_mut(i), &st.history)?)),
+            // Unconstrained batches skip both lookups.
+            let mask = if masks.is_empty() { None } else { masks.remove(&i) };
+            let s = match (&mut logits, &mut gpu_sampled) {
+                (Some(l), _) => {
+                    let row = l.chunk_mut(i);
+                    if let Some(Some(m)) = &mask {
+                        apply_mask(row, m);
+                    }
+                    st.sampler.sample(row, &st.history)?
+                }
                 (None, Some(g)) => {
                     let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
                     st.sampler.note_external_draw();
-                    sampled.push((r.seq_id, s));
+                    s
                 }
                 (None, None) => return Err(WorkerError::InvalidBatch("no logits were computed".into())),
+            };
+            if let Some(g) = if self.grammar.is_empty() { None } else { self.grammar.get_mut(&r.seq_id) } {
+                if let SeqGrammar::Active(m) = g {
+                    if let Err(e) = m.commit(s.token) {
+                        *g = SeqGrammar::Failed(e.to_string());
+                    }
+                }
+                if let SeqGrammar::Failed(e) = g {
+                    errors.push((r.seq_id, e.clone()));
+                    continue;
+                }
             }
+            sampled.push((r.seq_id, s));
         }
-        Ok(StepOutput { sampled, forward_us, sample_us: t1.elapsed().as_micros() as u64 })
+        Ok(StepOutput { sampled, errors, forward_us, sample_us: t1.elapsed().as_micros() as u64 })
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod batch;
 pub mod collective;
+pub mod constrained;
 pub mod cuda;
 pub mod error;
 pub mod executor;

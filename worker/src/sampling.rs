@@ -71,6 +71,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Return this many most likely alternatives with each token. `..=MAX_LOGPROBS`.
     pub logprobs: Option<usize>,
+    /// Constrained decoding: the grammar the output must follow. The sampler itself ignores
+    /// it; the executor masks the logits first (`constrained.rs`).
+    pub constraint: Option<tessera_constrain::Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -88,6 +91,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: None,
             logprobs: None,
+            constraint: None,
         }
     }
 }

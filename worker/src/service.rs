@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::Backend;
 use crate::collective::{Collective, TcpCollective};
+use crate::constrained::Grammars;
 use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions, TpPart};
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
 use crate::llama::LlamaModel;
@@ -234,7 +235,19 @@ fn load(
     if backend.num_blocks() == 0 {
         return Err(Status::invalid_argument("the KV memory budget holds no block"));
     }
-    Ok(Loaded { name, exec: Executor::new(backend) })
+    // The replica's leader (the last stage's tensor rank 0) samples for it: only it keeps
+    // grammar matchers for constrained sequences.
+    let leader = sharded.is_none_or(|s| s.tp_rank == 0 && s.pp_rank + 1 >= s.pp_size.max(1));
+    let mut exec = Executor::new(backend);
+    if leader {
+        let grammars = Arc::new(Grammars::for_model(path));
+        // Built in the background now rather than on the first constrained step's mask
+        // thread (a few hundred milliseconds that step would otherwise wait).
+        let warm = grammars.clone();
+        let _ = std::thread::Builder::new().name("grammar-compiler".into()).spawn(move || warm.compiler().map(drop));
+        exec = exec.with_grammars(grammars);
+    }
+    Ok(Loaded { name, exec })
 }
 
 /// The worker's part of the model as the coordinator placed it.
@@ -341,6 +354,20 @@ fn params_from(p: Option<pb::SamplingParams>) -> SamplingParams {
         logit_bias: p.logit_bias.into_iter().collect(),
         seed: p.seed,
         logprobs: (p.logprobs || top > 0).then_some(top),
+        constraint: p.constraint.and_then(|c| c.kind).map(constraint_from),
+    }
+}
+
+/// The wire constraint as the executor's (`json_object: false` still means a JSON object:
+/// the field's presence selects the kind).
+fn constraint_from(k: pb::constraint::Kind) -> tessera_constrain::Constraint {
+    use pb::constraint::Kind;
+    use tessera_constrain::Constraint;
+    match k {
+        Kind::JsonSchema(s) => Constraint::JsonSchema(s),
+        Kind::JsonObject(_) => Constraint::JsonObject,
+        Kind::Lark(s) => Constraint::Lark(s),
+        Kind::Regex(s) => Constraint::Regex(s),
     }
 }
 
@@ -384,6 +411,7 @@ fn step_reply(step_id: u64, out: StepOutput) -> pb::StepReply {
         forward_us: out.forward_us.min(u32::MAX as u64) as u32,
         sample_us: out.sample_us.min(u32::MAX as u64) as u32,
         error: String::new(),
+        seq_errors: out.errors.into_iter().map(|(seq_id, message)| pb::SequenceError { seq_id, message }).collect(),
     }
 }
 

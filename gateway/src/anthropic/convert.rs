@@ -1,16 +1,15 @@
-//! A Messages request onto the chat path: `system` and `messages` into template messages, the
-//! sampling fields into `validate::common` (so ranges and errors match chat's), stop sequences
-//! into stop strings; the `anthropic-version` header check; and the finish of a choice into
-//! Anthropic's `stop_reason`.
+//! A Messages request onto the chat path: the sampling fields into `validate::common` (so
+//! ranges and errors match chat's), stop sequences into stop strings; the `anthropic-version`
+//! header check; and the finish of a choice into Anthropic's `stop_reason`. The conversation
+//! (`system`, text / `tool_use` / `tool_result` blocks) and tools are read by
+//! `tools::spec::anthropic_messages` and rendered by `tools::render`.
 
 use axum::http::HeaderMap;
-use serde_json::Value;
 
 use super::errors::AnthropicError;
-use super::types::{MessageIn, MessagesRequest};
+use super::types::MessagesRequest;
 use crate::app::AppState;
 use crate::choice::ApiFinish;
-use crate::codec::ChatMessage;
 use crate::openai::common::SamplingFields;
 use crate::validate::{self, CommonParams};
 
@@ -66,62 +65,6 @@ pub fn params(state: &AppState, req: &MessagesRequest) -> Result<CommonParams, A
     let mut params = validate::common(state, &fields, ("max_tokens", Some(req.max_tokens)), None)?;
     params.stop_strings = req.stop_sequences.clone().unwrap_or_default();
     Ok(params)
-}
-
-/// The conversation for the template: `system` first (when given), then the messages.
-pub fn messages(system: Option<&Value>, messages: &[MessageIn]) -> Result<Vec<ChatMessage>, AnthropicError> {
-    if messages.is_empty() {
-        return Err(AnthropicError::invalid("messages", "messages must contain at least one message"));
-    }
-    let mut out = Vec::with_capacity(messages.len() + 1);
-    match system {
-        None | Some(Value::Null) => {}
-        Some(system) => out.push(ChatMessage { role: "system".to_owned(), content: text_of(system, "system")? }),
-    }
-    for (i, m) in messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            r @ ("user" | "assistant") => r,
-            other => {
-                return Err(AnthropicError::invalid(
-                    format!("messages[{i}].role"),
-                    format!("unknown role {other:?}; expected user or assistant (use `system` for the system prompt)"),
-                ))
-            }
-        };
-        let content = text_of(&m.content, &format!("messages[{i}].content"))?;
-        out.push(ChatMessage { role: role.to_owned(), content });
-    }
-    Ok(out)
-}
-
-/// A string, or the text of a list of `text` blocks (joined by newlines). Other block types
-/// are refused: this gateway does not take tools or images yet.
-fn text_of(value: &Value, param: &str) -> Result<String, AnthropicError> {
-    match value {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let texts = blocks.iter().enumerate().map(|(j, block)| {
-                let kind = block.get("type").and_then(Value::as_str);
-                match (kind, block.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(text)) => Ok(text),
-                    (Some("text"), None) => Err(AnthropicError::invalid(
-                        format!("{param}[{j}].text"),
-                        "a text block needs a \"text\" string",
-                    )),
-                    (Some(other), _) => Err(AnthropicError::invalid(
-                        format!("{param}[{j}].type"),
-                        format!("content blocks of type {other:?} are not supported; only \"text\" blocks are"),
-                    )),
-                    (None, _) => Err(AnthropicError::invalid(
-                        format!("{param}[{j}].type"),
-                        "each content block needs a \"type\"",
-                    )),
-                }
-            });
-            Ok(texts.collect::<Result<Vec<_>, _>>()?.join("\n"))
-        }
-        _ => Err(AnthropicError::invalid(param, "content must be a string or a list of text blocks")),
-    }
 }
 
 /// Anthropic's `stop_reason`: a stop string is `stop_sequence`, EOS `end_turn`, the budget

@@ -1,5 +1,5 @@
-//! Anthropic's wire types: the Messages request, the `message` response and its text content
-//! block, usage, and the count_tokens request and response. Polymorphic fields (`system`,
+//! Anthropic's wire types: the Messages request, the `message` response and its content
+//! blocks (`text`, `tool_use`), usage, and the count_tokens request and response. Polymorphic fields (`system`,
 //! `content`) stay `serde_json::Value` so `convert.rs` can name the offending field.
 
 use serde::{Deserialize, Serialize};
@@ -56,14 +56,14 @@ pub struct MessageResponse {
     pub kind: &'static str,
     pub role: &'static str,
     pub model: String,
-    pub content: Vec<TextBlock>,
+    pub content: Vec<ContentBlock>,
     pub stop_reason: Option<&'static str>,
     pub stop_sequence: Option<String>,
     pub usage: MessageUsage,
 }
 
 impl MessageResponse {
-    pub fn new(id: String, model: String, content: Vec<TextBlock>, usage: MessageUsage) -> Self {
+    pub fn new(id: String, model: String, content: Vec<ContentBlock>, usage: MessageUsage) -> Self {
         MessageResponse {
             id,
             kind: "message",
@@ -77,16 +77,17 @@ impl MessageResponse {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct TextBlock {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub text: String,
+/// A content block of a response: text, or a call of one of the request's tools.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    Text { text: String },
+    ToolUse { id: String, name: String, input: Value },
 }
 
-impl TextBlock {
-    pub fn new(text: String) -> Self {
-        TextBlock { kind: "text", text }
+impl ContentBlock {
+    pub fn text(text: String) -> Self {
+        ContentBlock::Text { text }
     }
 }
 

@@ -43,17 +43,19 @@ async fn chat(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) ->
         None => ("max_tokens", fields.max_tokens),
     };
     let top_logprobs = validate::chat_logprobs(req.logprobs, req.top_logprobs)?;
-    let params = validate::common(&state, &fields, max_tokens, top_logprobs)?;
-    let messages = validate::chat_messages(&req.messages)?;
+    let mut params = validate::common(&state, &fields, max_tokens, top_logprobs)?;
+    params.spec.constraint = crate::structured::from_body(&state, &body).await?;
+    validate::chat_messages(&req.messages)?;
+    // Tool calling (tools/openai.rs): tools, tool_choice and tool turns validated, the prompt
+    // rendered with them, and a forced call's grammar set.
+    let tools = crate::tools::openai::prepare(&state, &body, req.add_generation_prompt.unwrap_or(true))?;
+    crate::tools::grammar::apply(&state, &tools.tools, tools.syntax, &mut params.spec).await?;
     trace.request(&params);
     drop(validate);
 
     let tokenize = trace.phase("tokenize");
     let codec = state.codec();
-    let text = codec
-        .render_chat(&messages, req.add_generation_prompt.unwrap_or(true))
-        .map_err(|e| ApiError::from_codec(e, "messages"))?;
-    let ids = codec.encode_prompt(&text, true).map_err(|e| ApiError::from_codec(e, "messages"))?;
+    let ids = codec.encode_prompt(&tools.prompt, true).map_err(|e| ApiError::from_codec(e, "messages"))?;
     let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "messages")?;
     let prompts = [PromptPlan { ids, max_tokens }];
     drop(tokenize);
@@ -64,6 +66,21 @@ async fn chat(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) ->
         generate::start(&state, &id, &prompts, &params).with_context(trace.begin_stream(&id, &prompts)).await?;
     let choices = trace.observe(choices);
     let mut tally = UsageTally::new(&prompts, params.n);
+    if tools.tools.active() {
+        let reply = crate::tools::openai::Reply {
+            state: state.clone(),
+            id,
+            created,
+            n: params.n,
+            with_logprobs: top_logprobs.is_some(),
+            include_usage: params.include_usage,
+        };
+        let choices = crate::tools::openai::parse_choices(choices, &tools);
+        if params.stream {
+            return Ok(crate::tools::openai::sse(reply, choices, tally, state.config().keep_alive));
+        }
+        return crate::tools::openai::respond(reply, choices, tally).await;
+    }
     if params.stream {
         let renderer = ChatChunks {
             state: state.clone(),

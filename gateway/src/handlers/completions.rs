@@ -38,7 +38,8 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
     let fields: SamplingFields = parse_json(&body)?;
     let req: CompletionRequest = parse_json(&body)?;
     let top_logprobs = validate::completion_logprobs(req.logprobs)?;
-    let params = validate::common(&state, &fields, ("max_tokens", fields.max_tokens), top_logprobs)?;
+    let mut params = validate::common(&state, &fields, ("max_tokens", fields.max_tokens), top_logprobs)?;
+    params.spec.constraint = crate::structured::from_body(&state, &body).await?;
     unsupported(&req, params.n)?;
     trace.request(&params);
     drop(validate);

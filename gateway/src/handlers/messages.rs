@@ -1,7 +1,8 @@
 //! Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens`, and the API-key check
 //! for them (`x-api-key` or `Authorization: Bearer`) with errors in Anthropic's shape. The
 //! request is rendered through the chat template and generated exactly as chat is
-//! (`generate::start`); `anthropic/` holds the translation and the event stream.
+//! (`generate::start`); `anthropic/` holds the translation and the event stream, `tools/`
+//! the conversation with its tool blocks and, when tools are active, the response.
 
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
@@ -13,7 +14,7 @@ use crate::anthropic::convert::{self, stop_reason};
 use crate::anthropic::errors::AnthropicError;
 use crate::anthropic::stream::sse_response;
 use crate::anthropic::types::{
-    CountTokensRequest, CountTokensResponse, MessageIn, MessageResponse, MessageUsage, MessagesRequest, TextBlock,
+    ContentBlock, CountTokensRequest, CountTokensResponse, MessageResponse, MessageUsage, MessagesRequest,
 };
 use crate::app::AppState;
 use crate::auth::check_api_key;
@@ -21,6 +22,7 @@ use crate::body::{parse_json, RawBody};
 use crate::error::ApiError;
 use crate::generate::{self, PromptPlan};
 use crate::ids::new_id;
+use crate::tools;
 use crate::validate;
 
 /// The auth middleware of the Anthropic routes.
@@ -41,8 +43,11 @@ pub async fn messages(
     convert::check_version(&headers)?;
     let RawBody(body) = body?;
     let req: MessagesRequest = parse_json(&body)?;
-    let params = convert::params(&state, &req)?;
-    let ids = prompt_ids(&state, req.system.as_ref(), &req.messages)?;
+    let mut params = convert::params(&state, &req)?;
+    // Text, tool_use and tool_result blocks, tools and tool_choice (tools/anthropic.rs).
+    let prepared = tools::anthropic::prepare(&state, &body)?;
+    tools::grammar::apply(&state, &prepared.tools, prepared.syntax, &mut params.spec).await?;
+    let ids = prompt_ids(&state, &prepared.prompt)?;
     let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "messages")?;
     let input_tokens = ids.len() as u32;
     let prompts = [PromptPlan { ids, max_tokens }];
@@ -51,6 +56,15 @@ pub async fn messages(
     let model = state.model_name().to_owned();
     let mut choices = generate::start(&state, &id, &prompts, &params).await?;
     let usage = MessageUsage { input_tokens, output_tokens: 0 };
+    if prepared.tools.active() {
+        let choice = choices.pop().ok_or_else(|| ApiError::Internal("no choice stream".to_owned()))?;
+        let choice = tools::anthropic::parse_choice(choice, &prepared);
+        let start = MessageResponse::new(id, model, Vec::new(), usage);
+        if params.stream {
+            return Ok(tools::anthropic::sse(start, choice, state.config().keep_alive));
+        }
+        return tools::anthropic::respond(start, choice).await;
+    }
     if params.stream {
         let choice = choices.pop().ok_or_else(|| ApiError::Internal("no choice stream".to_owned()))?;
         let start = MessageResponse::new(id, model, Vec::new(), usage);
@@ -59,7 +73,7 @@ pub async fn messages(
     let result =
         generate::collect(choices).await?.pop().ok_or_else(|| ApiError::Internal("no choice result".to_owned()))?;
     let usage = MessageUsage { input_tokens, output_tokens: result.completion_tokens };
-    let mut message = MessageResponse::new(id, model, vec![TextBlock::new(result.text)], usage);
+    let mut message = MessageResponse::new(id, model, vec![ContentBlock::text(result.text)], usage);
     message.stop_reason = Some(stop_reason(result.finish, result.stop_sequence.as_deref()));
     message.stop_sequence = result.stop_sequence;
     Ok(Json(message).into_response())
@@ -74,18 +88,13 @@ pub async fn count_tokens(
     let RawBody(body) = body?;
     let req: CountTokensRequest = parse_json(&body)?;
     state.check_model(req.model.as_deref())?;
-    let ids = prompt_ids(&state, req.system.as_ref(), &req.messages)?;
+    let _ = &req.messages;
+    let prepared = tools::anthropic::prepare(&state, &body)?;
+    let ids = prompt_ids(&state, &prepared.prompt)?;
     Ok(Json(CountTokensResponse { input_tokens: ids.len() as u32 }))
 }
 
-/// The templated prompt's ids, exactly as chat renders and encodes them.
-fn prompt_ids(
-    state: &AppState,
-    system: Option<&serde_json::Value>,
-    messages: &[MessageIn],
-) -> Result<Vec<u32>, AnthropicError> {
-    let messages = convert::messages(system, messages)?;
-    let codec = state.codec();
-    let text = codec.render_chat(&messages, true).map_err(|e| ApiError::from_codec(e, "messages"))?;
-    Ok(codec.encode_prompt(&text, true).map_err(|e| ApiError::from_codec(e, "messages"))?)
+/// The ids of the rendered prompt, encoded exactly as chat encodes them.
+fn prompt_ids(state: &AppState, prompt: &str) -> Result<Vec<u32>, AnthropicError> {
+    Ok(state.codec().encode_prompt(prompt, true).map_err(|e| ApiError::from_codec(e, "messages"))?)
 }

@@ -54,6 +54,8 @@ mod sampling;
 mod sources;
 #[cfg(not(feature = "cuda"))]
 mod stub;
+// Constrained decoding's logit mask (`Device::apply_token_mask`; stubbed without the feature).
+mod token_mask;
 
 pub use arch::Arch;
 #[cfg(feature = "cuda")]

@@ -6,9 +6,17 @@
 //! logprobs before temperature, greedy / temperature / top-k / top-p / min-p); the random
 //! stream is the kernel's, keyed by the sequence's seed and draw index, so a seeded
 //! sequence replays exactly on the GPU backend (not the same draws as on the CPU one).
+//!
+//! Constrained rows (structured outputs) carry a [`MaskCell`] that the executor's mask
+//! thread fills during the forward pass; their packed bitmasks go up together and one
+//! launch bans the disallowed tokens before the sampling kernel. A step without
+//! constrained rows uploads and launches nothing extra.
+
+use std::sync::Arc;
 
 use tessera_kernels::cuda::{Buf, Device, Elem, SampleOutput, SampleParams, SamplePaths, SampledRow};
 
+use crate::constrained::MaskCell;
 use crate::error::WorkerError;
 use crate::sampling::{Sampled, SamplingError, SamplingParams, MAX_LOGPROBS};
 
@@ -19,6 +27,9 @@ pub struct RowRequest {
     /// `(token, occurrences in the history)` of each distinct token, when a penalty is on.
     pub penalties: Vec<(u32, u32)>,
     pub bias: Vec<(u32, f32)>,
+    /// The row's allowed-token mask, being computed beside the forward pass (constrained
+    /// sequences only).
+    pub mask: Option<Arc<MaskCell>>,
 }
 
 impl RowRequest {
@@ -76,6 +87,7 @@ impl RowRequest {
             },
             penalties,
             bias,
+            mask: None,
         })
     }
 }
@@ -83,7 +95,7 @@ impl RowRequest {
 impl RowRequest {
     /// Argmax, no adjustments, no logprobs (benchmarks' greedy decoding).
     pub fn greedy() -> Self {
-        RowRequest { params: SampleParams::greedy(), penalties: Vec::new(), bias: Vec::new() }
+        RowRequest { params: SampleParams::greedy(), penalties: Vec::new(), bias: Vec::new(), mask: None }
     }
 }
 
@@ -122,6 +134,9 @@ pub struct GpuSampler {
     bias_offsets: Staged<u32>,
     bias_tokens: Staged<u32>,
     bias_values: Staged<f32>,
+    /// Packed masks of the constrained rows, `[rows, ceil(vocab / 32)]`, and their row ids.
+    mask_words: Staged<u32>,
+    mask_rows: Staged<u32>,
 }
 
 impl GpuSampler {
@@ -135,6 +150,8 @@ impl GpuSampler {
             bias_offsets: Staged::new(),
             bias_tokens: Staged::new(),
             bias_values: Staged::new(),
+            mask_words: Staged::new(),
+            mask_rows: Staged::new(),
         }
     }
 
@@ -191,6 +208,7 @@ impl GpuSampler {
             None => (p, 0, 0),
         });
         let paths = SamplePaths::for_rows(vocab, rows);
+        apply_masks(&mut self.mask_words, &mut self.mask_rows, dev, logits, vocab, requests)?;
         dev.sample_paths(
             out,
             logits,
@@ -209,6 +227,38 @@ impl GpuSampler {
         let rows = out.read(dev, requests.len())?;
         rows.into_iter().map(to_sampled).collect()
     }
+}
+
+/// Waits for the constrained rows' masks and bans what they do not allow, in one launch
+/// (staging through `words` and `ids`). A row whose mask failed is sampled unmasked (its
+/// sequence ends with the error; the token is dropped).
+fn apply_masks(
+    mask_words: &mut Staged<u32>,
+    mask_rows: &mut Staged<u32>,
+    dev: &Device,
+    logits: &mut Buf<f32>,
+    vocab: usize,
+    requests: &[RowRequest],
+) -> Result<(), WorkerError> {
+    if requests.iter().all(|r| r.mask.is_none()) {
+        return Ok(());
+    }
+    let words = vocab.div_ceil(32);
+    let mut packed = Vec::new();
+    let mut rows = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let Some(mut m) = r.mask.as_ref().and_then(|c| c.wait_take()) else { continue };
+        m.resize(words, 0);
+        packed.extend_from_slice(&m);
+        rows.push(i as u32);
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let masks = mask_words.put(dev, &packed, false)?;
+    let ids = mask_rows.put(dev, &rows, false)?;
+    dev.apply_token_mask(logits, vocab, masks, ids, rows.len())?;
+    Ok(())
 }
 
 impl Default for GpuSampler {
