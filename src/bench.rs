@@ -51,14 +51,18 @@ pub struct BenchArgs {
     /// above 1, the decode test runs at tp = 1 and at this tp and prints their ratio.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// GPU only: pipeline stages (GPUs N..N+tp*pp, stage-major); above 1, the decode test
+    /// also runs at tp = 1 and splits each batch into `pp` micro-batches kept in flight.
+    #[arg(long, default_value_t = 1)]
+    pub pp: usize,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     if let tessera_worker::service::DeviceChoice::Cuda(ordinal) = args.device {
         return crate::bench_gpu::run(&args, ordinal);
     }
-    if args.synthetic.is_some() || args.tp > 1 {
-        anyhow::bail!("--synthetic models and --tp run on GPUs: add --device cuda");
+    if args.synthetic.is_some() || args.tp > 1 || args.pp > 1 {
+        anyhow::bail!("--synthetic models, --tp and --pp run on GPUs: add --device cuda");
     }
     crate::threads::init(args.threads)?;
     let path = crate::default_model::resolve(args.model.as_deref())?;

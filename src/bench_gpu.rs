@@ -11,11 +11,13 @@
 //! - per decode step, the host time (index building and uploads, when the GPU has nothing
 //!   to do; then the kernel launches, overlapping the GPU) against the step's wall time.
 //!
-//! With `--tp N`: the decode test at tp = 1 on the first GPU, then on N GPUs with the model
-//! split tensor-parallel (one thread per rank, rank r on GPU first + r), and the ratio.
-//! Every rank runs the same steps; rank 0 samples greedily and hands the tokens to the
-//! others over channels. A `--synthetic` model's sharded weights are drawn per rank (same
-//! shape and bytes, other values).
+//! With `--tp N` and/or `--pp M`: the decode test at tp = 1 on the first GPU, then on N x M
+//! GPUs with the model split (one thread per rank, stage-major: rank i is stage i / N,
+//! tensor rank i % N, on GPU first + i), and the ratio. Every rank runs the same steps;
+//! the last stage's tensor rank 0 samples greedily and hands the tokens to the others over
+//! channels. With pipeline stages each batch is split into M micro-batches stepped in
+//! turn, so the stages work on different micro-batches at once (as the coordinator keeps
+//! M steps in flight). A `--synthetic` split model is the one-GPU model split (same seed).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -26,7 +28,7 @@ use tessera_kernels::cuda::{bf16, Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_worker::batch::{LogitsWanted, SeqChunk};
 use tessera_worker::cuda::shapes::{bf16_bytes_per_token, synthetic_config};
-use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler};
+use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds};
 use tessera_worker::parallel::Shard;
 
 use crate::bench::BenchArgs;
@@ -95,11 +97,11 @@ impl Source {
         })
     }
 
-    /// Rank `shard.tp_rank`'s share on `opts.device`, in group `id`.
-    fn load_shard(&self, opts: &CudaOptions, shard: &Shard, id: &NcclId) -> Result<CudaModel> {
+    /// The share of `shard` on `opts.device`, in groups `ids`.
+    fn load_shard(&self, opts: &CudaOptions, shard: &Shard, ids: &GroupIds) -> Result<CudaModel> {
         Ok(match self {
-            Source::Synthetic(shape) => CudaModel::synthetic_shard(shape, 42, opts, shard, id)?,
-            Source::File(path) => CudaModel::load_shard(&Self::open(path)?, opts, shard, id)?,
+            Source::Synthetic(shape) => CudaModel::synthetic_shard(shape, 42, opts, shard, ids)?,
+            Source::File(path) => CudaModel::load_shard(&Self::open(path)?, opts, shard, ids)?,
         })
     }
 }
@@ -109,8 +111,8 @@ fn options(device: usize) -> CudaOptions {
 }
 
 pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
-    if args.tp > 1 {
-        return run_tp(args, ordinal);
+    if args.tp > 1 || args.pp > 1 {
+        return run_parallel(args, ordinal);
     }
     let source = Source::of(args)?;
     let t0 = Instant::now();
@@ -165,18 +167,19 @@ pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
     }
 
     for &b in &args.batches {
-        let outcome = decode_batch(&mut m, b, args, &Role::Solo)?;
+        let outcome = decode_batch(&mut m, b, args, &Role::Solo, 1)?;
         println!("{}", decode_row(b, args, &outcome, bytes_per_token));
     }
     Ok(())
 }
 
-/// The decode test at tp = 1 on GPU `first`, then split over GPUs `first..first + tp`.
-fn run_tp(args: &BenchArgs, first: usize) -> Result<()> {
-    let tp = args.tp;
+/// The decode test at tp = 1 on GPU `first`, then split over GPUs `first..first + tp * pp`.
+fn run_parallel(args: &BenchArgs, first: usize) -> Result<()> {
+    let (tp, pp) = (args.tp.max(1), args.pp.max(1));
+    let ranks = tp * pp;
     let present = Device::count()?;
-    if first + tp > present {
-        bail!("--tp {tp} from GPU {first} needs GPUs {first}..{}, {present} present", first + tp);
+    if first + ranks > present {
+        bail!("--tp {tp} --pp {pp} from GPU {first} needs GPUs {first}..{}, {present} present", first + ranks);
     }
     let source = Source::of(args)?;
     let t0 = Instant::now();
@@ -192,54 +195,78 @@ fn run_tp(args: &BenchArgs, first: usize) -> Result<()> {
     );
     let mut single = Vec::with_capacity(args.batches.len());
     for &b in &args.batches {
-        single.push(decode_batch(&mut m, b, args, &Role::Solo)?);
+        single.push(decode_batch(&mut m, b, args, &Role::Solo, 1)?);
     }
     drop(m);
 
-    let id = Device::nccl_unique_id()?;
+    // One NCCL id per tensor group (one per stage) and per pipeline (one per tensor rank).
+    let ids = |n: usize, used: bool| -> Result<Vec<Option<NcclId>>> {
+        (0..n).map(|_| used.then(Device::nccl_unique_id).transpose().map_err(Into::into)).collect()
+    };
+    let (tp_ids, pp_ids) = (ids(pp, tp > 1)?, ids(tp, pp > 1)?);
     let layers = source.num_layers()?;
+    if layers < pp {
+        bail!("{layers} layers cannot form {pp} pipeline stages");
+    }
+    let leader = (pp - 1) * tp;
     let t0 = Instant::now();
-    let (txs, rxs): (Vec<_>, Vec<_>) = (1..tp).map(|_| channel::<Vec<u32>>()).unzip();
-    let mut roles = vec![Role::Leader(txs)];
-    roles.extend(rxs.into_iter().map(Role::Follower));
-    let ranks: Vec<Result<RankRun>> = std::thread::scope(|s| {
+    let (txs, rxs): (Vec<_>, Vec<_>) = (1..ranks).map(|_| channel::<Vec<u32>>()).unzip();
+    let (mut txs, mut rxs) = (Some(txs), rxs.into_iter());
+    let roles: Vec<Role> = (0..ranks)
+        .map(|i| match i == leader {
+            true => Role::Leader(txs.take().unwrap_or_default()),
+            false => rxs.next().map_or(Role::Solo, Role::Follower),
+        })
+        .collect();
+    let results: Vec<Result<RankRun>> = std::thread::scope(|s| {
         let handles: Vec<_> = roles
             .into_iter()
             .enumerate()
-            .map(|(r, role)| {
-                let (source, id) = (&source, &id);
+            .map(|(i, role)| {
+                let source = &source;
+                let (stage, rank) = (i / tp, i % tp);
+                let group = GroupIds { tp: tp_ids[stage].clone(), pp: pp_ids[rank].clone() };
                 s.spawn(move || -> Result<RankRun> {
-                    let shard = Shard { tp_rank: r, tp, stage: 0, stages: 1, layers: 0..layers };
+                    let span = stage * layers / pp..(stage + 1) * layers / pp;
+                    let shard = Shard { tp_rank: rank, tp, stage, stages: pp, layers: span };
                     let mut m = source
-                        .load_shard(&options(first + r), &shard, id)
-                        .with_context(|| format!("tp rank {r} on GPU {}", first + r))?;
+                        .load_shard(&options(first + i), &shard, &group)
+                        .with_context(|| format!("stage {stage} tp rank {rank} on GPU {}", first + i))?;
                     let (loaded_s, blocks) = (t0.elapsed().as_secs_f64(), m.num_blocks());
+                    if i == leader && tp > 1 {
+                        println!("# all-reduce: {}", m.all_reduce_path());
+                    }
                     let rank_bytes = bf16_bytes_per_token(m.local_config()) as f64;
                     let mut outcomes = Vec::with_capacity(args.batches.len());
                     for &b in &args.batches {
-                        outcomes.push(decode_batch(&mut m, b, args, &role).with_context(|| format!("tp rank {r}"))?);
+                        let o = decode_batch(&mut m, b, args, &role, pp).with_context(|| format!("rank {i}"))?;
+                        outcomes.push(o);
                     }
                     Ok(RankRun { loaded_s, blocks, rank_bytes, outcomes })
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a tp rank's thread panicked")))).collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a rank's thread panicked")))).collect()
     });
-    let mut ranks = ranks.into_iter();
-    let lead = ranks.next().ok_or_else(|| anyhow!("no tp rank ran"))??;
-    for r in ranks {
-        r?;
+    let mut lead = None;
+    for (i, r) in results.into_iter().enumerate() {
+        let r = r?;
+        if i == leader {
+            lead = Some(r);
+        }
     }
+    let lead = lead.ok_or_else(|| anyhow!("the sampling rank did not run"))?;
+    let split = format!("tp={tp} pp={pp}");
     println!(
-        "# tp={tp} on GPUs {first}..{}: loaded in {:.1} s, {} KV blocks; {:.2} GB of bf16 weights per token per GPU \
-         (embedding and LM head replicated)",
-        first + tp,
+        "# {split} on GPUs {first}..{}: loaded in {:.1} s, {} KV blocks; {:.2} GB of bf16 weights per token on the \
+         sampling GPU (vocab-parallel LM head where the vocabulary divides by tp)",
+        first + ranks,
         lead.loaded_s,
         lead.blocks,
         lead.rank_bytes / 1e9
     );
     println!();
-    println!("| decode | tp=1 | tp={tp} | tp={tp} / tp=1 | tp={tp} detail |");
+    println!("| decode | tp=1 | {split} | {split} / tp=1 | {split} detail |");
     println!("|---|---|---|---|---|");
     for ((&b, one), many) in args.batches.iter().zip(&single).zip(&lead.outcomes) {
         let cell = |o: &Outcome| match o {
@@ -271,7 +298,7 @@ fn run_tp(args: &BenchArgs, first: usize) -> Result<()> {
         if b == 1 {
             if let (Outcome::Ran(a), Outcome::Ran(z)) = (one, many) {
                 eprintln!(
-                    "RESULT tp={tp} batch-1 decode {:.0} tok/s vs tp=1 {:.0} tok/s: {:.2}x (target >= 1.8x)",
+                    "RESULT {split} batch-1 decode {:.0} tok/s vs tp=1 {:.0} tok/s: {:.2}x (tp=2 target >= 1.8x)",
                     z.tok_s,
                     a.tok_s,
                     z.tok_s / a.tok_s
@@ -295,9 +322,9 @@ struct RankRun {
 enum Role {
     /// One GPU: greedy on its own logits.
     Solo,
-    /// Tensor-parallel rank 0: greedy on its logits, sent to every other rank.
+    /// The last stage's tensor rank 0: greedy on its logits, sent to every other rank.
     Leader(Vec<Sender<Vec<u32>>>),
-    /// Another rank: runs the step, then takes rank 0's tokens.
+    /// Another rank: runs the step, then takes the leader's tokens.
     Follower(Receiver<Vec<u32>>),
 }
 
@@ -357,10 +384,11 @@ fn gemm_peak(m: &CudaModel, c: &tessera_model::config::ModelConfig) -> Result<f6
 }
 
 /// `b` sequences: prefill their prompts (steps of at most 8192 tokens), then
-/// `gen_tokens` decode steps of all of them with greedy sampling on the GPU. Every rank of
-/// a tensor-parallel group calls this with the same arguments (its block count is the
+/// `gen_tokens` decode steps of all of them with greedy sampling on the GPU, the batch
+/// split into `micro` micro-batches stepped in turn (pipeline stages overlap on them).
+/// Every rank of a split model calls this with the same arguments (its block count is the
 /// group's, so all skip or all run).
-fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role) -> Result<Outcome> {
+fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micro: usize) -> Result<Outcome> {
     let (prompt, gen) = (args.decode_prompt, args.gen_tokens);
     let vocab = m.config().vocab_size;
     let per_seq = (prompt + gen + 1).div_ceil(BLOCK);
@@ -370,64 +398,98 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role) -> R
     let tables: Vec<Vec<u32>> = (0..b).map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect()).collect();
     let prompts: Vec<Vec<u32>> = (0..b).map(|i| pseudo_random_tokens(prompt, vocab, 100 + i as u64)).collect();
     let per_step = (8192 / prompt.max(1)).max(1);
-    let mut next: Vec<u32> = Vec::with_capacity(b);
+    let all: Vec<usize> = (0..b).collect();
+    let groups: Vec<&[usize]> = all.chunks(b.div_ceil(micro.max(1)).max(1)).collect();
     let mut sampler = GpuSampler::new();
-    for group in (0..b).collect::<Vec<_>>().chunks(per_step) {
-        let chunks: Vec<SeqChunk> = group
-            .iter()
-            .map(|&i| SeqChunk {
-                tokens: &prompts[i],
-                first_pos: 0,
-                block_table: &tables[i],
-                logits: LogitsWanted::Last,
-            })
-            .collect();
-        next.extend(greedy(m, &chunks, &mut sampler, role)?);
+    // Each micro-batch's next tokens; `None` until a follower takes them from the leader.
+    let mut next: Vec<Option<Vec<u32>>> = Vec::with_capacity(groups.len());
+    for group in &groups {
+        let mut toks = Vec::with_capacity(group.len());
+        for part in group.chunks(per_step) {
+            let chunks: Vec<SeqChunk> = part
+                .iter()
+                .map(|&i| SeqChunk {
+                    tokens: &prompts[i],
+                    first_pos: 0,
+                    block_table: &tables[i],
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            let got = launch(m, &chunks, &mut sampler, role)?;
+            toks.extend(match got {
+                Some(t) => t,
+                None => take(role)?,
+            });
+        }
+        next.push(Some(toks));
     }
     let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let t_all = Instant::now();
     for step in 0..gen {
-        let t = Instant::now();
-        let toks: Vec<[u32; 1]> = next.iter().map(|&x| [x]).collect();
-        let chunks: Vec<SeqChunk> = (0..b)
-            .map(|i| SeqChunk {
-                tokens: &toks[i],
-                first_pos: prompt + step,
-                block_table: &tables[i],
-                logits: LogitsWanted::Last,
-            })
-            .collect();
-        next = greedy(m, &chunks, &mut sampler, role)?;
-        let timing = m.last_step_timing();
-        graphs += usize::from(timing.graph);
-        wall.push(t.elapsed().as_secs_f64());
-        prep.push(timing.prep.as_secs_f64());
-        enqueue.push(timing.enqueue.as_secs_f64());
+        for (g, group) in groups.iter().enumerate() {
+            let now = match next[g].take() {
+                Some(t) => t,
+                None => take(role)?,
+            };
+            let t = Instant::now();
+            let toks: Vec<[u32; 1]> = now.iter().map(|&x| [x]).collect();
+            let chunks: Vec<SeqChunk> = group
+                .iter()
+                .zip(&toks)
+                .map(|(&i, tok)| SeqChunk {
+                    tokens: tok,
+                    first_pos: prompt + step,
+                    block_table: &tables[i],
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            next[g] = launch(m, &chunks, &mut sampler, role)?;
+            let timing = m.last_step_timing();
+            graphs += usize::from(timing.graph);
+            wall.push(t.elapsed().as_secs_f64());
+            prep.push(timing.prep.as_secs_f64());
+            enqueue.push(timing.enqueue.as_secs_f64());
+        }
     }
+    // A follower takes the last step's tokens too, so the next test starts in step.
+    for slot in next.iter_mut().filter(|s| s.is_none()) {
+        *slot = Some(take(role)?);
+    }
+    m.device().synchronize()?;
     let total = t_all.elapsed().as_secs_f64();
     Ok(Outcome::Ran(Decode {
         tok_s: (b * gen) as f64 / total,
         step: median(wall),
         prep: median(prep),
         enqueue: median(enqueue),
-        graphs,
+        graphs: graphs / groups.len().max(1),
     }))
 }
 
-/// One step's next tokens: greedy on the GPU, or (a tensor-parallel follower) rank 0's.
-fn greedy(m: &mut CudaModel, chunks: &[SeqChunk], sampler: &mut GpuSampler, role: &Role) -> Result<Vec<u32>> {
+/// Runs one step: its next tokens (greedy on the GPU) for a rank that samples, which the
+/// leader also sends to every other rank; `None` for a follower, which takes them later
+/// with [`take`] (so a pipeline stage can start its next micro-batch first).
+fn launch(m: &mut CudaModel, chunks: &[SeqChunk], sampler: &mut GpuSampler, role: &Role) -> Result<Option<Vec<u32>>> {
     match role {
-        Role::Solo => Ok(m.forward_greedy(chunks, sampler)?),
+        Role::Solo => Ok(Some(m.forward_greedy(chunks, sampler)?)),
         Role::Leader(others) => {
             let tokens = m.forward_greedy(chunks, sampler)?;
             for tx in others {
-                tx.send(tokens.clone()).map_err(|_| anyhow!("a tp rank stopped"))?;
+                tx.send(tokens.clone()).map_err(|_| anyhow!("a rank stopped"))?;
             }
-            Ok(tokens)
+            Ok(Some(tokens))
         }
-        Role::Follower(rx) => {
+        Role::Follower(_) => {
             m.forward_device(chunks)?;
-            rx.recv().map_err(|_| anyhow!("tp rank 0 stopped"))
+            Ok(None)
         }
+    }
+}
+
+/// A follower's next tokens from the leader, in step order.
+fn take(role: &Role) -> Result<Vec<u32>> {
+    match role {
+        Role::Follower(rx) => rx.recv().map_err(|_| anyhow!("the sampling rank stopped")),
+        _ => bail!("only a follower takes tokens from the leader"),
     }
 }

@@ -3,7 +3,8 @@
 GPU) against llama.cpp's greedy fixture, plus seeded sampling, logprobs, cancellation and a
 concurrent load. Prints RESULT lines; exits non-zero on a failed check.
 
-    python3 bench/gpu/serve_check.py BIN MODEL   (BIN: the tessera binary)
+    python3 bench/gpu/serve_check.py BIN MODEL [SERVE ARGS...]   (BIN: the tessera binary;
+        SERVE ARGS are added to `tessera serve`, e.g. `--pp 2` for two pipeline stages)
 """
 import json
 import os
@@ -14,11 +15,11 @@ import time
 
 import requests
 
-bin_path, model = sys.argv[1], sys.argv[2]
+bin_path, model, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
 port = 8123
 url = f"http://127.0.0.1:{port}"
 log = open("/tmp/serve-gpu.log", "w")
-proc = subprocess.Popen([bin_path, "serve", "--device", "cuda", "--model", model, "--port", str(port)], stdout=log, stderr=log)
+proc = subprocess.Popen([bin_path, "serve", "--device", "cuda", "--model", model, "--port", str(port), *extra], stdout=log, stderr=log)
 failed = []
 
 

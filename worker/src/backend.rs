@@ -36,7 +36,7 @@ impl Backend {
     pub fn samples(&self) -> bool {
         match self {
             Backend::Cpu { model, .. } => model.shard.is_last_stage(),
-            Backend::Cuda(..) => true,
+            Backend::Cuda(m, _) => m.samples(),
         }
     }
 

@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::backend::Backend;
 use crate::collective::{Collective, TcpCollective};
 use crate::constrained::Grammars;
-use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions, TpPart};
+use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions, GroupIds, TpPart};
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
 use crate::llama::LlamaModel;
 use crate::metrics::WorkerMetrics;
@@ -67,15 +67,24 @@ pub struct WorkerService {
     state: Arc<Mutex<Option<Loaded>>>,
     device: DeviceChoice,
     collective: Arc<Mutex<Listeners>>,
-    /// GPU workers: the NCCL id this worker offers as a tensor-parallel rank 0, made when
-    /// first reported (Info) and replaced once a Load has used it.
-    nccl_id: Arc<Mutex<Option<NcclId>>>,
+    /// GPU workers: the NCCL ids this worker offers as a tensor-parallel rank 0 and as a
+    /// pipeline's stage 0, made when first reported (Info) and replaced once a Load has
+    /// used them.
+    nccl_ids: Arc<NcclIds>,
     /// Step and collective timings (`GET /metrics` of the worker's admin endpoint).
     metrics: Arc<WorkerMetrics>,
 }
 
-/// Prefix of a GPU worker's `tp_collective_addr`: `nccl:` and the id's 256 hex digits.
+/// Prefix of a GPU worker's `tp_collective_addr` and `pp_collective_addr`: `nccl:` and the
+/// id's 256 hex digits.
 const NCCL_PREFIX: &str = "nccl:";
+
+/// A GPU worker's offered NCCL ids, one per kind of group it may found.
+#[derive(Default)]
+struct NcclIds {
+    tp: Mutex<Option<NcclId>>,
+    pp: Mutex<Option<NcclId>>,
+}
 
 /// Where a CPU worker accepts its tensor-parallel group's and its pipeline neighbours'
 /// collective connections: bound when first reported (Info), consumed by a sharded Load,
@@ -121,7 +130,7 @@ impl WorkerService {
             state: Arc::default(),
             device,
             collective: Arc::default(),
-            nccl_id: Arc::default(),
+            nccl_ids: Arc::default(),
             metrics: Arc::default(),
         }
     }
@@ -153,7 +162,10 @@ impl WorkerService {
                 let (tp, pp) = self.collective.lock().unwrap_or_else(|e| e.into_inner()).ensure();
                 (info.tp_collective_addr, info.pp_collective_addr) = (tp, pp);
             }
-            DeviceChoice::Cuda(_) => info.tp_collective_addr = self.nccl_addr(),
+            DeviceChoice::Cuda(_) => {
+                (info.tp_collective_addr, info.pp_collective_addr) =
+                    (nccl_addr(&self.nccl_ids.tp), nccl_addr(&self.nccl_ids.pp));
+            }
         }
         if let Some(l) = guard.as_ref() {
             let (kind, name) = l.exec.backend().device();
@@ -167,35 +179,30 @@ impl WorkerService {
         }
         info
     }
+}
 
-    /// `nccl:<hex>` of this worker's NCCL id, made now if there is none; empty when NCCL
-    /// is unavailable (a tensor-parallel Load naming this worker as rank 0 then fails
-    /// with a message saying so).
-    fn nccl_addr(&self) -> String {
-        let mut id = self.nccl_id.lock().unwrap_or_else(|e| e.into_inner());
-        if id.is_none() {
-            *id = Device::nccl_unique_id().ok();
-        }
-        id.as_ref().map(|id| format!("{NCCL_PREFIX}{}", id.to_hex())).unwrap_or_default()
+/// `nccl:<hex>` of the NCCL id in `slot`, made now if there is none; empty when NCCL is
+/// unavailable (a parallel Load naming this worker as its group's rank 0 then fails with a
+/// message saying so).
+fn nccl_addr(slot: &Mutex<Option<NcclId>>) -> String {
+    let mut id = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if id.is_none() {
+        *id = Device::nccl_unique_id().ok();
     }
+    id.as_ref().map(|id| format!("{NCCL_PREFIX}{}", id.to_hex())).unwrap_or_default()
 }
 
 fn load(
     req: &pb::LoadRequest,
     device: DeviceChoice,
     listeners: &Mutex<Listeners>,
-    nccl_id: &Mutex<Option<NcclId>>,
+    nccl_ids: &NcclIds,
     metrics: &WorkerMetrics,
 ) -> Result<Loaded, Status> {
     let path = PathBuf::from(&req.model_path);
     let files =
         ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
     let sharded = req.shard.as_ref().filter(|s| s.tp_size > 1 || s.pp_size > 1);
-    if sharded.is_some_and(|s| s.pp_size > 1) && device != DeviceChoice::Cpu {
-        return Err(Status::unimplemented(
-            "pipeline parallel shards run on CPU workers only; GPU workers take tensor parallel shards (pp = 1)",
-        ));
-    }
     let block_size = if req.block_size == 0 { 16 } else { req.block_size as usize };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let backend = match device {
@@ -224,8 +231,15 @@ fn load(
             let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
             let model = match (&shard, sharded) {
                 (Some(shard), Some(s)) => {
-                    let id = group_id(s, nccl_id)?;
-                    CudaModel::load_shard(&files, &opts, shard, &id)
+                    let ids = GroupIds {
+                        tp: (s.tp_size > 1)
+                            .then(|| group_id(&s.tp_peers, "tensor-parallel rank 0", &nccl_ids.tp))
+                            .transpose()?,
+                        pp: (s.pp_size > 1)
+                            .then(|| group_id(&s.pp_peers, "pipeline stage 0", &nccl_ids.pp))
+                            .transpose()?,
+                    };
+                    CudaModel::load_shard(&files, &opts, shard, &ids)
                 }
                 _ => CudaModel::load(&files, &opts),
             };
@@ -269,17 +283,18 @@ fn shard_of(s: &pb::Shard) -> Result<Shard, Status> {
     })
 }
 
-/// The NCCL id of a GPU shard's tensor-parallel group: rank 0's report, `tp_peers[0]`.
-/// When that is this worker's own id, it is used up: the next Info offers a fresh one.
-fn group_id(s: &pb::Shard, own: &Mutex<Option<NcclId>>) -> Result<NcclId, Status> {
-    let peer = s.tp_peers.first().map(String::as_str).unwrap_or_default();
+/// The NCCL id of a GPU shard's group (its tensor-parallel group or its pipeline): what
+/// the group's rank 0 (`who`) reported, `peers[0]`. When that is this worker's own id, it
+/// is used up: the next Info offers a fresh one.
+fn group_id(peers: &[String], who: &str, own: &Mutex<Option<NcclId>>) -> Result<NcclId, Status> {
+    let peer = peers.first().map(String::as_str).unwrap_or_default();
     let hex = peer.strip_prefix(NCCL_PREFIX).ok_or_else(|| {
         Status::invalid_argument(format!(
-            "tensor-parallel rank 0 reported {peer:?}, not an NCCL id (`{NCCL_PREFIX}<hex>`): \
+            "{who} reported {peer:?}, not an NCCL id (`{NCCL_PREFIX}<hex>`): \
              is it a GPU worker with NCCL installed?"
         ))
     })?;
-    let id = NcclId::from_hex(hex).map_err(|e| Status::invalid_argument(format!("rank 0's NCCL id: {e}")))?;
+    let id = NcclId::from_hex(hex).map_err(|e| Status::invalid_argument(format!("{who}'s NCCL id: {e}")))?;
     let mut own = own.lock().unwrap_or_else(|e| e.into_inner());
     if own.as_ref() == Some(&id) {
         *own = None;
@@ -424,9 +439,9 @@ impl pb::worker_server::Worker for WorkerService {
     async fn load(&self, req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReply>, Status> {
         let req = req.into_inner();
         let t0 = Instant::now();
-        let (device, listeners, nccl_id) = (self.device, self.collective.clone(), self.nccl_id.clone());
+        let (device, listeners, nccl_ids) = (self.device, self.collective.clone(), self.nccl_ids.clone());
         let metrics = self.metrics.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_id, &metrics))
+        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_ids, &metrics))
             .await
             .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
@@ -512,13 +527,14 @@ mod tests {
         let id = |seed: u8| NcclId(std::array::from_fn(|i| (i as u8).wrapping_mul(37).wrapping_add(seed)));
         let own = Mutex::new(Some(id(1)));
         let peer = format!("nccl:{}", id(2).to_hex());
-        assert_eq!(group_id(&shard_with_peer0(&peer), &own).unwrap(), id(2));
+        let group = |s: pb::Shard| group_id(&s.tp_peers, "tensor-parallel rank 0", &own);
+        assert_eq!(group(shard_with_peer0(&peer)).unwrap(), id(2));
         assert_eq!(*own.lock().unwrap(), Some(id(1)), "another worker's id leaves ours alone");
         let peer = format!("nccl:{}", id(1).to_hex());
-        assert_eq!(group_id(&shard_with_peer0(&peer), &own).unwrap(), id(1));
+        assert_eq!(group(shard_with_peer0(&peer)).unwrap(), id(1));
         assert_eq!(*own.lock().unwrap(), None, "our id, once used, is replaced at the next Info");
         for bad in ["127.0.0.1:4000", "", "nccl:abc"] {
-            let e = group_id(&shard_with_peer0(bad), &own).unwrap_err();
+            let e = group(shard_with_peer0(bad)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
             assert!(e.message().contains("NCCL id"), "{bad:?}: {}", e.message());
         }

@@ -12,7 +12,7 @@ use cudarc::nvrtc::Ptx;
 use super::arch::Arch;
 use super::module_cache::{ModuleCache, ModuleReport};
 use super::nvrtc;
-use super::{sources, Elem};
+use super::{sources, Copy2d, Elem};
 use crate::KernelError;
 
 /// Maps any cudarc error (they do not all implement `std::error::Error`) to ours.
@@ -265,6 +265,48 @@ impl Device {
         let from = src.inner.slice(s0..s1);
         let mut to = dst.inner.slice_mut(d0..d1);
         self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err(OP))
+    }
+
+    /// Copies a `[rows, width]` block between two row-major matrices as one strided 2-D
+    /// copy queued on the stream (used to slice row-parallel weights by column and to
+    /// interleave logit shards); see [`Copy2d`].
+    pub fn copy_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &Buf<T>, c: &Copy2d) -> Result<(), KernelError> {
+        use cudarc::driver::sys;
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        const OP: &str = "cuda_copy_2d";
+        crate::error::check(c.fits(src.len(), dst.len()), OP, || {
+            format!("{c:?} does not fit src of {} / dst of {} elements", src.len(), dst.len())
+        })?;
+        if c.rows == 0 || c.width == 0 {
+            return Ok(());
+        }
+        let e = std::mem::size_of::<T>();
+        let s = &self.stream;
+        s.context().bind_to_thread().map_err(dev_err(OP))?;
+        let (sp, _r1) = src.inner.device_ptr(s);
+        let (dp, _r2) = dst.inner.device_ptr_mut(s);
+        let m = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: sp + (c.src_at * e) as u64,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: c.src_pitch * e,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dp + (c.dst_at * e) as u64,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: c.dst_pitch * e,
+            WidthInBytes: c.width * e,
+            Height: c.rows,
+        };
+        // SAFETY: both device pointers cover the checked block and stay alive while the
+        // stream uses them (the caller owns both buffers, as for every op).
+        let copy = unsafe { sys::cuMemcpy2DAsync_v2(&m, s.cu_stream()) };
+        copy.result().map_err(dev_err(OP))
     }
 
     /// Waits for the queued work, then copies `src` to the host. Errors of earlier

@@ -13,8 +13,10 @@
 //! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `gemv` (the decode GEMM
 //! for at most 8 rows, which `gemm` routes to), `attention` (paged
 //! attention launchers), `qkv` (fused Q/K/V preparation), `init` (random fill), `sampling`
-//! (token sampling), `nccl` (all-reduce across the GPUs of a tensor-parallel group); without
-//! it, `stub`. Always built: `paged` (the attention batch description and split planning),
+//! (token sampling), `nccl` (all-reduce across the GPUs of a tensor-parallel group),
+//! `nccl_p2p` (pipeline send/recv and the all-gather of logit shards), `ipc_allreduce` (the
+//! one-shot all-reduce over peer memory); without it, `stub`. Always built: `copy2d` (the
+//! strided block copy's bounds), `paged` (the attention batch description and split planning),
 //! `qkv_args` (the inputs of the fused Q/K/V preparation), `sample_params` (sampling
 //! parameters and results, CPU copies of the kernel's rules) and `nccl_id` (the id that
 //! names an NCCL communicator, relayed between ranks as hex).
@@ -22,6 +24,7 @@
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
 
 pub mod arch;
+mod copy2d;
 pub mod module_cache;
 pub mod paged;
 
@@ -39,7 +42,16 @@ mod graph;
 mod init;
 #[cfg(feature = "cuda")]
 mod nccl;
+// One-shot all-reduce over peer memory (small TP messages); `ipc_record` (always built)
+// holds its setup records and region layout.
+#[cfg(feature = "cuda")]
+mod ipc_allreduce;
+#[cfg(not(feature = "cuda"))]
+mod ipc_allreduce_stub;
+pub mod ipc_record;
 mod nccl_id;
+#[cfg(feature = "cuda")]
+mod nccl_p2p;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
@@ -60,14 +72,21 @@ mod token_mask;
 pub use arch::Arch;
 #[cfg(feature = "cuda")]
 pub use attention::DecodeWorkspace;
+pub use copy2d::Copy2d;
 #[cfg(feature = "cuda")]
 pub use device::{Buf, Device, RopeCache};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
+#[cfg(feature = "cuda")]
+pub use ipc_allreduce::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
+#[cfg(not(feature = "cuda"))]
+pub use ipc_allreduce_stub::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
 pub use module_cache::{ModuleCache, ModuleReport};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
 pub use nccl_id::{NcclId, NCCL_ID_BYTES};
+#[cfg(feature = "cuda")]
+pub use nccl_p2p::NcclElem;
 pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
 pub use qkv_args::QkvPrep;
 pub use sample_params::{SampleParams, SamplePaths, SampledRow};

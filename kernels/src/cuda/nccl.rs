@@ -47,6 +47,11 @@ impl NcclComm {
     pub fn world(&self) -> usize {
         self.world
     }
+
+    /// The raw communicator, for the other NCCL calls of this crate.
+    pub(crate) fn raw(&self) -> sys::ncclComm_t {
+        self.comm
+    }
 }
 
 impl Drop for NcclComm {
@@ -59,7 +64,7 @@ impl Drop for NcclComm {
 }
 
 /// NCCL's result code as a [`KernelError::Device`] for `op`.
-fn nccl_err(op: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> KernelError {
+pub(crate) fn nccl_err(op: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> KernelError {
     // cudarc's `NcclError` prints no detail: show the result code itself.
     move |e| KernelError::Device { op, detail: format!("NCCL returned {:?}", e.0) }
 }
@@ -126,13 +131,8 @@ impl Device {
         self.all_reduce_in_place("nccl_all_reduce_f32", comm, buf, sys::ncclDataType_t::ncclFloat32)
     }
 
-    fn all_reduce_in_place<T>(
-        &self,
-        op: &'static str,
-        comm: &NcclComm,
-        buf: &mut Buf<T>,
-        dtype: sys::ncclDataType_t,
-    ) -> Result<(), KernelError> {
+    /// Errors unless `comm` was joined on this device.
+    pub(crate) fn comm_on_this_device(&self, op: &'static str, comm: &NcclComm) -> Result<(), KernelError> {
         if comm.ctx.ordinal() != self.ordinal() {
             return Err(KernelError::Device {
                 op,
@@ -143,6 +143,17 @@ impl Device {
                 ),
             });
         }
+        Ok(())
+    }
+
+    fn all_reduce_in_place<T>(
+        &self,
+        op: &'static str,
+        comm: &NcclComm,
+        buf: &mut Buf<T>,
+        dtype: sys::ncclDataType_t,
+    ) -> Result<(), KernelError> {
+        self.comm_on_this_device(op, comm)?;
         // Every rank must queue the collective, also with no elements.
         let count = buf.len();
         let s = &self.stream;

@@ -25,14 +25,17 @@
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, DecodeWorkspace, Device, Graph, NcclComm, PagedBatch, QkvPrep};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, PagedBatch, QkvPrep};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
 use crate::error::WorkerError;
 
+use super::allreduce::TpAllReduce;
 use super::sampler::{GpuSampler, RowRequest};
+use super::tp::TpPart;
 use super::weights::GpuWeights;
+use super::Comms;
 use crate::sampling::Sampled;
 
 /// Decode-attention scratch: (sequence, head, split) rows for this many sequence-splits
@@ -131,9 +134,34 @@ struct DecodeGraph {
     host: GraphHost,
     /// The activations the graph reads and writes: owned here so they live as long as it.
     _scratch: Scratch,
-    /// `[b, vocab]`.
+    /// `[b, vocab]` (one element on a pipeline stage before the last).
     logits: Buf<f32>,
+    /// The vocab-parallel head's buffers the graph reads and writes.
+    _vocab: Option<VocabScratch>,
     graph: Graph,
+}
+
+/// A vocab-parallel LM head's buffers for `rows` rows: this rank's logits `[rows, vocab /
+/// tp]` and every rank's, gathered `[tp, rows, vocab / tp]`.
+struct VocabScratch {
+    rows: usize,
+    local: Buf<f32>,
+    gathered: Buf<f32>,
+}
+
+impl VocabScratch {
+    /// The buffers for `rows` rows when `core` splits the vocabulary, else `None`.
+    fn new(core: &Core, rows: usize) -> Result<Option<Self>, WorkerError> {
+        if !core.vocab_split() || !core.part.is_last_stage() {
+            return Ok(None);
+        }
+        let vp = core.part.vocab.len();
+        Ok(Some(VocabScratch {
+            rows,
+            local: core.dev.alloc(rows * vp)?,
+            gathered: core.dev.alloc(core.part.tp * rows * vp)?,
+        }))
+    }
 }
 
 impl StepIndex {
@@ -262,15 +290,26 @@ pub struct DeviceLogits<'a> {
     pub spans: Vec<(usize, usize)>,
 }
 
-/// What every step reads: the device, the config and the weights.
+/// What every step reads: the device, the config, the weights and this rank's place.
 struct Core {
     dev: Device,
-    /// The model as this rank runs it: its heads, KV heads and FFN width (the whole model
-    /// at tp = 1; see `TpPart::local_config`).
+    /// The model as this rank runs it: its heads, KV heads, FFN width and layers (the whole
+    /// model on one GPU; see `TpPart::local_config`).
     config: ModelConfig,
     w: GpuWeights,
-    /// The tensor-parallel group's communicator (`None`: one GPU).
-    comm: Option<NcclComm>,
+    /// The tensor-parallel group's and the pipeline's communicators (`None`: size 1).
+    comms: Comms,
+    part: TpPart,
+    /// How the tensor-parallel group sums partial outputs: one-shot over NVLink peer
+    /// memory for small messages, NCCL for the rest (nothing on one GPU).
+    allreduce: TpAllReduce,
+}
+
+impl Core {
+    /// This rank computes a slice of the vocabulary's logits (vocab-parallel head).
+    fn vocab_split(&self) -> bool {
+        self.part.vocab.len() < self.config.vocab_size
+    }
 }
 
 /// A model on one GPU (or one rank's share of it) with its KV cache: the CUDA backend of
@@ -279,31 +318,33 @@ pub struct CudaModel {
     core: Core,
     /// The whole model's config (what callers see; `core.config` is this rank's part).
     model_config: ModelConfig,
-    /// (rank, world) of the tensor-parallel group.
-    tp: (usize, usize),
     kv: GpuKv,
     decode_ws: DecodeWorkspace,
     scratch: Vec<Scratch>,
     /// Logits of the last step run kernel by kernel.
     eager_logits: Option<Buf<f32>>,
+    /// The vocab-parallel head's buffers of the last step run kernel by kernel.
+    eager_vocab: Option<VocabScratch>,
     graphs: Vec<DecodeGraph>,
     timing: StepTiming,
 }
 
 impl CudaModel {
-    /// `model_config` is the whole model, `local` this rank's part of it (the same at tp =
-    /// 1); `loaded` its weights and the KV blocks to allocate, or why loading failed.
+    /// `model_config` is the whole model, `local` this rank's part of it (`part`; the same
+    /// on one GPU); `loaded` its weights and the KV blocks to allocate, or why loading
+    /// failed.
     ///
-    /// With `comm` (a tensor-parallel rank), every rank reports its block count (0: it
-    /// failed) to the others before any returns, so a failed rank fails the whole group
-    /// instead of leaving its peers waiting in a collective; the ranks then use the
-    /// smallest count.
+    /// With communicators (a tensor- or pipeline-parallel rank), every rank reports its
+    /// block count (0: it failed) to the others before any returns, so a failed rank fails
+    /// the whole group instead of leaving its peers waiting in a collective; the ranks then
+    /// use the smallest count.
     pub(crate) fn new(
         dev: Device,
         model_config: ModelConfig,
         local: ModelConfig,
+        part: &TpPart,
         loaded: Result<(GpuWeights, usize), WorkerError>,
-        comm: Option<NcclComm>,
+        comms: Comms,
         block_size: usize,
     ) -> Result<Self, WorkerError> {
         let c = &local;
@@ -317,36 +358,38 @@ impl CudaModel {
             let decode_ws = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
             Ok((w, kv, decode_ws))
         });
-        let (w, kv, decode_ws) = match &comm {
-            None => prepared?,
-            Some(comm) => {
-                let mine = prepared.as_ref().map_or(0, |p| u32::try_from(p.1.num_blocks).unwrap_or(u32::MAX));
-                let all = super::tp::all_gather_u32(&dev, comm, comm.rank(), comm.world(), mine)?;
-                let mut p = prepared?;
-                if let Some(r) = all.iter().position(|&n| n == 0) {
-                    return Err(WorkerError::Collective(format!(
-                        "tensor-parallel rank {r} of {} failed to load its shard (see its log)",
-                        all.len()
-                    )));
-                }
-                p.1.num_blocks = all.iter().copied().min().unwrap_or(0) as usize;
-                p
+        // Tensor group first, then the pipeline: a failure anywhere reaches every rank.
+        let mut mine = prepared.as_ref().map_or(0, |p| u32::try_from(p.1.num_blocks).unwrap_or(u32::MAX));
+        for (comm, what) in [(&comms.tp, "tensor-parallel rank"), (&comms.pp, "pipeline stage")] {
+            let Some(comm) = comm else { continue };
+            let all = super::tp::all_gather_u32(&dev, comm, comm.rank(), comm.world(), mine)?;
+            if let Some(r) = all.iter().position(|&n| n == 0) {
+                return Err(WorkerError::Collective(format!(
+                    "{what} {r} of {} failed to load its shard (see its log)",
+                    all.len()
+                )));
             }
+            mine = all.iter().copied().min().unwrap_or(0);
+        }
+        let (w, mut kv, decode_ws) = prepared?;
+        kv.num_blocks = mine as usize;
+        let allreduce = match &comms.tp {
+            Some(comm) => TpAllReduce::setup(&dev, comm, MAX_GRAPH_BATCH, local.hidden_size)?,
+            None => TpAllReduce::none(),
         };
         // Every GEMM this device runs from now on multiplies by a weight, and weights are
         // written only at load (finished here): the small-batch GEMV may start streaming W
         // before the previous kernel ends (6-stage ring, 8 warps, one wave, early PDL).
         dev.synchronize()?;
         dev.set_gemv_tuning(6, 8, true, 2)?;
-        let tp = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world()));
         Ok(CudaModel {
-            core: Core { dev, config: local, w, comm },
+            core: Core { dev, config: local, w, comms, part: part.clone(), allreduce },
             model_config,
-            tp,
             kv,
             decode_ws,
             scratch: Vec::new(),
             eager_logits: None,
+            eager_vocab: None,
             graphs: Vec::new(),
             timing: StepTiming::default(),
         })
@@ -364,7 +407,23 @@ impl CudaModel {
 
     /// (rank, world) of this model's tensor-parallel group; (0, 1) on one GPU.
     pub fn tp(&self) -> (usize, usize) {
-        self.tp
+        (self.core.part.rank, self.core.part.tp)
+    }
+
+    /// (stage, stages) of this model's pipeline; (0, 1) without one.
+    pub fn pp(&self) -> (usize, usize) {
+        (self.core.part.stage, self.core.part.stages)
+    }
+
+    /// How this rank's tensor-parallel all-reduces run (one-shot up to a size, NCCL above,
+    /// or why one-shot is off), for logs and benchmarks.
+    pub fn all_reduce_path(&self) -> &str {
+        self.core.allreduce.note()
+    }
+
+    /// Whether this rank's steps produce logits (the last pipeline stage).
+    pub fn samples(&self) -> bool {
+        self.core.part.is_last_stage()
     }
 
     pub fn device(&self) -> &Device {
@@ -399,19 +458,30 @@ impl CudaModel {
         for &b in GRAPH_BUCKETS.iter().filter(|&&b| b <= max_batch.min(MAX_GRAPH_BATCH)) {
             let (idx, host) = StepIndex::fixed(&self.core.dev, b, max_blocks, bs)?;
             let mut scratch = Scratch::new(&self.core.dev, &self.core.config, b)?;
-            let mut logits = self.core.dev.alloc::<f32>(b * self.core.config.vocab_size)?;
+            let mut logits = self.core.dev.alloc::<f32>(self.logits_len(b))?;
+            let mut vocab = VocabScratch::new(&self.core, b)?;
             // One eager run first: creates the GEMM plans (host work) outside the capture.
             run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut scratch, &idx)?;
-            lm_head(&self.core, &scratch, &idx, &mut logits)?;
+            lm_head(&self.core, &scratch, &idx, &mut logits, &mut vocab)?;
             self.core.dev.synchronize()?;
             let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.decode_ws);
             let graph = core.dev.capture(|| {
                 run_layers(core, kv, ws, &mut scratch, &idx).map_err(into_kernel)?;
-                lm_head(core, &scratch, &idx, &mut logits).map_err(into_kernel)
+                lm_head(core, &scratch, &idx, &mut logits, &mut vocab).map_err(into_kernel)
             })?;
-            self.graphs.push(DecodeGraph { b, idx, host, _scratch: scratch, logits, graph });
+            self.graphs.push(DecodeGraph { b, idx, host, _scratch: scratch, logits, _vocab: vocab, graph });
         }
         Ok(())
+    }
+
+    /// Elements of the logits buffer of a step with `rows` wanted rows: `[rows, vocab]` on
+    /// the last pipeline stage, one (unused) element before it.
+    fn logits_len(&self, rows: usize) -> usize {
+        if self.samples() {
+            (rows * self.core.config.vocab_size).max(1)
+        } else {
+            1
+        }
     }
 
     /// Takes the scratch set for `t` tokens out of the pool (allocating it when new).
@@ -430,9 +500,14 @@ impl CudaModel {
     }
 
     /// Runs one step and returns the logits each chunk asked for, on the host.
+    /// A pipeline stage before the last returns no logits (empty data and spans).
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         let vocab = self.core.config.vocab_size;
         let (graph, rows, spans) = self.step(chunks)?;
+        if !self.samples() {
+            self.core.dev.synchronize()?;
+            return Ok(Logits { vocab, data: Vec::new(), spans: Vec::new() });
+        }
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         let mut data = self.core.dev.download(buf)?;
         data.truncate(rows * vocab);
@@ -455,7 +530,9 @@ impl CudaModel {
     }
 
     /// Runs one step and samples each wanted row on the GPU with `requests` (one per
-    /// chunk that asked for logits, in order; each such chunk must want one row).
+    /// chunk that asked for logits, in order; each such chunk must want one row). A
+    /// pipeline stage before the last runs its layers, passes the activations on and
+    /// samples nothing.
     pub fn forward_sample(
         &mut self,
         chunks: &[SeqChunk],
@@ -463,6 +540,10 @@ impl CudaModel {
         sampler: &mut GpuSampler,
     ) -> Result<Vec<Sampled>, WorkerError> {
         let (graph, rows, _) = self.step(chunks)?;
+        if !self.samples() {
+            self.core.dev.synchronize()?;
+            return Ok(Vec::new());
+        }
         if rows != requests.len() {
             return Err(WorkerError::InvalidBatch(format!("{rows} logit rows, {} sample requests", requests.len())));
         }
@@ -503,14 +584,19 @@ impl CudaModel {
             spans.push((at, n));
             at += n;
         }
-        let vocab = self.core.config.vocab_size;
+        let need = self.logits_len(rows);
         let mut logits = match self.eager_logits.take() {
-            Some(l) if l.len() == rows * vocab => l,
-            _ => self.core.dev.alloc::<f32>(rows * vocab)?,
+            Some(l) if l.len() == need => l,
+            _ => self.core.dev.alloc::<f32>(need)?,
+        };
+        let mut vocab = match self.eager_vocab.take() {
+            Some(v) if v.rows == rows => Some(v),
+            _ => VocabScratch::new(&self.core, rows)?,
         };
         let t1 = Instant::now();
         let r = run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut s, &idx);
-        let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits));
+        let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
+        self.eager_vocab = vocab;
         self.put_scratch(s);
         self.timing = StepTiming { prep: t1 - t0, enqueue: t1.elapsed(), graph: false };
         self.eager_logits = Some(logits);
@@ -523,10 +609,11 @@ impl Drop for CudaModel {
     /// NCCL's order of teardown: finish the queued work, free the graphs that recorded
     /// collectives, then the communicator (fields would drop it first).
     fn drop(&mut self) {
-        if self.core.comm.is_some() {
+        if self.core.comms.tp.is_some() || self.core.comms.pp.is_some() {
             let _ = self.core.dev.synchronize();
             self.graphs.clear();
-            self.core.comm = None;
+            self.core.allreduce = TpAllReduce::none();
+            self.core.comms = Comms::default();
         }
     }
 }
@@ -574,7 +661,12 @@ fn run_layers(
     let eps = c.rms_norm_eps;
     let cache = PagedKv { block_size: kv.block_size, n_kv_heads: c.num_kv_heads, head_dim: hd };
     let scale = 1.0 / (hd as f32).sqrt();
-    dev.embedding(&mut s.x, &w.embed, &idx.ids, h)?;
+    // The residual stream: embedded on the first stage, else received from the stage before.
+    match (&w.embed, &core.comms.pp) {
+        (Some(embed), _) if core.part.is_first_stage() => dev.embedding(&mut s.x, embed, &idx.ids, h)?,
+        (_, Some(pp)) if !core.part.is_first_stage() => dev.nccl_recv(pp, &mut s.x, t * h, core.part.stage - 1)?,
+        _ => return Err(WorkerError::InvalidBatch("this stage has neither the embedding nor a previous stage".into())),
+    }
     for (li, l) in w.layers.iter().enumerate() {
         if li == 0 {
             dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
@@ -622,39 +714,69 @@ fn run_layers(
         dev.matmul(&mut s.out, &s.act, t, &l.down, h, ffn)?;
         all_reduce(core, &mut s.out)?;
     }
+    // Completes the residual stream (the last sublayer's add) and normalises it for the head;
+    // a stage before the last passes the completed stream on instead.
     dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &w.norm, t, eps)?;
+    if let (false, Some(pp)) = (core.part.is_last_stage(), &core.comms.pp) {
+        dev.nccl_send(pp, &s.x, t * h, core.part.stage + 1)?;
+    }
     Ok(())
 }
 
 /// Sums a row-parallel GEMM's partial outputs (`[t, hidden]`) over the tensor-parallel
 /// group, in place; nothing on one GPU.
 fn all_reduce(core: &Core, out: &mut Buf<bf16>) -> Result<(), WorkerError> {
-    if let Some(comm) = &core.comm {
-        core.dev.all_reduce_sum(comm, out)?;
+    if let Some(comm) = &core.comms.tp {
+        core.allreduce.run(&core.dev, comm, out)?;
     }
     Ok(())
 }
 
 /// The LM head over the wanted rows of the final normalised activations, into `logits`
-/// (`[wanted rows, vocab]`).
-fn lm_head(core: &Core, s: &Scratch, idx: &StepIndex, logits: &mut Buf<f32>) -> Result<(), WorkerError> {
+/// (`[wanted rows, vocab]`), on the last pipeline stage. A vocab-parallel rank computes
+/// its slice of each row into `vs` (sized for these rows), all-gathers every rank's, and
+/// interleaves them into whole rows.
+fn lm_head(
+    core: &Core,
+    s: &Scratch,
+    idx: &StepIndex,
+    logits: &mut Buf<f32>,
+    vs: &mut Option<VocabScratch>,
+) -> Result<(), WorkerError> {
     let (dev, c) = (&core.dev, &core.config);
     let (h, vocab) = (c.hidden_size, c.vocab_size);
     let rows: usize = idx.picked.iter().map(|p| p.1).sum();
-    let head = core.w.lm_head.as_ref().unwrap_or(&core.w.embed);
-    if rows == 0 {
+    if rows == 0 || !core.part.is_last_stage() {
         return Ok(());
     }
-    if rows == s.t {
-        dev.matmul_f32(logits, &s.xn, rows, head, vocab, h)?;
+    let head = core.w.lm_head.as_ref().or(core.w.embed.as_ref());
+    let head = head.ok_or_else(|| WorkerError::InvalidBatch("the last stage holds no LM head".into()))?;
+    let picked;
+    let sel = if rows == s.t {
+        &s.xn
     } else {
-        let mut sel = dev.alloc::<bf16>(rows * h)?;
+        let mut buf = dev.alloc::<bf16>(rows * h)?;
         let mut at = 0;
         for &(first, n) in &idx.picked {
-            dev.copy_rows(&mut sel, at, &s.xn, first, n, h)?;
+            dev.copy_rows(&mut buf, at, &s.xn, first, n, h)?;
             at += n;
         }
-        dev.matmul_f32(logits, &sel, rows, head, vocab, h)?;
+        picked = buf;
+        &picked
+    };
+    match (core.vocab_split(), &core.comms.tp, vs.as_mut()) {
+        (true, Some(comm), Some(v)) if v.rows == rows => {
+            let vp = core.part.vocab.len();
+            dev.matmul_f32(&mut v.local, sel, rows, head, vp, h)?;
+            dev.nccl_all_gather(comm, &v.local, &mut v.gathered)?;
+            for r in 0..core.part.tp {
+                let block =
+                    Copy2d { rows, width: vp, src_pitch: vp, src_at: r * rows * vp, dst_pitch: vocab, dst_at: r * vp };
+                dev.copy_2d(logits, &v.gathered, &block)?;
+            }
+        }
+        (true, ..) => return Err(WorkerError::InvalidBatch(format!("no vocab-parallel buffers for {rows} rows"))),
+        (false, ..) => dev.matmul_f32(logits, sel, rows, head, vocab, h)?,
     }
     Ok(())
 }

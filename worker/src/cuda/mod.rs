@@ -2,8 +2,9 @@
 //! KV cache sized from the free GPU memory, and the forward pass over the kernels of
 //! `tessera_kernels::cuda`. Compiled always; without the kernels' `cuda` feature opening a
 //! device is a clear error ("not compiled"), so callers need no `#[cfg]`. A model can be
-//! split over the GPUs of a tensor-parallel group (`tp.rs`), one rank per GPU.
+//! split over GPUs by tensor and pipeline parallelism (`tp.rs`), one rank per GPU.
 
+mod allreduce;
 mod forward;
 mod sampler;
 pub mod shapes;
@@ -66,22 +67,27 @@ impl CudaModel {
         let dev = Device::new(opts.device)?;
         let part = TpPart::whole(&config);
         let w = weights::GpuWeights::load(&dev, &config, &part, files);
-        Self::assemble(dev, config, &part, w, None, opts)
+        Self::assemble(dev, config, &part, w, Comms::default(), opts)
     }
 
-    /// Loads rank `shard.tp_rank`'s share of `files` onto GPU `opts.device` and joins its
-    /// tensor-parallel group `id` (made by rank 0 with `Device::nccl_unique_id`); blocks
-    /// until every rank of the group has joined and loaded. `shard` must be tensor parallel
-    /// only (pp = 1, every layer); a split the model does not allow is an error before any
+    /// Loads rank `shard.tp_rank`'s share of stage `shard.stage` of `files` onto GPU
+    /// `opts.device`, joining its tensor-parallel group and its pipeline (`ids`, made by
+    /// their rank 0s with `Device::nccl_unique_id`); blocks until every rank of the group
+    /// has joined and loaded. A split the model does not allow is an error before any
     /// device is touched, the same on every rank.
-    pub fn load_shard(files: &ModelFiles, opts: &CudaOptions, shard: &Shard, id: &NcclId) -> Result<Self, WorkerError> {
+    pub fn load_shard(
+        files: &ModelFiles,
+        opts: &CudaOptions,
+        shard: &Shard,
+        ids: &GroupIds,
+    ) -> Result<Self, WorkerError> {
         let config = files.config()?;
         config.validate().map_err(tessera_model::error::ModelError::from)?;
         let part = TpPart::of_shard(&config, shard)?;
         let dev = Device::new(opts.device)?;
-        let comm = join(&dev, &part, id)?;
+        let comms = join(&dev, &part, ids)?;
         let w = weights::GpuWeights::load(&dev, &config, &part, files);
-        Self::assemble(dev, config, &part, w, comm, opts)
+        Self::assemble(dev, config, &part, w, comms, opts)
     }
 
     /// A random-weight model of the named shape ([`shapes::SHAPES`]), generated on the GPU.
@@ -89,27 +95,26 @@ impl CudaModel {
         let config = synthetic_config(shape)?;
         let dev = Device::new(opts.device)?;
         let part = TpPart::whole(&config);
-        let w = weights::GpuWeights::synthetic(&dev, &config, seed, 0);
-        Self::assemble(dev, config, &part, w, None, opts)
+        let w = weights::GpuWeights::synthetic(&dev, &config, &part, seed);
+        Self::assemble(dev, config, &part, w, Comms::default(), opts)
     }
 
-    /// Rank `shard.tp_rank`'s share of a random-weight model of the named shape, in group
-    /// `id` (see [`CudaModel::load_shard`]). The sharded matrices are drawn per rank, so the
-    /// values differ from [`CudaModel::synthetic`]'s: the same shape and speed, not the same
-    /// model.
+    /// Rank `shard.tp_rank`'s share of stage `shard.stage` of a random-weight model of the
+    /// named shape (see [`CudaModel::load_shard`]): the same model as
+    /// [`CudaModel::synthetic`] with the same seed, split.
     pub fn synthetic_shard(
         shape: &str,
         seed: u64,
         opts: &CudaOptions,
         shard: &Shard,
-        id: &NcclId,
+        ids: &GroupIds,
     ) -> Result<Self, WorkerError> {
         let config = synthetic_config(shape)?;
         let part = TpPart::of_shard(&config, shard)?;
         let dev = Device::new(opts.device)?;
-        let comm = join(&dev, &part, id)?;
-        let w = weights::GpuWeights::synthetic(&dev, &part.local_config(&config), seed, part.rank);
-        Self::assemble(dev, config, &part, w, comm, opts)
+        let comms = join(&dev, &part, ids)?;
+        let w = weights::GpuWeights::synthetic(&dev, &config, &part, seed);
+        Self::assemble(dev, config, &part, w, comms, opts)
     }
 
     /// Sizes the KV cache, allocates it and captures the decode graphs. `w` may be an
@@ -120,12 +125,12 @@ impl CudaModel {
         config: ModelConfig,
         part: &TpPart,
         w: Result<weights::GpuWeights, WorkerError>,
-        comm: Option<NcclComm>,
+        comms: Comms,
         opts: &CudaOptions,
     ) -> Result<Self, WorkerError> {
         let local = part.local_config(&config);
         let loaded = w.and_then(|w| Ok((w, kv_blocks(&dev, &local, opts)?)));
-        let mut m = CudaModel::new(dev, config, local, loaded, comm, opts.block_size)?;
+        let mut m = CudaModel::new(dev, config, local, part, loaded, comms, opts.block_size)?;
         if opts.graph_max_batch > 0 {
             m.capture_decode_graphs(opts.graph_max_batch)?;
         }
@@ -139,12 +144,33 @@ fn synthetic_config(shape: &str) -> Result<ModelConfig, WorkerError> {
     })
 }
 
-/// Joins the group of `part` (none at tp = 1).
-fn join(dev: &Device, part: &TpPart, id: &NcclId) -> Result<Option<NcclComm>, WorkerError> {
-    if part.tp == 1 {
-        return Ok(None);
-    }
-    Ok(Some(dev.nccl_join(id, part.rank, part.tp)?))
+/// The NCCL ids of a shard's groups: its tensor-parallel group (rank 0's, needed when
+/// tp > 1) and its pipeline (stage 0's, needed when pp > 1).
+#[derive(Debug, Clone, Default)]
+pub struct GroupIds {
+    pub tp: Option<NcclId>,
+    pub pp: Option<NcclId>,
+}
+
+/// A rank's communicators: its tensor-parallel group and its pipeline (each `None` when
+/// that dimension is 1).
+#[derive(Default)]
+pub(crate) struct Comms {
+    pub tp: Option<NcclComm>,
+    pub pp: Option<NcclComm>,
+}
+
+/// Joins the groups of `part`: the tensor-parallel group first, then the pipeline (every
+/// rank in the same order, so the joins pair up).
+fn join(dev: &Device, part: &TpPart, ids: &GroupIds) -> Result<Comms, WorkerError> {
+    let need = |what: &str, id: &Option<NcclId>| {
+        id.clone().ok_or_else(|| WorkerError::Collective(format!("no NCCL id for the {what} group")))
+    };
+    let tp =
+        if part.tp > 1 { Some(dev.nccl_join(&need("tensor-parallel", &ids.tp)?, part.rank, part.tp)?) } else { None };
+    let pp =
+        if part.stages > 1 { Some(dev.nccl_join(&need("pipeline", &ids.pp)?, part.stage, part.stages)?) } else { None };
+    Ok(Comms { tp, pp })
 }
 
 /// KV blocks for a model shaped `local` on `dev`: as asked, or what fits in

@@ -1,14 +1,23 @@
-//! Tensor parallelism of the CUDA model, Megatron style: each of `tp` GPUs keeps the q/k/v
-//! rows of its heads and the gate/up rows of its FFN slice (column-parallel), and the
-//! matching input columns of o and down (row-parallel), so the o and down GEMMs give
-//! partial sums that one NCCL all-reduce per sublayer completes. Norms, QK-norm weights,
-//! the embedding and the LM head are replicated whole on every rank (simplest: the
-//! residual stream and the logits are then the same on every rank, and any rank can
-//! sample).
+//! Tensor and pipeline parallelism of the CUDA model.
+//!
+//! Tensor parallel, Megatron style: each of `tp` GPUs keeps the q/k/v rows of its heads and
+//! the gate/up rows of its FFN slice (column-parallel), and the matching input columns of o
+//! and down (row-parallel), so the o and down GEMMs give partial sums that one all-reduce
+//! per sublayer completes. The LM head is vocab-parallel: each rank computes the logits of
+//! its slice of the vocabulary (when the vocabulary divides by `tp`) and an all-gather
+//! assembles the full rows, so every rank
+//! sees the whole vocabulary and samples the same token. Norms, QK-norm weights and the
+//! embedding are replicated (the residual stream is the same on every rank).
+//!
+//! Pipeline parallel: stage `s` of `stages` keeps a contiguous range of layers; the first
+//! embeds, the others receive the residual stream from the stage before (NCCL send/recv
+//! over a second communicator joining the same tensor rank of every stage), and only the
+//! last holds the LM head and produces logits.
 //!
 //! [`TpPart`] is a rank's share (checked once, with a message naming what does not divide);
-//! its [`TpPart::local_config`] is the model as this rank runs it (its heads and FFN width),
-//! so the forward pass, the KV cache and the activations are sized from it unchanged.
+//! its [`TpPart::local_config`] is the model as this rank runs it (its heads, FFN width and
+//! layer count), so the forward pass, the KV cache and the activations are sized from it
+//! unchanged.
 
 use std::ops::Range;
 
@@ -19,7 +28,7 @@ use crate::error::WorkerError;
 use crate::parallel::Shard;
 use crate::shard::head_ranges;
 
-/// One rank's share of a tensor-parallel model.
+/// One rank's share of a tensor- and pipeline-parallel model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TpPart {
     pub tp: usize,
@@ -30,15 +39,33 @@ pub struct TpPart {
     pub kv_heads: Range<usize>,
     /// Rows of gate and up, columns of down.
     pub ffn: Range<usize>,
+    /// Rows of the LM head (vocabulary entries) whose logits this rank computes: its slice,
+    /// or the whole vocabulary when that does not divide by `tp`.
+    pub vocab: Range<usize>,
+    /// Pipeline stage and stage count.
+    pub stage: usize,
+    pub stages: usize,
+    /// Layers this stage runs.
+    pub layers: Range<usize>,
 }
 
 impl TpPart {
     /// The whole model on one GPU.
     pub fn whole(c: &ModelConfig) -> Self {
-        TpPart { tp: 1, rank: 0, q_heads: 0..c.num_heads, kv_heads: 0..c.num_kv_heads, ffn: 0..c.intermediate_size }
+        TpPart {
+            tp: 1,
+            rank: 0,
+            q_heads: 0..c.num_heads,
+            kv_heads: 0..c.num_kv_heads,
+            ffn: 0..c.intermediate_size,
+            vocab: 0..c.vocab_size,
+            stage: 0,
+            stages: 1,
+            layers: 0..c.num_layers,
+        }
     }
 
-    /// Rank `rank` of `tp`, or an error naming what `c` cannot be split by.
+    /// Rank `rank` of `tp` over every layer, or an error naming what `c` cannot be split by.
     pub fn new(c: &ModelConfig, tp: usize, rank: usize) -> Result<Self, WorkerError> {
         let bad = |why: String| Err(WorkerError::InvalidBatch(format!("tensor parallel split tp={tp}: {why}")));
         if tp == 0 || rank >= tp {
@@ -56,33 +83,62 @@ impl TpPart {
         }
         let (q_heads, kv_heads) = head_ranges(c.num_heads, kv, tp, rank);
         let per = c.intermediate_size / tp;
-        Ok(TpPart { tp, rank, q_heads, kv_heads, ffn: rank * per..(rank + 1) * per })
+        // A vocabulary that does not divide evenly stays whole on every rank (replicated head).
+        let vocab = if c.vocab_size % tp == 0 {
+            let vper = c.vocab_size / tp;
+            rank * vper..(rank + 1) * vper
+        } else {
+            0..c.vocab_size
+        };
+        Ok(TpPart {
+            tp,
+            rank,
+            q_heads,
+            kv_heads,
+            ffn: rank * per..(rank + 1) * per,
+            vocab,
+            stage: 0,
+            stages: 1,
+            layers: 0..c.num_layers,
+        })
     }
 
-    /// The part `shard` asks for: tensor parallel only (GPU workers run no pipeline
-    /// stages yet), over every layer.
+    /// The part `shard` asks for: its tensor rank's share of its stage's layers.
     pub fn of_shard(c: &ModelConfig, shard: &Shard) -> Result<Self, WorkerError> {
-        if shard.stages != 1 || shard.stage != 0 {
+        let l = &shard.layers;
+        if shard.stages == 0 || shard.stage >= shard.stages || l.is_empty() || l.end > c.num_layers {
             return Err(WorkerError::InvalidBatch(format!(
-                "pipeline parallel (pp={}) is not supported on GPU workers yet; use pp=1 with tp",
-                shard.stages
+                "pipeline stage {} of {} with layers {l:?} does not fit a model of {} layers",
+                shard.stage, shard.stages, c.num_layers
             )));
         }
-        if shard.layers != (0..c.num_layers) {
+        if (shard.stage == 0) != (l.start == 0) || (shard.stage + 1 == shard.stages) != (l.end == c.num_layers) {
             return Err(WorkerError::InvalidBatch(format!(
-                "a GPU shard runs every layer (0..{}), not {:?}",
-                c.num_layers, shard.layers
+                "pipeline stage {} of {} cannot run layers {l:?}: the first stage starts at layer 0 and the \
+                 last ends at layer {}",
+                shard.stage, shard.stages, c.num_layers
             )));
         }
-        Self::new(c, shard.tp, shard.tp_rank)
+        let mut part = Self::new(c, shard.tp, shard.tp_rank)?;
+        (part.stage, part.stages, part.layers) = (shard.stage, shard.stages, l.clone());
+        Ok(part)
     }
 
-    /// `c` as this rank runs it: its query heads, KV heads and FFN width.
+    pub fn is_first_stage(&self) -> bool {
+        self.stage == 0
+    }
+
+    pub fn is_last_stage(&self) -> bool {
+        self.stage + 1 == self.stages
+    }
+
+    /// `c` as this rank runs it: its query heads, KV heads, FFN width and layers.
     pub fn local_config(&self, c: &ModelConfig) -> ModelConfig {
         ModelConfig {
             num_heads: self.q_heads.len(),
             num_kv_heads: self.kv_heads.len(),
             intermediate_size: self.ffn.len(),
+            num_layers: self.layers.len(),
             ..c.clone()
         }
     }
@@ -178,12 +234,30 @@ mod tests {
             TpPart::new(&ModelConfig { intermediate_size: 14335, ..llama.clone() }, 2, 1).unwrap_err().to_string();
         assert!(msg.contains("FFN size 14335"), "{msg}");
         assert!(TpPart::new(&llama, 2, 2).unwrap_err().to_string().contains("rank 2"));
-        let pp = Shard { tp_rank: 0, tp: 2, stage: 0, stages: 2, layers: 0..16 };
-        assert!(TpPart::of_shard(&llama, &pp).unwrap_err().to_string().contains("pipeline parallel (pp=2)"));
-        let part_layers = Shard { tp_rank: 0, tp: 2, stage: 0, stages: 1, layers: 0..16 };
-        assert!(TpPart::of_shard(&llama, &part_layers).unwrap_err().to_string().contains("every layer"));
+        // Pipeline stages: the first starts at layer 0, the last ends at the last layer.
+        let stage = |stage, stages, layers| Shard { tp_rank: 1, tp: 2, stage, stages, layers };
+        let first = TpPart::of_shard(&llama, &stage(0, 2, 0..16)).unwrap();
+        assert_eq!((first.layers.clone(), first.is_first_stage(), first.is_last_stage()), (0..16, true, false));
+        assert_eq!(first.local_config(&llama).num_layers, 16);
+        let last = TpPart::of_shard(&llama, &stage(1, 2, 16..32)).unwrap();
+        assert_eq!((last.is_first_stage(), last.is_last_stage(), last.q_heads.clone()), (false, true, 16..32));
+        let msg = TpPart::of_shard(&llama, &stage(0, 1, 0..16)).unwrap_err().to_string();
+        assert!(msg.contains("the last ends at layer 32"), "{msg}");
+        let msg = TpPart::of_shard(&llama, &stage(1, 2, 16..33)).unwrap_err().to_string();
+        assert!(msg.contains("does not fit a model of 32 layers"), "{msg}");
         let ok = Shard { tp_rank: 1, tp: 2, stage: 0, stages: 1, layers: 0..32 };
         assert_eq!(TpPart::of_shard(&llama, &ok).unwrap(), TpPart::new(&llama, 2, 1).unwrap());
+    }
+
+    /// The LM head is split by vocabulary rows where the vocabulary divides, whole on
+    /// every rank where it does not.
+    #[test]
+    fn vocab_is_split_where_it_divides() {
+        let llama = synthetic_config("llama-3.1-8b").unwrap(); // 128256 entries
+        let parts: Vec<_> = (0..2).map(|r| TpPart::new(&llama, 2, r).unwrap().vocab).collect();
+        assert_eq!(parts, vec![0..64128, 64128..128256]);
+        let odd = ModelConfig { vocab_size: 128257, ..llama };
+        assert_eq!(TpPart::new(&odd, 2, 1).unwrap().vocab, 0..128257);
     }
 
     /// The all-gather's encoding: the sum of every rank's slots (as NCCL's bf16 sum would

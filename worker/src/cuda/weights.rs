@@ -1,8 +1,10 @@
 //! A model's weights on the GPU, bf16: read from a model file (GGUF types dequantised on
 //! the host, safetensors bf16 copied as is) or generated on the device for `--synthetic`.
 //!
-//! A tensor-parallel rank keeps only its share ([`TpPart`]): sliced on the host before the
-//! upload, or generated at its local shape.
+//! A tensor- or pipeline-parallel rank keeps only its share ([`TpPart`]): its stage's
+//! layers, its slices of them and of the LM head, cut on the host before the upload, or
+//! (random weights) generated whole on the device and sliced there, so a split synthetic
+//! model is exactly the one-GPU model split.
 //!
 //! Projections computed together are stored stacked, as one GEMM operand: q|k|v rows
 //! (`[(n_heads + 2 n_kv) * head_dim, hidden]`, this rank's heads) and gate|up rows
@@ -14,7 +16,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use tessera_kernels::cpu::rope::RopeStyle;
-use tessera_kernels::cuda::{bf16, Buf, Device, RopeCache};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, Device, RopeCache};
 use tessera_kernels::GgmlType;
 use tessera_model::config::ModelConfig;
 use tessera_model::weights::ModelFiles;
@@ -37,13 +39,15 @@ pub(crate) struct GpuLayer {
     pub down: Buf<bf16>,
 }
 
-/// Every tensor of the model, on one device.
+/// Every tensor of this rank's part of the model, on one device.
 pub(crate) struct GpuWeights {
-    /// `[vocab, hidden]`.
-    pub embed: Buf<bf16>,
-    /// `[vocab, hidden]`; `None` when tied to `embed`.
+    /// `[vocab, hidden]`, on the first pipeline stage only.
+    pub embed: Option<Buf<bf16>>,
+    /// This rank's rows of the LM head, `[part.vocab, hidden]`, on the last stage only;
+    /// `None` there when the head is the whole (tied) `embed`.
     pub lm_head: Option<Buf<bf16>>,
     pub norm: Buf<bf16>,
+    /// This stage's layers (`part.layers`), in order.
     pub layers: Vec<GpuLayer>,
     pub rope: RopeCache,
     pub rope_style: RopeStyle,
@@ -170,9 +174,11 @@ impl FileReader<'_> {
 }
 
 impl GpuWeights {
-    /// Uploads `part`'s share of every tensor `c` calls for from `files`: the q/k/v rows
-    /// of its heads, the gate/up rows of its FFN slice, the matching input columns of o and
-    /// down, its bias slices; norms, QK-norm weights, embedding and LM head whole.
+    /// Uploads `part`'s share of every tensor `c` calls for from `files`: for its stage's
+    /// layers the q/k/v rows of its heads, the gate/up rows of its FFN slice, the matching
+    /// input columns of o and down, its bias slices, norms and QK-norm weights whole; the
+    /// embedding (first stage), the final norm, and its vocabulary rows of the LM head
+    /// (last stage).
     pub(crate) fn load(dev: &Device, c: &ModelConfig, part: &TpPart, files: &ModelFiles) -> Result<Self, WorkerError> {
         let r = FileReader { files };
         let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
@@ -181,14 +187,21 @@ impl GpuWeights {
         let qr = part.q_heads.start * hd..part.q_heads.end * hd;
         let kvr = part.kv_heads.start * hd..part.kv_heads.end * hd;
         let fr = part.ffn.clone();
-        let embed = r.upload(dev, "token_embd.weight", c.vocab_size, h)?;
-        let lm_head = if files.has_tensor("output.weight") {
-            Some(r.upload(dev, "output.weight", c.vocab_size, h)?)
-        } else {
-            None
+        let embed =
+            if part.is_first_stage() { Some(r.upload(dev, "token_embd.weight", c.vocab_size, h)?) } else { None };
+        let whole_vocab = part.vocab == (0..c.vocab_size);
+        let lm_head = match (part.is_last_stage(), files.has_tensor("output.weight")) {
+            (false, _) => None,
+            (true, true) => {
+                Some(dev.upload(&r.host_rows("output.weight", c.vocab_size, h, Some(part.vocab.clone()))?)?)
+            }
+            (true, false) if whole_vocab && embed.is_some() => None,
+            (true, false) => {
+                Some(dev.upload(&r.host_rows("token_embd.weight", c.vocab_size, h, Some(part.vocab.clone()))?)?)
+            }
         };
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for i in 0..c.num_layers {
+        let mut layers = Vec::with_capacity(part.layers.len());
+        for i in part.layers.clone() {
             let n = |s: &str| format!("blk.{i}.{s}");
             let qkv_bias = if c.qkv_bias {
                 let mut b = r.host_vec(&n("attn_q.bias"), q_dim, qr.clone())?;
@@ -230,44 +243,116 @@ impl GpuWeights {
         Ok(GpuWeights { embed, lm_head, norm, layers, rope, rope_style: rope_style(c) })
     }
 
-    /// Random weights of shape `local` (a rank's [`TpPart::local_config`], or the whole
-    /// model), generated on the device from `seed`: matrices uniform with the standard
-    /// deviation 0.02 of HF's initialiser, norm weights near 1, so activations stay in a
-    /// realistic range through every layer. Replicated tensors (norms, embedding, LM head)
-    /// are the same on every rank; the sharded ones draw from `rank`'s own stream, so the
-    /// values differ from a one-GPU model's (fine for speed; correctness is checked on
-    /// real files).
-    pub(crate) fn synthetic(dev: &Device, local: &ModelConfig, seed: u64, rank: usize) -> Result<Self, WorkerError> {
-        let c = local;
+    /// Random weights of shape `c`, generated on the device from `seed`: matrices uniform
+    /// with the standard deviation 0.02 of HF's initialiser, the residual branches' output
+    /// projections (o, down) scaled by `1 / sqrt(2 * layers)` as GPT-2 and Megatron
+    /// initialise them, norm weights near 1, so activations stay in a realistic range
+    /// through every layer and a rounding difference is not amplified from layer to layer
+    /// the way an unscaled random network amplifies it (which would hide a real error in
+    /// a split-vs-whole comparison below the noise). Each tensor is drawn whole
+    /// from its own seed (the same sequence for every part) and `part`'s share is cut from
+    /// it on the device, so every split of a seed is the same model as one GPU's.
+    pub(crate) fn synthetic(dev: &Device, c: &ModelConfig, part: &TpPart, seed: u64) -> Result<Self, WorkerError> {
         let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let qr = part.q_heads.start * hd..part.q_heads.end * hd;
+        let kvr = part.kv_heads.start * hd..part.kv_heads.end * hd;
+        let fr = part.ffn.clone();
         let a = 0.02 * 3f32.sqrt();
-        let salt = (rank as u64) << 40;
-        let mut next = seed;
-        let mut rand = |len: usize, lo: f32, hi: f32, sharded: bool| -> Result<Buf<bf16>, WorkerError> {
-            let mut b = dev.alloc::<bf16>(len)?;
-            next = next.wrapping_add(1);
-            dev.fill_uniform(&mut b, if sharded { next ^ salt } else { next }, lo, hi)?;
-            Ok(b)
+        let a_out = a / (2.0 * c.num_layers.max(1) as f32).sqrt();
+        let mut gen = Synth { dev, seed };
+        let embed = gen.rand(part.is_first_stage(), c.vocab_size * h, -a, a)?;
+        let head_source =
+            if c.tie_embeddings { None } else { gen.rand(part.is_last_stage(), c.vocab_size * h, -a, a)? };
+        let whole_vocab = part.vocab == (0..c.vocab_size);
+        let lm_head = match (&head_source, &embed) {
+            _ if !part.is_last_stage() => None,
+            (Some(src), _) => Some(gen.rows(src, h, &[part.vocab.clone()])?),
+            (None, Some(_)) if whole_vocab => None,
+            // Tied: the head is the embedding, which this stage may not hold; draw it again.
+            (None, _) => {
+                let src = Synth { dev, seed }.rand(true, c.vocab_size * h, -a, a)?;
+                let src = src.ok_or_else(|| WorkerError::InvalidBatch("no embedding drawn".into()))?;
+                Some(gen.rows(&src, h, &[part.vocab.clone()])?)
+            }
         };
-        let embed = rand(c.vocab_size * h, -a, a, false)?;
-        let lm_head = if c.tie_embeddings { None } else { Some(rand(c.vocab_size * h, -a, a, false)?) };
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
+        let mut layers = Vec::with_capacity(part.layers.len());
+        for i in 0..c.num_layers {
+            let mine = part.layers.contains(&i);
+            let attn_norm = gen.rand(mine, h, 0.9, 1.1)?;
+            let qkv = gen.rand(mine, (q_dim + 2 * kv_dim) * h, -a, a)?;
+            let qkv_bias = if c.qkv_bias { gen.rand(mine, q_dim + 2 * kv_dim, -0.1, 0.1)? } else { None };
+            let qk_norm =
+                if c.qk_norm { Some((gen.rand(mine, hd, 0.9, 1.1)?, gen.rand(mine, hd, 0.9, 1.1)?)) } else { None };
+            let o = gen.rand(mine, h * q_dim, -a_out, a_out)?;
+            let ffn_norm = gen.rand(mine, h, 0.9, 1.1)?;
+            let gate_up = gen.rand(mine, 2 * ffn * h, -a, a)?;
+            let down = gen.rand(mine, h * ffn, -a_out, a_out)?;
+            let (Some(attn_norm), Some(qkv), Some(o), Some(ffn_norm), Some(gate_up), Some(down)) =
+                (attn_norm, qkv, o, ffn_norm, gate_up, down)
+            else {
+                continue;
+            };
+            let qkv_rows =
+                [qr.clone(), q_dim + kvr.start..q_dim + kvr.end, q_dim + kv_dim + kvr.start..q_dim + kv_dim + kvr.end];
             layers.push(GpuLayer {
-                attn_norm: rand(h, 0.9, 1.1, false)?,
-                qkv: rand((q_dim + 2 * kv_dim) * h, -a, a, true)?,
-                qkv_bias: if c.qkv_bias { Some(rand(q_dim + 2 * kv_dim, -0.1, 0.1, true)?) } else { None },
-                qk_norm: if c.qk_norm { Some((rand(hd, 0.9, 1.1, false)?, rand(hd, 0.9, 1.1, false)?)) } else { None },
-                o: rand(h * q_dim, -a, a, true)?,
-                ffn_norm: rand(h, 0.9, 1.1, false)?,
-                gate_up: rand(2 * ffn * h, -a, a, true)?,
-                down: rand(h * ffn, -a, a, true)?,
+                attn_norm,
+                qkv: gen.rows(&qkv, h, &qkv_rows)?,
+                qkv_bias: qkv_bias.map(|b| gen.rows(&b, 1, &qkv_rows)).transpose()?,
+                qk_norm: match qk_norm {
+                    Some((Some(q), Some(k))) => Some((q, k)),
+                    _ => None,
+                },
+                o: gen.cols(&o, h, q_dim, qr.clone())?,
+                ffn_norm,
+                gate_up: gen.rows(&gate_up, h, &[fr.clone(), ffn + fr.start..ffn + fr.end])?,
+                down: gen.cols(&down, h, ffn, fr.clone())?,
             });
         }
-        let norm = rand(h, 0.9, 1.1, false)?;
+        let norm = gen.rand(true, h, 0.9, 1.1)?.ok_or_else(|| WorkerError::InvalidBatch("no norm drawn".into()))?;
         let rope = dev.rope_cache(&rope_params(c, None)?, rope_positions(c))?;
         dev.synchronize()?;
         Ok(GpuWeights { embed, lm_head, norm, layers, rope, rope_style: rope_style(c) })
+    }
+}
+
+/// The random tensors of a synthetic model, one seed per tensor in a fixed order, and the
+/// device-side slicing of a part's share.
+struct Synth<'a> {
+    dev: &'a Device,
+    seed: u64,
+}
+
+impl Synth<'_> {
+    /// The next tensor (`len` values uniform in `lo..hi`) when `keep`; either way its seed
+    /// is used up, so later tensors get the same values whatever this part keeps.
+    fn rand(&mut self, keep: bool, len: usize, lo: f32, hi: f32) -> Result<Option<Buf<bf16>>, WorkerError> {
+        self.seed = self.seed.wrapping_add(1);
+        if !keep {
+            return Ok(None);
+        }
+        let mut b = self.dev.alloc::<bf16>(len)?;
+        self.dev.fill_uniform(&mut b, self.seed, lo, hi)?;
+        Ok(Some(b))
+    }
+
+    /// Row ranges of `src` (`[_, row_len]`) stacked in order.
+    fn rows(&self, src: &Buf<bf16>, row_len: usize, ranges: &[Range<usize>]) -> Result<Buf<bf16>, WorkerError> {
+        let total: usize = ranges.iter().map(|r| r.len()).sum();
+        let mut out = self.dev.alloc::<bf16>(total * row_len)?;
+        let mut at = 0;
+        for r in ranges {
+            self.dev.copy_rows(&mut out, at, src, r.start, r.len(), row_len)?;
+            at += r.len();
+        }
+        Ok(out)
+    }
+
+    /// Columns `range` of `src` (`[rows, cols]`): `[rows, range.len()]`.
+    fn cols(&self, src: &Buf<bf16>, rows: usize, cols: usize, range: Range<usize>) -> Result<Buf<bf16>, WorkerError> {
+        let w = range.len();
+        let mut out = self.dev.alloc::<bf16>(rows * w)?;
+        self.dev.copy_2d(&mut out, src, &Copy2d::columns(rows, cols, range.start, w))?;
+        Ok(out)
     }
 }
