@@ -296,7 +296,6 @@ pub fn anthropic_tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<
     Ok(ToolRequest { tools: defs, choice, parallel })
 }
 
-
 /// Arguments as the template wants them: the JSON they encode when it parses, else the string.
 fn parse_arguments(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
