@@ -51,6 +51,11 @@ extern "C" __global__ void write_kv(bf16* __restrict__ k_cache, bf16* __restrict
     }
 }
 
+// Everything below runs on NVIDIA tensor cores (mma.sync, ldmatrix, cp.async in PTX) and has no
+// HIP version yet: an AMD build of this module holds write_kv only, and the HIP backend
+// reports prefill and decode attention as unsupported (kernels/src/hip/mod.rs).
+#ifndef TESSERA_HIP
+
 // ------------------------------------------------------------------------- prefill
 // q, out: [total_tokens, n_heads, HD]; cu_q [num_seqs + 1]: sequence s owns query tokens
 // cu_q[s]..cu_q[s+1] (a range past total_q is skipped), at positions first_pos.. with
@@ -728,3 +733,5 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
 
 DECODE_KERNEL(64, 4)
 DECODE_KERNEL(128, 2)
+
+#endif  // TESSERA_HIP

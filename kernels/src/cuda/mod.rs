@@ -50,8 +50,9 @@ mod qkv_args;
 pub mod sample_params;
 #[cfg(feature = "cuda")]
 mod sampling;
-#[cfg(feature = "cuda")]
-mod sources;
+// The HIP backend (crate::hip) compiles the same sources.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub(crate) mod sources;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
@@ -62,7 +63,7 @@ pub use attention::DecodeWorkspace;
 pub use device::{Buf, Device, RopeCache};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
-pub use module_cache::{ModuleCache, ModuleReport};
+pub use module_cache::{ImageKind, ModuleCache, ModuleReport};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
 pub use nccl_id::{NcclId, NCCL_ID_BYTES};
