@@ -9,18 +9,20 @@
 //!   libraries stop at gfx1036 and gfx940; its hipRTC crashes, rather than failing, on an
 //!   arch it has no library for, e.g. gfx1100.)
 //! - `TESSERA_HIP_TESTS=1` (needs an AMD GPU with ROCm, rocBLAS; RCCL for the last): buffers
-//!   round trip, RMSNorm and the rocBLAS GEMM against the CPU reference on random bf16 inputs,
-//!   an RCCL all-reduce over a one-rank communicator. None of these has run yet: no AMD GPU
+//!   round trip, RMSNorm, the portable paged attention and the rocBLAS GEMM against the CPU
+//!   reference on random bf16 inputs, an RCCL all-reduce over a one-rank communicator. None of these has run yet: no AMD GPU
 //!   was available when they were written.
 //!
 //! Tolerances as kernels/tests/cuda_ops.rs (bf16 outputs against f32/f64 references on the
 //! same bf16 inputs): rows `|gpu - ref| <= 2^-7 |ref| + 1e-5`; GEMM `|gpu - ref| <= 2^-8 |ref|
-//! + 2^-12 sum_k |x_k w_k|`.
+//! + 2^-12 sum_k |x_k w_k|`; attention (values in [-1, 1], f32 softmax on both sides)
+//! `|gpu - ref| <= 2^-7 |ref| + 2^-10`.
 #![cfg(feature = "hip")]
 
 use half::bf16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+use tessera_kernels::cpu::attention::{attention as cpu_attention, PagedKv, SeqSlice};
 use tessera_kernels::cpu::norm;
 use tessera_kernels::cuda::ModuleCache;
 use tessera_kernels::hip::{self, ffi, Blas, Device, GfxArch, RcclComm};
@@ -128,6 +130,68 @@ fn rms_norm_matches_cpu() {
         for (i, (g, want)) in got.iter().zip(&want).enumerate() {
             let err = (g.to_f32() - want).abs();
             assert!(err <= 1e-5 + want.abs() / 128.0, "rms_norm {rows}x{dim} [{i}]: got {g}, want {want}");
+        }
+    }
+}
+
+#[test]
+fn paged_attention_matches_cpu() {
+    if !enabled("TESSERA_HIP_TESTS", "paged_attention_matches_cpu") {
+        return;
+    }
+    let dev = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    // (context, queries) per sequence: decodes of 1 and 300 positions (two tiles), a prefill
+    // from 0, a chunk after 523 cached positions.
+    let seqs: [(usize, usize); 4] = [(1, 1), (300, 1), (40, 40), (530, 7)];
+    let (block_size, n_heads, n_kv) = (16usize, 8usize, 2usize);
+    for hd in [64usize, 128] {
+        let max_blocks = seqs.iter().map(|&(c, _)| c.div_ceil(block_size)).max().unwrap();
+        let num_blocks = seqs.len() * max_blocks + 3;
+        // Distinct block ids, shuffled: sequence s gets ids[s * max_blocks..].
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.next_u32() as usize % (i + 1));
+        }
+        let cache_len = num_blocks * block_size * n_kv * hd;
+        let k = random_bf16(&mut rng, cache_len, 1.0);
+        let v = random_bf16(&mut rng, cache_len, 1.0);
+        let total_q: usize = seqs.iter().map(|&(_, n)| n).sum();
+        let q = random_bf16(&mut rng, total_q * n_heads * hd, 1.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let f = |b: &[bf16]| b.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let (kf, vf, qf) = (f(&k), f(&v), f(&q));
+        let cache = PagedKv { block_size, n_kv_heads: n_kv, head_dim: hd };
+        let mut want = vec![0f32; qf.len()];
+        let (mut cu, mut ctx_lens, mut tables) = (vec![0u32], Vec::new(), Vec::new());
+        for (s, &(ctx, nq)) in seqs.iter().enumerate() {
+            let table = &ids[s * max_blocks..(s + 1) * max_blocks];
+            let t0 = *cu.last().unwrap() as usize;
+            let rows = t0 * n_heads * hd..(t0 + nq) * n_heads * hd;
+            let seq = SeqSlice { block_table: table, first_pos: ctx - nq, n_tokens: nq };
+            cpu_attention(&cache, &kf, &vf, &mut want[rows.clone()], &qf[rows], &seq, n_heads, scale).unwrap();
+            cu.push((t0 + nq) as u32);
+            ctx_lens.push(ctx as u32);
+            tables.extend_from_slice(table);
+        }
+        let (kd, vd, qd) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap(), dev.upload(&q).unwrap());
+        let (bt, cl, cq) = (dev.upload(&tables).unwrap(), dev.upload(&ctx_lens).unwrap(), dev.upload(&cu).unwrap());
+        let inputs = hip::attention::PagedInputs {
+            k_cache: &kd,
+            v_cache: &vd,
+            block_tables: &bt,
+            context_lens: &cl,
+            cu_q: &cq,
+            block_size,
+            n_kv,
+            head_dim: hd,
+        };
+        let mut out = dev.upload(&vec![bf16::NAN; q.len()]).unwrap();
+        hip::attention::paged_attention(&dev, &mut out, &qd, &inputs, n_heads, scale).unwrap();
+        let got = dev.download(&out).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let err = (g.to_f32() - w).abs();
+            assert!(err <= w.abs() / 128.0 + 1.0 / 1024.0, "attention hd {hd} [{i}]: got {g}, want {w}");
         }
     }
 }

@@ -10,6 +10,8 @@ use crate::KernelError;
 pub const QKV_WARPS: u32 = 4;
 /// Threads of `sample_rows`; SAMPLE_THREADS in kernels/cuda/sampling.cu.
 pub const SAMPLE_THREADS: u32 = 1024;
+/// Threads of `paged_attention_portable_hd*`; ATT_PORT_THREADS in kernels/cuda/attention.cu.
+pub const ATT_PORT_THREADS: u32 = 256;
 /// Largest block the kernels are written for (and AMD's limit).
 pub const MAX_BLOCK: u32 = 1024;
 /// `block_sum`'s scratch holds one float per warp: 32 of them (common.cuh).
@@ -151,6 +153,8 @@ mod tests {
         assert_eq!(split_finish(5, 64).unwrap().block, 64);
         assert_eq!(sample_warps(64).unwrap(), 16);
         assert_eq!(sample_warps(32).unwrap(), 32);
+        // The portable attention block is whole wavefronts of either width and fits block_sum.
+        assert!(block_per_row(1, ATT_PORT_THREADS, 64).is_ok() && block_per_row(1, ATT_PORT_THREADS, 32).is_ok());
         assert!(sample_warps(48).is_err());
     }
 }

@@ -9,22 +9,26 @@
 //! [`Device::new`] returns [`KernelError::NotCompiled`]`("hip")`.
 //!
 //! State (issue 9): the kernel-level backend exists (device memory, module compile + load +
-//! launch, rocBLAS GEMM, RCCL collectives, launch shapes for 64-lane wavefronts, one op
-//! launcher: RMSNorm); the worker's model forward pass is written against `kernels::cuda`
-//! and does not run on it. Of the kernel modules, attention's prefill/decode and the GEMV are
-//! NVIDIA tensor-core code with no AMD version (the HIP build of those modules leaves them
-//! out). Nothing here has run on an AMD GPU: CI compiles every module for gfx90a and runs the
-//! GPU-free tests; the GPU tests (kernels/tests/hip_ops.rs) need TESSERA_HIP_TESTS=1.
+//! launch, rocBLAS GEMM, RCCL collectives, launch shapes for 64-lane wavefronts, launchers for
+//! RMSNorm and paged attention); the worker's model forward pass is written against
+//! `kernels::cuda` and does not run on it. attention.cu's tensor-core prefill/decode and
+//! gemv.cu are NVIDIA only: the HIP build of attention.cu compiles a portable kernel instead
+//! (`attention`), and every GEMM goes to rocBLAS. Nothing here has run on an AMD GPU: CI
+//! compiles every module for gfx90a and runs the GPU-free tests; the GPU tests
+//! (kernels/tests/hip_ops.rs) need TESSERA_HIP_TESTS=1.
 //!
 //! Submodules: `gfx` (arch parsing) and `launch` (launch shapes), pure and always built; with
 //! the feature `ffi` (the loaded libraries), `sources` (compat header + CUDA sources), `rtc`
-//! (hipRTC compile + cache), `device`, `ops`, `blas` (rocBLAS), `rccl`; without it `stub`.
+//! (hipRTC compile + cache), `device`, `ops` (row ops), `attention`, `blas` (rocBLAS), `rccl`;
+//! without it `stub`.
 //!
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
 
 pub mod gfx;
 pub mod launch;
 
+#[cfg(feature = "hip")]
+pub mod attention;
 #[cfg(feature = "hip")]
 mod blas;
 #[cfg(feature = "hip")]

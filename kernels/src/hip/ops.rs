@@ -1,8 +1,7 @@
 //! Launchers of the shared kernels on an AMD GPU, sized by [`super::launch`] for the device's
 //! wavefront. So far RMSNorm, the first op of a model step, as the end-to-end example; the rest
 //! of CUDA's ops.rs (rope, embedding, the fused QKV preparation, sampling) take their shapes
-//! from the same module once written. Attention has no AMD kernel yet (attention.cu's
-//! tensor-core kernels are NVIDIA only).
+//! from the same module once written. Attention is attention.rs.
 
 use std::ffi::c_void;
 
