@@ -7,6 +7,7 @@ pub mod collective;
 pub mod cuda;
 pub mod error;
 pub mod executor;
+pub mod hip;
 pub mod kv_cache;
 pub mod llama;
 pub mod metrics;
