@@ -40,11 +40,13 @@ static_assert(WARP_SIZE == TESSERA_EXPECT_WARP_SIZE, "wavefront width differs fr
 
 // A wavefront runs in lock step; what __syncwarp adds is ordering of the wavefront's shared
 // memory accesses around the point (LDS writes are visible to the wavefront after a
-// workgroup-scope fence).
-__device__ __forceinline__ void __syncwarp() {
+// workgroup-scope fence). A macro, like the shuffles, so it also wins over the *_sync
+// functions newer ROCm releases declare (which want 64-bit masks).
+__device__ __forceinline__ void tessera_syncwarp() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
     __builtin_amdgcn_wave_barrier();
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
+#define __syncwarp() tessera_syncwarp()
 
 #endif
