@@ -2,7 +2,8 @@
 // (one query token per sequence, split-KV "flash-decoding", the splits merged by the last
 // CTA of each sequence) and prefill attention (a causal chunk of queries per sequence,
 // flash-attention 2), both on tensor cores. Same semantics as the CPU reference,
-// kernels/src/cpu/attention.rs.
+// kernels/src/cpu/attention.rs. The HIP build (TESSERA_HIP, kernels/hip/compat.h) replaces the
+// tensor-core kernels with one portable kernel at the end of the file.
 //
 // Cache, per layer: k_cache, v_cache [num_blocks, block_size, n_kv, HD] bf16. Position p of a
 // sequence lives in block block_table[p / block_size], slot p % block_size; a slot id is

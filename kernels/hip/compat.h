@@ -1,7 +1,8 @@
 // CUDA -> HIP names for the shared kernel sources in kernels/cuda/. The HIP loader
 // (kernels/src/hip/sources.rs) and kernels/hip/check_sources.sh put this file in front of
-// common.cuh, so every .cu file compiles unchanged for AMD GPUs: there is no second copy of
-// the kernels. Only what the sources use is mapped.
+// common.cuh, so the .cu files serve AMD GPUs too: there is no second copy of the kernels
+// (where a file needs what HIP lacks, it carries a TESSERA_HIP branch: attention.cu's portable
+// kernel, gemv.cu left empty). Only what the sources use is mapped.
 //
 // Warps: CUDA's warp is 32 lanes; an AMD wavefront is 64 (CDNA: gfx90a, gfx942) or 32 (RDNA in
 // wave32 mode). WARP_SIZE is the target's width, and the kernels' lane loops, butterflies and
