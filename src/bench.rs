@@ -61,6 +61,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let tessera_worker::service::DeviceChoice::Cuda(ordinal) = args.device {
         return crate::bench_gpu::run(&args, ordinal);
     }
+    if let tessera_worker::service::DeviceChoice::Hip(_) = args.device {
+        anyhow::bail!("--device hip: {}", tessera_worker::hip::NO_FORWARD_PASS);
+    }
     if args.synthetic.is_some() || args.tp > 1 || args.pp > 1 {
         anyhow::bail!("--synthetic models, --tp and --pp run on GPUs: add --device cuda");
     }

@@ -108,6 +108,7 @@ fn device_name(d: DeviceChoice) -> String {
     match d {
         DeviceChoice::Cpu => "cpu".into(),
         DeviceChoice::Cuda(n) => format!("cuda:{n}"),
+        DeviceChoice::Hip(n) => format!("hip:{n}"),
     }
 }
 
@@ -134,6 +135,8 @@ async fn free_memory_bytes(d: DeviceChoice) -> u64 {
                 _ => 0,
             }
         }
+        // A HIP worker stops before registering (tessera_worker::hip).
+        DeviceChoice::Hip(_) => 0,
     }
 }
 

@@ -133,6 +133,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.workers == 0 || args.tp == 0 || args.pp == 0 {
         bail!("--workers, --tp and --pp must be at least 1");
     }
+    if let DeviceChoice::Hip(_) = args.device {
+        // The workers would stop at start (tessera_worker::hip); say why once, here.
+        let why = match tessera_worker::hip::probe(0) {
+            Ok(_) => tessera_worker::hip::NO_FORWARD_PASS.to_string(),
+            Err(e) => e.to_string(),
+        };
+        bail!("--device hip: {why}");
+    }
     let processes = args.workers * args.tp * args.pp;
     // Before any thread starts: the children (restarted workers too) inherit it.
     args.trace_log.export_to_children();

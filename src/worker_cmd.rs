@@ -21,7 +21,8 @@ pub struct WorkerArgs {
     /// CPU threads for the kernels (default: all cores).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
-    /// Where the model runs: `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    /// Where the model runs: `cpu`, `cuda` (GPU 0), `cuda:N`, `hip` or `hip:N` (AMD GPUs: the
+    /// worker checks the device and its kernels, then stops; no forward pass on HIP yet).
     #[arg(long, env = "TESSERA_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
     /// On SIGTERM: seconds to keep serving the coordinator's open streams (until it hangs
@@ -46,6 +47,9 @@ pub fn run(args: WorkerArgs) -> Result<()> {
     let _trace = args.trace_log.init("tessera-worker")?;
     let tls = args.tls.load()?;
     crate::threads::init(args.threads)?;
+    if let DeviceChoice::Hip(ordinal) = args.device {
+        hip_stop(ordinal)?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let service = WorkerService::on(args.device).with_collective_host(args.listen.ip());
@@ -80,4 +84,12 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         crate::etcd_cmd::deregister_worker(registration).await;
         Ok(())
     })
+}
+
+/// `--device hip`: reports what the probe found (or why it failed), then stops with the reason
+/// the worker cannot serve on HIP (tessera_worker::hip).
+fn hip_stop(ordinal: usize) -> Result<()> {
+    let found = tessera_worker::hip::probe(ordinal).map_err(|e| anyhow::anyhow!("--device hip:{ordinal}: {e}"))?;
+    eprintln!("tessera worker: {found}");
+    anyhow::bail!("--device hip:{ordinal}: {}", tessera_worker::hip::NO_FORWARD_PASS)
 }

@@ -47,6 +47,10 @@
 // `timeout_ns` (0: never) the kernel records the waiting block and peer in the error word
 // and traps, which fails the rank's stream with a launch error instead of hanging it.
 
+// NVIDIA only (PTX release/acquire at system scope, CUDA IPC): on HIP the module is empty and
+// RCCL would carry every all-reduce.
+#ifndef TESSERA_HIP
+
 #define ONESHOT_MAX_WORLD 8
 #define ONESHOT_MAX_BLOCKS 64
 #define ONESHOT_EPOCHS_OFFSET 2048
@@ -179,3 +183,5 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(
     // 5. This block finished call `epoch`.
     if (tid == 0) epochs[b] = epoch;
 }
+
+#endif  // TESSERA_HIP

@@ -2,7 +2,8 @@
 // (one query token per sequence, split-KV "flash-decoding", the splits merged by the last
 // CTA of each sequence) and prefill attention (a causal chunk of queries per sequence,
 // flash-attention 2), both on tensor cores. Same semantics as the CPU reference,
-// kernels/src/cpu/attention.rs.
+// kernels/src/cpu/attention.rs. The HIP build (TESSERA_HIP, kernels/hip/compat.h) replaces the
+// tensor-core kernels with one portable kernel at the end of the file.
 //
 // Cache, per layer: k_cache, v_cache [num_blocks, block_size, n_kv, HD] bf16. Position p of a
 // sequence lives in block block_table[p / block_size], slot p % block_size; a slot id is
@@ -50,6 +51,10 @@ extern "C" __global__ void write_kv(bf16* __restrict__ k_cache, bf16* __restrict
         vd[i] = vs[i];
     }
 }
+
+// The prefill and decode kernels below run on NVIDIA tensor cores (mma.sync, ldmatrix, cp.async
+// in PTX). The AMD build compiles the portable kernel at the end of the file instead.
+#ifndef TESSERA_HIP
 
 // ------------------------------------------------------------------------- prefill
 // q, out: [total_tokens, n_heads, HD]; cu_q [num_seqs + 1]: sequence s owns query tokens
@@ -728,3 +733,123 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
 
 DECODE_KERNEL(64, 4)
 DECODE_KERNEL(128, 2)
+
+#else  // TESSERA_HIP
+
+// ------------------------------------------------------------------------- portable (AMD)
+// Prefill and decode in one kernel without matrix instructions, for the HIP build: a block of
+// ATT_PORT_THREADS per (query token, head), grid (total_q, n_heads); decode is the case of one
+// query per sequence. Inputs as paged_prefill's (q, out [total_q, n_heads, HD]; cu_q [num_seqs
+// + 1]; query i of sequence s attends to positions 0..=ctx_lens[s] - n_q + i), with the same
+// rules: tokens past cu_q[num_seqs] are skipped, a chunk longer than its context and a position
+// the block table does not map give NaN rows, a context of 0 gives zeros.
+//
+// Keys come in tiles of ATT_PORT_THREADS positions: each thread scores one position (f32 dot
+// product of the bf16 q and k, times scale * log2(e)), the block takes the tile's max and
+// rescales the running sum and output (online softmax, exp2); then thread d < HD adds p_j *
+// v_j[d] over the tile in f32. Softmax weights stay f32 (the tensor-core kernels round them
+// for the P V product), so results match the CPU reference at least as closely.
+#define ATT_PORT_THREADS 256
+
+__device__ __forceinline__ float port_block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : ATT_NEG_INF;
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <int HD>
+__device__ __forceinline__ void portable_body(bf16* __restrict__ out, const bf16* __restrict__ q,
+                                              const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                                              const u32* __restrict__ block_tables, u32 max_blocks,
+                                              const u32* __restrict__ ctx_lens, const u32* __restrict__ cu_q,
+                                              u32 num_seqs, u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv,
+                                              float scale_log2) {
+    __shared__ float s_q[HD];
+    __shared__ float s_p[ATT_PORT_THREADS];
+    __shared__ u64 s_off[ATT_PORT_THREADS];
+    __shared__ float s_red[32];
+    __shared__ u32 s_bad;
+    const u32 t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    if (num_seqs == 0 || t >= cu_q[num_seqs]) return;
+    // The sequence owning token t: the last s with cu_q[s] <= t (cu_q is non-decreasing).
+    u32 lo = 0, hi = num_seqs;
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (cu_q[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    const u32 seq = lo, nq = cu_q[seq + 1] - cu_q[seq], ctx = ctx_lens[seq];
+    bf16* o = out + ((u64)t * n_heads + h) * HD;
+    if (ctx == 0 || nq > ctx) {
+        for (u32 d = tid; d < HD; d += blockDim.x) o[d] = ctx == 0 ? (bf16)0 : BF16_NAN;
+        return;
+    }
+    const u32 kv_end = ctx - nq + (t - cu_q[seq]) + 1;
+    const u32 kvh = h / (n_heads / n_kv);
+    const u64 slot_stride = (u64)n_kv * HD, head_off = (u64)kvh * HD;
+    const u32* table = block_tables + (u64)seq * max_blocks;
+    for (u32 d = tid; d < HD; d += blockDim.x) s_q[d] = bf16_to_f32(q[((u64)t * n_heads + h) * HD + d]);
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+
+    float m = ATT_NEG_INF, l = 0.f, acc = 0.f;  // acc: output dim tid, for tid < HD
+    for (u32 p0 = 0; p0 < kv_end; p0 += blockDim.x) {
+        const u32 p = p0 + tid;
+        float s = ATT_NEG_INF;
+        u64 off = ~0ull;
+        if (p < kv_end) {
+            off = kv_slot_offset(table, max_blocks, p, block_size, num_blocks, slot_stride);
+            if (off == ~0ull) {
+                atomicOr(&s_bad, 1u);
+            } else {
+                const bf16* k = k_cache + off + head_off;
+                float dot = 0.f;
+                for (int d = 0; d < HD; ++d) dot += s_q[d] * bf16_to_f32(k[d]);
+                s = dot * scale_log2;
+            }
+        }
+        s_off[tid] = off;
+        const float m_new = fmaxf(m, port_block_max(s, s_red));
+        // A tile of unmapped positions only: the row is NaN anyway; keep the sums finite.
+        const float base = m_new == ATT_NEG_INF ? 0.f : m_new;
+        const float e = s == ATT_NEG_INF ? 0.f : exp2f(s - base);
+        s_p[tid] = e;
+        const float tile_sum = block_sum(e, s_red);  // its barriers publish s_p and s_off
+        const float r = m == ATT_NEG_INF ? 0.f : exp2f(m - base);
+        l = l * r + tile_sum;
+        if (tid < HD) {
+            float a = acc * r;
+            const u32 n = min((u32)blockDim.x, kv_end - p0);
+            for (u32 j = 0; j < n; ++j) {
+                const float pj = s_p[j];
+                if (pj != 0.f) a += pj * bf16_to_f32(v_cache[s_off[j] + head_off + tid]);
+            }
+            acc = a;
+        }
+        m = m_new;
+        __syncthreads();  // s_p and s_off are rewritten by the next tile
+    }
+    if (tid < HD) o[tid] = s_bad ? BF16_NAN : f32_to_bf16(acc / l);
+}
+
+#define PORTABLE_KERNEL(HD)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_PORT_THREADS) paged_attention_portable_hd##HD(                \
+        bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,                     \
+        const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables, u32 max_blocks,                   \
+        const u32* __restrict__ ctx_lens, const u32* __restrict__ cu_q, u32 num_seqs, u32 num_blocks,             \
+        u32 block_size, u32 n_heads, u32 n_kv, float scale_log2) {                                                \
+        portable_body<HD>(out, q, k_cache, v_cache, block_tables, max_blocks, ctx_lens, cu_q, num_seqs,          \
+                          num_blocks, block_size, n_heads, n_kv, scale_log2);                                     \
+    }
+
+PORTABLE_KERNEL(64)
+PORTABLE_KERNEL(128)
+
+#endif  // TESSERA_HIP

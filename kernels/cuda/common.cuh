@@ -6,6 +6,13 @@
 // bf16 rounding is round-to-nearest-even with NaN kept quiet (the same as the `half`
 // crate, so the CPU reference can reproduce GPU roundings bit for bit).
 
+// Lanes per warp: 32 on NVIDIA. The HIP build defines it first (kernels/hip/compat.h) as the
+// wavefront size of the target (64 on CDNA, 32 on RDNA); every warp-level loop, lane index and
+// per-warp array below is written in terms of it, so one source serves both widths.
+#ifndef WARP_SIZE
+#define WARP_SIZE 32
+#endif
+
 typedef unsigned short bf16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -40,14 +47,14 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets
-// the total. `scratch` is 32 floats of shared memory.
+// Sum over the whole block (blockDim.x a multiple of WARP_SIZE, at most 1024); every thread
+// gets the total. `scratch` is 32 floats of shared memory (1024 / 32 warps at most).
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
     v = warp_sum(v);
     __syncthreads();  // scratch may still be read from a previous call
     if (lane == 0) scratch[warp] = v;

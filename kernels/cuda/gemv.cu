@@ -35,6 +35,10 @@
 // count, gridDim.x <= the tile count, dynamic shared memory nw * (P * GEMV_STAGE_BYTES +
 // 2 * GEMV_RED_BYTES).
 
+// NVIDIA only (mma.sync, cp.async, griddepcontrol in PTX): an AMD build of this module is empty
+// and the HIP backend sends every GEMM, small m included, to rocBLAS.
+#ifndef TESSERA_HIP
+
 #define GEMV_ROWS 16
 #define GEMV_MAX_WARPS 16
 #define GEMV_MAX_M 8
@@ -243,3 +247,5 @@ GEMV_ENTRY(gemv_bf16_p6, false, 6)
 GEMV_ENTRY(gemv_f32_p2, true, 2)
 GEMV_ENTRY(gemv_f32_p4, true, 4)
 GEMV_ENTRY(gemv_f32_p6, true, 6)
+
+#endif  // TESSERA_HIP

@@ -89,9 +89,9 @@ extern "C" __global__ void rms_norm_block(bf16* __restrict__ out, const bf16* __
 
 extern "C" __global__ void rms_norm_warp(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w,
                                          int n_rows, int dim, float eps) {
-    const u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const u64 row = (u64)blockIdx.x * (blockDim.x / WARP_SIZE) + (threadIdx.x / WARP_SIZE);
     if (row >= (u64)n_rows) return;
-    rms_norm_row<false>(out + row * dim, nullptr, x + row * dim, w, dim, eps, threadIdx.x & 31, 32, false, nullptr);
+    rms_norm_row<false>(out + row * dim, nullptr, x + row * dim, w, dim, eps, threadIdx.x % WARP_SIZE, WARP_SIZE, false, nullptr);
 }
 
 extern "C" __global__ void add_rms_norm_block(bf16* __restrict__ out, bf16* residual, const bf16* __restrict__ x,
@@ -105,8 +105,8 @@ extern "C" __global__ void add_rms_norm_block(bf16* __restrict__ out, bf16* resi
 
 extern "C" __global__ void add_rms_norm_warp(bf16* __restrict__ out, bf16* residual, const bf16* __restrict__ x,
                                              const bf16* __restrict__ w, int n_rows, int dim, float eps) {
-    const u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const u64 row = (u64)blockIdx.x * (blockDim.x / WARP_SIZE) + (threadIdx.x / WARP_SIZE);
     if (row >= (u64)n_rows) return;
-    rms_norm_row<true>(out + row * dim, residual + row * dim, x + row * dim, w, dim, eps, threadIdx.x & 31, 32, false,
+    rms_norm_row<true>(out + row * dim, residual + row * dim, x + row * dim, w, dim, eps, threadIdx.x % WARP_SIZE, WARP_SIZE, false,
                        nullptr);
 }

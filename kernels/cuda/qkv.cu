@@ -37,7 +37,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
                                           u32 max_pos, u64 n_slots, float eps, int neox) {
     extern __shared__ float qkv_smem[];
     const u32 t = blockIdx.x;
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const u32 h = blockIdx.y * QKV_WARPS + warp;
     const u32 heads = n_heads + 2 * n_kv;
     // Whole warps leave together: below, only __syncwarp and shuffles synchronise.
@@ -60,9 +60,9 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
     float* sh = qkv_smem + (u64)warp * head_dim;
     float2* sh2 = reinterpret_cast<float2*>(sh);
 
-    // Bias add; each lane keeps its own pairs j = lane, lane + 32, ...
+    // Bias add; each lane keeps its own pairs j = lane, lane + WARP_SIZE, ...
     float ss = 0.f;
-    for (u32 j = lane; j < pairs; j += 32) {
+    for (u32 j = lane; j < pairs; j += WARP_SIZE) {
         const u32 w = src[j];
         float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xffff0000u);
         if (b) {
@@ -82,7 +82,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
         ss = warp_sum(ss);
         const float s = rsqrtf(ss / (float)head_dim + eps);
         const u32* w2 = reinterpret_cast<const u32*>(nw);
-        for (u32 j = lane; j < pairs; j += 32) {
+        for (u32 j = lane; j < pairs; j += WARP_SIZE) {
             const u32 ww = w2[j];
             float2 v = sh2[j];
             v.x = (v.x * s) * __uint_as_float(ww << 16);
@@ -98,7 +98,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
         const u32 pos = positions[t];
         const bool ok = pos < max_pos;
         const float2* cs = cos_sin + (u64)(ok ? pos : 0) * half_rot;
-        for (u32 i = lane; i < half_rot; i += 32) {
+        for (u32 i = lane; i < half_rot; i += WARP_SIZE) {
             const u32 ia = neox ? i : 2 * i, ib = neox ? i + half_rot : 2 * i + 1;
             float ra = __int_as_float(0x7fc00000), rb = ra;
             if (ok) {
@@ -114,7 +114,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
     __syncwarp();
 
     u32* d = reinterpret_cast<u32*>(dst);
-    for (u32 j = lane; j < pairs; j += 32) {
+    for (u32 j = lane; j < pairs; j += WARP_SIZE) {
         const float2 v = sh2[j];
         d[j] = (u32)f32_to_bf16(v.x) | ((u32)f32_to_bf16(v.y) << 16);
     }

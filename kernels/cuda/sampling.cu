@@ -45,7 +45,7 @@
 // (the branches around __syncthreads are uniform) and results do not vary between runs.
 
 #define SAMPLE_THREADS 1024
-#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define SAMPLE_WARPS (SAMPLE_THREADS / WARP_SIZE)
 #define SEARCH_BINS 16
 #define CAND_CAP 2048
 #define CAND_SOFT 1024
@@ -56,12 +56,12 @@
 // writes `red`/`out` only after its first barrier, by which time all reads of this one are done.
 template <typename A>
 __device__ __forceinline__ void block_bins(A (&acc)[SEARCH_BINS], A* red, A* out) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
 #pragma unroll
     for (int j = 0; j < SEARCH_BINS; ++j) {
         A v = acc[j];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0) red[warp * SEARCH_BINS + j] = v;
     }
     __syncthreads();
@@ -188,16 +188,16 @@ __device__ __forceinline__ void for_row(const float* x, u32 vocab, F f) {
 // ordering: callable back to back.
 template <typename A>
 __device__ __forceinline__ A block_scan_excl(A v, A* s_warp, A& total) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     A x = v;
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
+    for (int o = 1; o < WARP_SIZE; o <<= 1) {
         const A y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= (u32)o) x += y;
     }
     A ex = __shfl_up_sync(0xffffffffu, x, 1);
     if (lane == 0) ex = 0;
-    if (lane == 31) s_warp[warp] = x;
+    if (lane == WARP_SIZE - 1) s_warp[warp] = x;
     __syncthreads();
     A off = 0, tot = 0;
     for (u32 w = 0; w < SAMPLE_WARPS; ++w) {
@@ -270,8 +270,8 @@ __device__ float row_weight(const float* x, u32 vocab, float max, float inv_t, f
         if (l > -F32_INF) s += expf(__fmul_rn(l - max, inv_t));
     });
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x >> 5] = s;
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % WARP_SIZE == 0) s_warp[threadIdx.x / WARP_SIZE] = s;
     __syncthreads();
     float t = 0.f;
     for (int w = 0; w < SAMPLE_WARPS; ++w) t += s_warp[w];
@@ -281,9 +281,9 @@ __device__ float row_weight(const float* x, u32 vocab, float max, float inv_t, f
 
 // The block's best (score, id): higher score, then lower id. Ends with a barrier.
 __device__ u32 block_argmax(double best, u32 pick, double* s_score, u32* s_pick) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         const double ob = __shfl_xor_sync(0xffffffffu, best, o);
         const u32 oi = __shfl_xor_sync(0xffffffffu, pick, o);
         if (ob > best || (ob == best && oi < pick)) {
@@ -337,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ float s_scan_f[SAMPLE_WARPS];
     __shared__ u32 s_res[3], s_nc, s_ek, s_jp;
 
-    const u32 row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 row = blockIdx.x, tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const SampleParams p = params[row];
     // With skip_split, untruncated rows without logprobs or entries are sampling_split.cu's
     // (uniform per CTA).
@@ -421,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     });
     if (bad) atomicOr(&s_flags, FLAG_BAD_LOGIT);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         RowStats other;
         other.m = __shfl_xor_sync(0xffffffffu, st.m, o);
         other.s = __shfl_xor_sync(0xffffffffu, st.s, o);

@@ -19,7 +19,7 @@
 
 #define SPLIT_CHUNK 1024
 #define SPLIT_THREADS 256
-#define SPLIT_WARPS (SPLIT_THREADS / 32)
+#define SPLIT_WARPS (SPLIT_THREADS / WARP_SIZE)
 
 // One slice's results; must match SPLIT_PART_WORDS in sampling.rs (8 words).
 struct SplitPart {
@@ -69,8 +69,8 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     }
     if (bad) atomicOr(&s_bad, 1u);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) st = combine_stats(st, shfl_stats(st, o));
-    if ((tid & 31) == 0) s_stats[tid >> 5] = st;
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) st = combine_stats(st, shfl_stats(st, o));
+    if (tid % WARP_SIZE == 0) s_stats[tid / WARP_SIZE] = st;
     __syncthreads();
     if (tid == 0) {
         st = s_stats[0];
@@ -89,9 +89,9 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
 // The row's max over its slices' parts (every lane gets the same value).
 __device__ __forceinline__ float parts_max(const SplitPart* row_parts, u32 slices) {
     float m = -F32_INF;
-    for (u32 j = threadIdx.x & 31; j < slices; j += 32) m = fmaxf(m, row_parts[j].m);
+    for (u32 j = threadIdx.x % WARP_SIZE; j < slices; j += WARP_SIZE) m = fmaxf(m, row_parts[j].m);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
 
@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     const SampleParams p = params[row];
     if (!split_row(p, vocab, pen_offsets, bias_offsets, bias_len, row) || p.temperature < GREEDY_TEMPERATURE) return;
     SplitPart* row_parts = parts + (u64)row * slices;
-    if (tid < 32) {
+    if (tid < WARP_SIZE) {
         const float m = parts_max(row_parts, slices);
         if (tid == 0) s_max = m;
     }
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
         }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         const double ob = __shfl_xor_sync(0xffffffffu, best, o);
         const u32 oi = __shfl_xor_sync(0xffffffffu, pick, o);
         if (ob > best || (ob == best && oi < pick)) {
@@ -137,9 +137,9 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
             pick = oi;
         }
     }
-    if ((tid & 31) == 0) {
-        s_score[tid >> 5] = best;
-        s_pick[tid >> 5] = pick;
+    if (tid % WARP_SIZE == 0) {
+        s_score[tid / WARP_SIZE] = best;
+        s_pick[tid / WARP_SIZE] = pick;
     }
     __syncthreads();
     if (tid == 0) {
@@ -156,9 +156,10 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     }
 }
 
-// 3. Grid rows, one warp each. Lane j combines slices j, j + 32, ... in order, then a fixed
-// butterfly; the same shape every time, so the sum's bits never vary between runs.
-extern "C" __global__ void __launch_bounds__(32)
+// 3. Grid rows, one warp (WARP_SIZE threads) each. Lane j combines slices j, j + WARP_SIZE, ...
+// in order, then a fixed butterfly; the same shape every time, so the sum's bits never vary
+// between runs.
+extern "C" __global__ void __launch_bounds__(WARP_SIZE)
     split_finish(const float* __restrict__ logits, u32 vocab, const SampleParams* __restrict__ params,
                  const u32* __restrict__ pen_offsets, const u32* __restrict__ bias_offsets, u32 bias_len,
                  const SplitPart* __restrict__ parts, u32 slices, u32* __restrict__ out_token,
@@ -170,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(32)
     RowStats st = {-F32_INF, 0.f, NO_TOKEN, 0u};
     double best = -F64_INF;
     u32 pick = NO_TOKEN, bad = 0;
-    for (u32 j = lane; j < slices; j += 32) {
+    for (u32 j = lane; j < slices; j += WARP_SIZE) {
         const SplitPart q = row_parts[j];
         const RowStats o = {q.m, q.s, q.arg, q.n_finite};
         st = combine_stats(st, o);
@@ -181,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(32)
         bad |= q.bad;
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         st = combine_stats(st, shfl_stats(st, o));
         const double ob = __shfl_xor_sync(0xffffffffu, best, o);
         const u32 oi = __shfl_xor_sync(0xffffffffu, pick, o);

@@ -8,6 +8,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod hip;
 pub mod quant;
 
 pub use error::KernelError;

@@ -18,6 +18,9 @@ pub enum WorkerError {
     /// A tensor- or pipeline-parallel peer failed, timed out or broke the protocol.
     #[error("collective: {0}")]
     Collective(String),
+    /// The device asked for cannot be used by this build or machine (the message says why).
+    #[error("{0}")]
+    Unavailable(String),
     /// A batch that cannot be run (token id out of range, block table too short...).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

@@ -8,6 +8,7 @@ pub mod constrained;
 pub mod cuda;
 pub mod error;
 pub mod executor;
+pub mod hip;
 pub mod kv_cache;
 pub mod llama;
 pub mod metrics;

@@ -42,21 +42,24 @@ pub enum DeviceChoice {
     Cpu,
     /// GPU ordinal.
     Cuda(usize),
+    /// AMD GPU ordinal (the HIP backend; see crate::hip for what runs there).
+    Hip(usize),
 }
 
 impl std::str::FromStr for DeviceChoice {
     type Err = String;
 
-    /// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    /// `cpu`, `cuda` (GPU 0), `cuda:N`, `hip` (AMD GPU 0) or `hip:N`.
     fn from_str(s: &str) -> Result<Self, String> {
+        let ordinal = |prefix: &str| s.strip_prefix(prefix).and_then(|n| n.parse().ok());
         match s {
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
+            "hip" => Ok(DeviceChoice::Hip(0)),
+            _ => ordinal("cuda:")
                 .map(DeviceChoice::Cuda)
-                .ok_or_else(|| format!("unknown device {s:?}: expected cpu, cuda or cuda:N")),
+                .or_else(|| ordinal("hip:").map(DeviceChoice::Hip))
+                .ok_or_else(|| format!("unknown device {s:?}: expected cpu, cuda, cuda:N, hip or hip:N")),
         }
     }
 }
@@ -153,6 +156,7 @@ impl WorkerService {
             device: match self.device {
                 DeviceChoice::Cpu => "cpu".into(),
                 DeviceChoice::Cuda(_) => "cuda".into(),
+                DeviceChoice::Hip(_) => "hip".into(),
             },
             device_name: format!("cpu ({} threads)", rayon::current_num_threads()),
             ..Default::default()
@@ -166,6 +170,8 @@ impl WorkerService {
                 (info.tp_collective_addr, info.pp_collective_addr) =
                     (nccl_addr(&self.nccl_ids.tp), nccl_addr(&self.nccl_ids.pp));
             }
+            // No model loads on HIP yet (crate::hip), so no group to offer.
+            DeviceChoice::Hip(_) => {}
         }
         if let Some(l) = guard.as_ref() {
             let (kind, name) = l.exec.backend().device();
@@ -245,6 +251,9 @@ fn load(
             };
             Backend::cuda(model.map_err(|e| Status::failed_precondition(e.to_string()))?)
         }
+        // `tessera worker --device hip` stops at start (crate::hip); a service built on HIP
+        // in code says the same here.
+        DeviceChoice::Hip(_) => return Err(Status::unimplemented(crate::hip::NO_FORWARD_PASS)),
     };
     if backend.num_blocks() == 0 {
         return Err(Status::invalid_argument("the KV memory budget holds no block"));
@@ -505,7 +514,9 @@ mod tests {
         assert_eq!("cpu".parse::<DeviceChoice>(), Ok(DeviceChoice::Cpu));
         assert_eq!("cuda".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(0)));
         assert_eq!("cuda:3".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(3)));
-        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+        assert_eq!("hip".parse::<DeviceChoice>(), Ok(DeviceChoice::Hip(0)));
+        assert_eq!("hip:2".parse::<DeviceChoice>(), Ok(DeviceChoice::Hip(2)));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "", "hip:", "hip:x", "rocm"] {
             assert!(bad.parse::<DeviceChoice>().is_err(), "{bad:?} accepted");
         }
     }

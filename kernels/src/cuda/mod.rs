@@ -62,8 +62,9 @@ mod qkv_args;
 pub mod sample_params;
 #[cfg(feature = "cuda")]
 mod sampling;
-#[cfg(feature = "cuda")]
-mod sources;
+// The HIP backend (crate::hip) compiles the same sources.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub(crate) mod sources;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 // Constrained decoding's logit mask (`Device::apply_token_mask`; stubbed without the feature).
@@ -81,7 +82,7 @@ pub use graph::Graph;
 pub use ipc_allreduce::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
 #[cfg(not(feature = "cuda"))]
 pub use ipc_allreduce_stub::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
-pub use module_cache::{ModuleCache, ModuleReport};
+pub use module_cache::{ImageKind, ModuleCache, ModuleReport};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
 pub use nccl_id::{NcclId, NCCL_ID_BYTES};

@@ -1,9 +1,11 @@
-//! On-disk cache of compiled kernel modules (CUBIN), keyed by a hash of everything that
-//! decides the output: the source text, the target arch, the compiler options and the
-//! compiler version. NVRTC takes ~0.2 s per module; a warm start reads a file instead.
+//! On-disk cache of compiled kernel modules (CUBIN for CUDA, AMD code objects for HIP),
+//! keyed by a hash of everything that decides the output: the source text, the target arch,
+//! the compiler options and the compiler version. NVRTC takes ~0.2 s per module; a warm
+//! start reads a file instead. The HIP backend (kernels::hip) shares it: its arch names
+//! (`gfx90a`) never collide with CUDA's (`sm_90a`).
 //!
 //! Directory: `$TESSERA_CACHE_DIR/kernels`, else `$XDG_CACHE_HOME/tessera/kernels`, else
-//! `~/.cache/tessera/kernels`. A file is named `<module>-<arch>-<32 hex digits>.cubin` and
+//! `~/.cache/tessera/kernels`. A file is named `<module>-<arch>-<32 hex digits>.<ext>` and
 //! written to a temporary name then renamed, so concurrent workers on one host never read a
 //! half-written module. A missing, unreadable or non-ELF file is a miss, never an error: the
 //! caller recompiles. Pure Rust: tested without a GPU.
@@ -11,7 +13,32 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::arch::Arch;
+/// The kind of compiled image a key names: decides the file extension and what a plausible
+/// file starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// NVIDIA CUBIN (ELF).
+    Cubin,
+    /// AMD GPU code object: ELF, or a clang offload bundle wrapping one.
+    AmdCodeObject,
+}
+
+impl ImageKind {
+    pub fn extension(self) -> &'static str {
+        match self {
+            ImageKind::Cubin => "cubin",
+            ImageKind::AmdCodeObject => "co",
+        }
+    }
+
+    /// Whether `bytes` can be an image of this kind (a cheap check of the magic bytes).
+    pub fn plausible(self, bytes: &[u8]) -> bool {
+        match self {
+            ImageKind::Cubin => bytes.starts_with(b"\x7fELF"),
+            ImageKind::AmdCodeObject => bytes.starts_with(b"\x7fELF") || bytes.starts_with(b"__CLANG_OFFLOAD_BUNDLE__"),
+        }
+    }
+}
 
 /// Everything a compiled module depends on; [`CacheKey::hash`] is its stable digest.
 #[derive(Debug, Clone, Copy)]
@@ -20,7 +47,9 @@ pub struct CacheKey<'a> {
     pub module: &'a str,
     /// The complete source text handed to the compiler.
     pub source: &'a str,
-    pub arch: Arch,
+    /// The target as the compiler is given it: `sm_90a` (CUDA), `gfx90a` (HIP).
+    pub arch: &'a str,
+    pub kind: ImageKind,
     /// Compiler options other than the arch, in the order given.
     pub options: &'a [&'a str],
     /// The compiler's version, e.g. `"nvrtc 13.0"`: a new compiler may emit other code.
@@ -35,7 +64,7 @@ impl CacheKey<'_> {
         let mut h = Fnv128::new();
         h.field(self.module.as_bytes());
         h.field(self.source.as_bytes());
-        h.field(self.arch.to_string().as_bytes());
+        h.field(self.arch.as_bytes());
         for o in self.options {
             h.field(o.as_bytes());
         }
@@ -43,11 +72,12 @@ impl CacheKey<'_> {
         h.0
     }
 
-    /// `<module>-<arch>-<hash>.cubin`; the module name is reduced to `[A-Za-z0-9_]`.
+    /// `<module>-<arch>-<hash>.<ext>`; module and arch are reduced to `[A-Za-z0-9_]`.
     pub fn file_name(&self) -> String {
-        let module: String =
-            self.module.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
-        format!("{module}-{}-{:032x}.cubin", self.arch, self.hash())
+        let clean = |s: &str| -> String {
+            s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
+        };
+        format!("{}-{}-{:032x}.{}", clean(self.module), clean(self.arch), self.hash(), self.kind.extension())
     }
 }
 
@@ -125,10 +155,10 @@ impl ModuleCache {
         self.dir.join(key.file_name())
     }
 
-    /// The cached CUBIN for `key`, if a plausible one (an ELF image) is on disk.
+    /// The cached image for `key`, if a plausible one (see [`ImageKind::plausible`]) is on disk.
     pub fn load(&self, key: &CacheKey) -> Option<Vec<u8>> {
         let bytes = fs::read(self.path_for(key)).ok()?;
-        bytes.starts_with(b"\x7fELF").then_some(bytes)
+        key.kind.plausible(&bytes).then_some(bytes)
     }
 
     /// Stores `image` for `key` (temporary file + rename). Errors are returned for the
@@ -155,8 +185,8 @@ mod tests {
     use super::*;
     use std::ffi::OsString;
 
-    fn key<'a>(source: &'a str, arch: &str, options: &'a [&'a str], compiler: &'a str) -> CacheKey<'a> {
-        CacheKey { module: "norm", source, arch: Arch::parse(arch).unwrap(), options, compiler }
+    fn key<'a>(source: &'a str, arch: &'a str, options: &'a [&'a str], compiler: &'a str) -> CacheKey<'a> {
+        CacheKey { module: "norm", source, arch, kind: ImageKind::Cubin, options, compiler }
     }
 
     #[test]
@@ -190,6 +220,25 @@ mod tests {
         assert!(name.starts_with("we_ird_name-sm_90a-"), "{name}");
         assert!(name.ends_with(".cubin"));
         assert_eq!(name.len(), "we_ird_name-sm_90a-".len() + 32 + ".cubin".len());
+    }
+
+    #[test]
+    fn amd_code_objects_have_their_own_names_and_magic() {
+        let k = CacheKey { arch: "gfx90a", kind: ImageKind::AmdCodeObject, ..key("s", "sm_90a", &[], "hiprtc 5.2") };
+        let name = k.file_name();
+        assert!(name.starts_with("norm-gfx90a-") && name.ends_with(".co"), "{name}");
+        assert_ne!(k.hash(), CacheKey { arch: "gfx942", ..k }.hash(), "arch");
+        assert!(ImageKind::AmdCodeObject.plausible(b"__CLANG_OFFLOAD_BUNDLE__\x02\x00"));
+        assert!(ImageKind::AmdCodeObject.plausible(b"\x7fELF\x02"));
+        assert!(!ImageKind::AmdCodeObject.plausible(b"garbage"));
+        assert!(!ImageKind::Cubin.plausible(b"__CLANG_OFFLOAD_BUNDLE__"), "a bundle is no CUBIN");
+    }
+
+    #[test]
+    fn cuda_keys_hash_the_printed_arch() {
+        // The key hashes the arch as printed, so `Arch` and its string name the same file.
+        let arch = super::super::arch::Arch::parse("sm_90a").unwrap().to_string();
+        assert_eq!(key("s", &arch, &[], "nvrtc 13.0").hash(), key("s", "sm_90a", &[], "nvrtc 13.0").hash());
     }
 
     #[test]

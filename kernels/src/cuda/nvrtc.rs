@@ -11,7 +11,7 @@ use std::time::Instant;
 use cudarc::nvrtc::{result, sys};
 
 use super::arch::Arch;
-use super::module_cache::{CacheKey, ModuleCache, ModuleReport};
+use super::module_cache::{CacheKey, ImageKind, ModuleCache, ModuleReport};
 use crate::KernelError;
 
 /// Options every module is compiled with (besides the arch). No fast-math: the ops are
@@ -37,7 +37,8 @@ pub fn compile_cached(
     compiler: &str,
 ) -> Result<(Vec<u8>, ModuleReport), KernelError> {
     let t0 = Instant::now();
-    let key = CacheKey { module, source, arch, options: OPTIONS, compiler };
+    let arch_name = arch.to_string();
+    let key = CacheKey { module, source, arch: &arch_name, kind: ImageKind::Cubin, options: OPTIONS, compiler };
     if let Some(image) = cache.load(&key) {
         let report = ModuleReport { module, cache_hit: true, millis: ms_since(t0), store_error: None };
         return Ok((image, report));

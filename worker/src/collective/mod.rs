@@ -4,7 +4,8 @@
 //! metadata (u32) to the next stage.
 //!
 //! One trait, several transports: [`TcpCollective`] for CPU workers (multi-process TP/PP in CI,
-//! no GPU needed); NCCL/RCCL implementations plug in behind the same trait.
+//! no GPU needed); `RcclCollective` (feature `hip`, rccl.rs) for AMD GPUs. The CUDA forward
+//! pass calls NCCL on its device buffers directly (kernels::cuda::NcclComm).
 //!
 //! Contract shared by every implementation:
 //! - Collective calls (`all_reduce_sum`, `all_gather`, `barrier`) are made by every rank of the
@@ -14,10 +15,14 @@
 //! - Failure is fail-stop: after an error other than `InvalidArgument`, the collective is
 //!   unusable (later calls return [`CollectiveError::Broken`]) and its peers fail too.
 
+#[cfg(feature = "hip")]
+pub mod rccl;
 pub mod tcp;
 
 use std::time::Duration;
 
+#[cfg(feature = "hip")]
+pub use rccl::RcclCollective;
 pub use tcp::TcpCollective;
 
 /// The communication a worker needs with the other ranks of its parallel group.
@@ -88,4 +93,7 @@ pub enum CollectiveError {
     Broken(String),
     #[error("collective setup failed: {0}")]
     Setup(String),
+    /// A GPU collective (RCCL) or its device staging failed.
+    #[error("{op}: device error: {detail}")]
+    Device { op: &'static str, detail: String },
 }
