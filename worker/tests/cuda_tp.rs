@@ -9,8 +9,9 @@
 //! - With `TESSERA_GPU_TESTS=1` and two GPUs, over a two-sequence prefill and
 //!   teacher-forced decode steps replayed from CUDA graphs (relative L2 error of all logits
 //!   <= 1e-2, or twice the model's own noise floor where that is higher: the one-GPU
-//!   model with its prompts prefilled in 4 chunks against 1; argmax agreement >= 95%; and
-//!   the ranks that produce logits agree):
+//!   model with its prompts prefilled in 4 chunks against 1; argmax equal on >= 95% of rows,
+//!   or on as many as twice the floor's differing rows allow; and the ranks that produce
+//!   logits agree):
 //!   SmolLM2 at pp=2; a random-weight llama-3.1-8b shape (`--synthetic`, whose split is the
 //!   one-GPU model split) at tp=2 and at pp=2; and with `TESSERA_TORCH_REF=<dir>` (the
 //!   random Qwen3 checkpoint of bench/gpu/torch_qwen3_ref.py, 16 heads / 8 KV heads) at tp=2.
@@ -216,16 +217,18 @@ fn check_split(
     let vocab = one.config().vocab_size;
     let (want, _) = run_script(&mut one, seqs);
     let (reordered, _) = run_script_chunked(&mut one, seqs, PREFILL / 4);
-    let (floor, _) = compare(&reordered, &want, vocab);
+    let (floor, floor_agree) = compare(&reordered, &want, vocab);
     drop(one);
     // The issue's bound, or twice the model's own noise floor where that is above it (a
     // deep random bf16 model: a rounding flip in the bf16 residual stream propagates).
     let bound = f64::max(1e-2, 2.0 * floor);
+    // Likewise argmax: at most 5% of rows differ, or twice as many as differ at the floor.
+    let rows = want.len() / vocab;
+    let max_differ = usize::max(rows / 20, 2 * (rows - floor_agree));
     eprintln!("RESULT {label}: one GPU, prompts in 4 chunks vs 1: relative L2 error {floor:.3e} (noise floor)");
     let ranks = per_rank(splits, load, |_, mut m| (m.samples(), run_script(&mut m, seqs)));
     let ranks: Vec<_> =
         ranks.into_iter().enumerate().map(|(r, x)| x.unwrap_or_else(|e| panic!("{label} rank {r}: {e}"))).collect();
-    let rows = want.len() / vocab;
     let mut producers: Vec<&Vec<f32>> = Vec::new();
     for (r, (samples, (got, graphs))) in ranks.iter().enumerate() {
         assert!(graphs.iter().all(|&g| g), "{label} rank {r}: a decode step ran without its CUDA graph");
@@ -245,7 +248,7 @@ fn check_split(
              {dec:.3e}), argmax equal {agree}/{rows} = {pct:.1}%"
         );
         assert!(err <= bound, "{label} rank {r}: relative L2 error {err:.3e} > {bound:.3e}");
-        assert!(pct >= 95.0, "{label} rank {r}: argmax agreement {pct:.1}% < 95%");
+        assert!(rows - agree <= max_differ, "{label} rank {r}: argmax differs on {} rows > {max_differ}", rows - agree);
     }
     let first = producers.first().unwrap_or_else(|| panic!("{label}: no rank produced logits"));
     for other in &producers[1..] {
