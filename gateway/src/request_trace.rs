@@ -1,4 +1,5 @@
-//! One trace per generation request, and its log line. The root span (`chat <model>` or
+//! One trace per generation request, and its log line. The root span (`chat <model>` for
+//! `/v1/chat/completions` and Anthropic's `/v1/messages`, told apart by `http.route`, or
 //! `text_completion <model>`, kind server) covers the whole request; its children are the
 //! phases `validate`, `tokenize` and `stream` (admission to the last event). The `stream`
 //! span is the current OpenTelemetry context while the engine admits the sequences, so the
@@ -33,12 +34,14 @@ use crate::validate::CommonParams;
 pub enum Operation {
     Chat,
     TextCompletion,
+    /// Anthropic's `/v1/messages`: a chat (`gen_ai.operation.name` "chat").
+    Messages,
 }
 
 impl Operation {
     pub fn as_str(self) -> &'static str {
         match self {
-            Operation::Chat => "chat",
+            Operation::Chat | Operation::Messages => "chat",
             Operation::TextCompletion => "text_completion",
         }
     }
@@ -47,6 +50,7 @@ impl Operation {
         match self {
             Operation::Chat => "/v1/chat/completions",
             Operation::TextCompletion => "/v1/completions",
+            Operation::Messages => "/v1/messages",
         }
     }
 }
@@ -188,10 +192,16 @@ impl RequestTrace {
     }
 
     fn record_error(&self, e: &ApiError) {
+        self.failed(e.status().as_u16(), e.error_type(), e.to_string());
+    }
+
+    /// Records a failure answered with `status` (for error shapes other than OpenAI's, such
+    /// as Anthropic's); the first failure recorded is the request's outcome.
+    pub fn failed(&self, status: u16, error_type: &'static str, message: String) {
         let mut t = self.tally();
         if t.error.is_none() {
-            t.status = e.status().as_u16();
-            t.error = Some((e.error_type(), e.to_string()));
+            t.status = status;
+            t.error = Some((error_type, message));
         }
     }
 
@@ -236,6 +246,7 @@ impl Drop for Inner {
             let error = t.error.as_ref().map(|(_, message)| message.as_str());
             tracing::info!(
                 operation = self.operation.as_str(),
+                route = self.operation.route(),
                 model = %self.model,
                 status = t.status,
                 input_tokens = t.input_tokens,

@@ -1,7 +1,8 @@
 //! Traces of generation requests, over the fake engine with spans captured in memory: the
 //! root (`chat <model>` / `text_completion <model>`) with its phases, the GenAI attributes
 //! and token usage, the engine called inside the `stream` phase (what the coordinator
-//! client injects as `traceparent`), a client's own `traceparent`, and refused requests.
+//! client injects as `traceparent`), a client's own `traceparent`, refused requests, and
+//! Anthropic's `/v1/messages` traced as a chat on its own route.
 
 mod common;
 
@@ -127,4 +128,53 @@ async fn a_refused_request_is_a_failed_root_without_a_stream() {
     assert!(root.error.is_some());
     assert!(spans.iter().all(|s| s.name != "stream" && s.name != "tokenize"), "{spans:?}");
     assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn anthropic_messages_are_traced_as_chats() {
+    let capture = capture();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let app = router(config(), engine("Hi there", seen.clone()));
+    let body = json!({"model": MODEL, "max_tokens": 4, "temperature": 0.25, "stream": true,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let r = post_json(&app, "/v1/messages", &body).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let start = r.events().into_iter().find(|e| e["type"] == "message_start").expect("message_start");
+    let id = start["message"]["id"].as_str().expect("id").to_owned();
+    assert!(id.starts_with("msg_"), "{id}");
+
+    let (root, spans) = trace_of(&capture, &id);
+    assert_eq!(root.name, format!("chat {MODEL}"));
+    assert_eq!(root.str("gen_ai.operation.name").as_deref(), Some("chat"));
+    assert_eq!(root.str("http.route").as_deref(), Some("/v1/messages"));
+    assert_eq!(root.int("gen_ai.request.max_tokens"), Some(4));
+    assert_eq!(root.attributes.get("gen_ai.request.temperature"), Some(&otel::Value::F64(0.25)));
+    assert_eq!(root.int("gen_ai.usage.input_tokens"), Some(chat_prompt("Hello").len() as i64));
+    assert_eq!(root.int("gen_ai.usage.output_tokens"), Some(4));
+    assert_eq!(strings(&root, "gen_ai.response.finish_reasons"), ["length"]);
+    assert_eq!(root.int("http.response.status_code"), Some(200));
+    for phase in ["validate", "tokenize"] {
+        child(&spans, &root, phase);
+    }
+    let stream = child(&spans, &root, "stream");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, [Some(format!("00-{}-{}-01", root.trace_id, stream.span_id))]);
+
+    // Refused: Anthropic's temperature range is [0, 1].
+    let caller = "2af7651916cd43dd8448eb211c80319c";
+    let body = json!({"model": MODEL, "max_tokens": 4, "temperature": 1.5,
+        "messages": [{"role": "user", "content": "x"}]});
+    let req = axum::http::Request::post("/v1/messages")
+        .header("content-type", "application/json")
+        .header("traceparent", format!("00-{caller}-b7ad6b7169203331-01"))
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let r = send(&app, req).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let spans = capture.trace(caller);
+    let root = spans.iter().find(|s| s.name.starts_with("chat ")).expect("root");
+    assert_eq!(root.str("http.route").as_deref(), Some("/v1/messages"));
+    assert_eq!(root.int("http.response.status_code"), Some(400));
+    assert_eq!(root.str("error.type").as_deref(), Some("invalid_request_error"));
+    assert!(spans.iter().all(|s| s.name != "stream"), "{spans:?}");
 }

@@ -342,3 +342,66 @@ async fn anthropic_tool_results_and_choices() {
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
     assert!(r.json()["error"]["message"].as_str().is_some_and(|m| m.contains("tool_choice")));
 }
+
+/// `auto` with a strict tool: the call grammar is set (strict schemas held, the other tools'
+/// arguments any object); without strict tools, or with a `response_format`, it is not. A
+/// strict schema llguidance cannot compile is a 400 on `tools`; a non-strict one is not read.
+#[tokio::test]
+async fn auto_with_strict_tools_sets_a_grammar() {
+    let (app, engine) = app_replying("Sunny.");
+    let impossible = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 2, "maximum": 1}}, "required": ["n"]});
+    let with_strict = |strict: bool, time_schema: Value| {
+        let mut t = openai_tools();
+        t[0]["function"]["strict"] = json!(strict);
+        t[1]["function"]["parameters"] = time_schema;
+        t
+    };
+    let grammar = |k: usize| match engine.log().requests[k].params.constraint.clone() {
+        Some(Constraint::Lark(g)) => g,
+        other => panic!("request {k}: {other:?}"),
+    };
+
+    let r =
+        post_json(&app, "/v1/chat/completions", &chat_body(json!({"tools": with_strict(true, impossible.clone())})))
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "Sunny.");
+    let g = grammar(0);
+    assert!(g.starts_with("start: TEXT? | open call (\"\\n<tool_call>\" call)*\n"), "{g}");
+    assert!(g.contains(r#""properties":{"city":{"type":"string"}}"#) && g.contains(r#""lenient":false"#), "{g}");
+    assert!(!g.contains("minimum"), "the non-strict tool's schema is not in the grammar: {g}");
+
+    let single = json!({"tools": with_strict(true, json!({"type": "object"})), "parallel_tool_calls": false});
+    assert_eq!(post_json(&app, "/v1/chat/completions", &chat_body(single)).await.status, StatusCode::OK);
+    assert!(grammar(1).starts_with("start: TEXT? | open call\n"), "{}", grammar(1));
+
+    let lax = json!({"tools": with_strict(false, impossible.clone())});
+    assert_eq!(post_json(&app, "/v1/chat/completions", &chat_body(lax)).await.status, StatusCode::OK);
+    assert_eq!(engine.log().requests[2].params.constraint, None);
+
+    let formatted =
+        json!({"tools": with_strict(true, json!({"type": "object"})), "response_format": {"type": "json_object"}});
+    assert_eq!(post_json(&app, "/v1/chat/completions", &chat_body(formatted)).await.status, StatusCode::OK);
+    assert_eq!(engine.log().requests[3].params.constraint, Some(Constraint::JsonObject));
+
+    // Anthropic's `strict` on a tool.
+    let mut tools = anthropic_tools();
+    tools[1]["strict"] = json!(true);
+    let r = post_json(&app, "/v1/messages", &messages_body(json!({"tools": tools}))).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+    assert!(grammar(4).contains(r#""properties":{"tz":{"type":"string"}}"#), "{}", grammar(4));
+    tools[1]["strict"] = json!("yes");
+    let r = post_json(&app, "/v1/messages", &messages_body(json!({"tools": tools}))).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("tools[1].strict"), "{message}");
+
+    // A strict schema that cannot be compiled.
+    let mut bad = with_strict(false, json!({"type": "object"}));
+    bad[0]["function"]["parameters"] = impossible;
+    bad[0]["function"]["strict"] = json!(true);
+    let r = post_json(&app, "/v1/chat/completions", &chat_body(json!({"tools": bad}))).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["param"], "tools");
+    assert_eq!(engine.log().requests.len(), 5);
+}

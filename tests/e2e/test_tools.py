@@ -107,3 +107,38 @@ def test_unknown_named_tool_is_rejected(client, cluster):
                                        tools=OPENAI_TOOLS, tool_choice={"type": "function", "function": {"name": "x"}},
                                        max_tokens=4)
     assert e.value.body["param"] == "tool_choice"
+
+
+
+def test_auto_with_a_strict_tool_is_text_or_valid_calls(client, cluster):
+    """Under `auto`, a strict tool's calls are held to its schema while text stays free. Cold,
+    the 135M model answers in text, which must not be read as a call. With the bytes of
+    `<tool_call>` pushed up by logit_bias it starts a call, and the grammar must then finish
+    it as a valid one (one call: `parallel_tool_calls` false)."""
+    tools = [{"type": "function", "function": {**OPENAI_TOOLS[0]["function"], "strict": True}}]
+    messages = [{"role": "user", "content": QUESTION}]
+    for seed in range(3):
+        r = client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=tools, temperature=1.0,
+                                           seed=seed, max_tokens=48)
+        choice = r.choices[0]
+        assert "<tool_call>" not in (choice.message.content or ""), choice
+        for call in choice.message.tool_calls or []:
+            assert call.function.name == "get_weather"
+            if choice.finish_reason == "tool_calls":
+                check_args(json.loads(call.function.arguments))
+
+    tag = cluster.post("/tokenize", {"prompt": "<tool_call>", "add_special_tokens": False}).json()["tokens"]
+    bias = {str(t): 12 for t in tag}
+    calls = 0
+    for seed in range(3):
+        r = client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=tools, temperature=0.8,
+                                           seed=seed, max_tokens=96, logit_bias=bias, parallel_tool_calls=False)
+        choice = r.choices[0]
+        assert "<tool_call>" not in (choice.message.content or ""), choice
+        if choice.message.tool_calls:
+            calls += 1
+            assert choice.finish_reason == "tool_calls", choice
+            [call] = choice.message.tool_calls
+            assert call.function.name == "get_weather"
+            check_args(json.loads(call.function.arguments))
+    assert calls > 0, "the biased model never started a call"

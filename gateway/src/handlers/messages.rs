@@ -9,6 +9,7 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tessera_telemetry::trace::FutureExt;
 
 use crate::anthropic::convert::{self, stop_reason};
 use crate::anthropic::errors::AnthropicError;
@@ -22,6 +23,7 @@ use crate::body::{parse_json, RawBody};
 use crate::error::ApiError;
 use crate::generate::{self, PromptPlan};
 use crate::ids::new_id;
+use crate::request_trace::{Operation, RequestTrace};
 use crate::tools;
 use crate::validate;
 
@@ -40,21 +42,43 @@ pub async fn messages(
     headers: HeaderMap,
     body: Result<RawBody, ApiError>,
 ) -> Result<Response, AnthropicError> {
-    convert::check_version(&headers)?;
+    let trace = RequestTrace::start(Operation::Messages, state.model_name(), &headers);
+    let result = messages_traced(state, &headers, body, &trace).with_context(trace.context()).await;
+    if let Err(e) = &result {
+        trace.failed(e.status().as_u16(), e.error_type(), e.to_string());
+    }
+    result
+}
+
+async fn messages_traced(
+    state: AppState,
+    headers: &HeaderMap,
+    body: Result<RawBody, ApiError>,
+    trace: &RequestTrace,
+) -> Result<Response, AnthropicError> {
+    let validate = trace.phase("validate");
+    convert::check_version(headers)?;
     let RawBody(body) = body?;
     let req: MessagesRequest = parse_json(&body)?;
     let mut params = convert::params(&state, &req)?;
     // Text, tool_use and tool_result blocks, tools and tool_choice (tools/anthropic.rs).
     let prepared = tools::anthropic::prepare(&state, &body)?;
     tools::grammar::apply(&state, &prepared.tools, prepared.syntax, &mut params.spec).await?;
+    trace.request(&params);
+    drop(validate);
+
+    let tokenize = trace.phase("tokenize");
     let ids = prompt_ids(&state, &prepared.prompt)?;
     let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "messages")?;
     let input_tokens = ids.len() as u32;
     let prompts = [PromptPlan { ids, max_tokens }];
+    drop(tokenize);
 
     let id = new_id("msg").replacen('-', "_", 1);
     let model = state.model_name().to_owned();
-    let mut choices = generate::start(&state, &id, &prompts, &params).await?;
+    let choices =
+        generate::start(&state, &id, &prompts, &params).with_context(trace.begin_stream(&id, &prompts)).await?;
+    let mut choices = trace.observe(choices);
     let usage = MessageUsage { input_tokens, output_tokens: 0 };
     if prepared.tools.active() {
         let choice = choices.pop().ok_or_else(|| ApiError::Internal("no choice stream".to_owned()))?;

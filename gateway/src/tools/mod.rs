@@ -1,8 +1,9 @@
 //! Tool calling for both APIs (issue 10): the request side (tool definitions and
 //! `tool_choice`, validated), rendering tools and tool turns into the prompt (the model's own
 //! chat template when it handles tools, else the documented fallback format of
-//! docs/tools.md), the grammar that forces a call when one is required, and the incremental
-//! parser that finds calls in the model's output while it streams.
+//! docs/tools.md), the grammars that hold calls to their schemas (a forced call, or `auto`
+//! with strict tools), and the incremental parser that finds calls in the model's output
+//! while it streams.
 
 pub mod anthropic;
 pub mod grammar;

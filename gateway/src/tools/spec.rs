@@ -18,8 +18,8 @@ pub struct ToolDef {
     pub description: Option<String>,
     /// A JSON Schema object for the arguments.
     pub parameters: Value,
-    /// OpenAI's `strict`: the arguments must follow the schema (enforced when a call is
-    /// forced; see docs/tools.md).
+    /// `strict` (OpenAI `function.strict`, Anthropic `strict`): the arguments must follow the
+    /// schema (enforced by the call grammar, forced or `auto`; see docs/tools.md).
     pub strict: bool,
 }
 
@@ -119,6 +119,15 @@ fn schema(value: Option<&Value>, param: &str) -> Result<Value, ApiError> {
     }
 }
 
+/// A tool's optional `strict` flag (OpenAI `function.strict`, Anthropic `strict`).
+fn strict(value: Option<&Value>, param: &str) -> Result<bool, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(param, "strict must be a boolean")),
+    }
+}
+
 fn unique(tools: &[ToolDef], param: impl Fn(usize) -> String) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
         if tools[..i].iter().any(|u| u.name == t.name) {
@@ -175,13 +184,7 @@ pub fn openai_tools(
                         ))
                     }
                 };
-                let strict = match f.get("strict") {
-                    None | Some(Value::Null) => false,
-                    Some(Value::Bool(b)) => *b,
-                    Some(_) => {
-                        return Err(ApiError::invalid(format!("{p}.function.strict"), "strict must be a boolean"))
-                    }
-                };
+                let strict = strict(f.get("strict"), &format!("{p}.function.strict"))?;
                 let parameters = schema(f.get("parameters"), &format!("{p}.function.parameters"))?;
                 Ok(ToolDef { name: name.to_owned(), description, parameters, strict })
             })
@@ -255,7 +258,8 @@ pub fn anthropic_tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<
                         ))
                     }
                 };
-                Ok(ToolDef { name: name.to_owned(), description, parameters, strict: false })
+                let strict = strict(item.get("strict"), &format!("{p}.strict"))?;
+                Ok(ToolDef { name: name.to_owned(), description, parameters, strict })
             })
             .collect::<Result<Vec<_>, _>>()?,
         Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
