@@ -59,18 +59,9 @@ pub use stub::{device_count, Device};
 
 pub use half::bf16;
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for f32 {}
-    impl Sealed for u32 {}
-}
-
-/// Element types a HIP device buffer can hold: plain data of 2 or 4 bytes.
-pub trait Elem: sealed::Sealed + Copy + Send + Sync + 'static {}
-impl Elem for half::bf16 {}
-impl Elem for f32 {}
-impl Elem for u32 {}
+/// Element types a HIP device buffer can hold: the CUDA platform's (`bf16`, `f32`, `u32`),
+/// one sealed list for both backends.
+pub use crate::cuda::Elem;
 
 #[cfg(test)]
 mod tests {
