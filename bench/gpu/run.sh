@@ -30,7 +30,7 @@
 # the `model` stage joins the parts. Logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-KERNEL_TESTS="cuda_ops cuda_attention cuda_qkv cuda_init cuda_sampling cuda_gemv cuda_nccl cuda_token_mask"
+KERNEL_TESTS=${KERNEL_TESTS:-"cuda_ops cuda_attention cuda_qkv cuda_init cuda_sampling cuda_gemv cuda_gemv_fused cuda_nccl cuda_token_mask"}
 MODEL=${TESSERA_MODEL_PATH:-$HOME/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
 test_exe() { # crate test-name features -> path of the built test binary

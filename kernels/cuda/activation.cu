@@ -4,8 +4,6 @@
 // (gate = base, up = base + cols, stride = 2 * cols). Grid-stride over the elements;
 // the _vec8 kernel needs cols and in_stride multiples of 8 (16-byte accesses).
 
-__device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
-
 extern "C" __global__ void silu_mul(bf16* __restrict__ out, const bf16* __restrict__ gate, const bf16* __restrict__ up,
                                     u64 n_rows, u32 cols, u64 in_stride) {
     const u64 n = n_rows * cols;

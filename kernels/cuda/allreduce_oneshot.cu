@@ -24,7 +24,9 @@
 //      (acquire), then __syncthreads;
 //   4. every thread sums its indices over the ranks' data[parity] in rank order 0..world
 //      (f32 accumulation, one bf16 rounding), so every rank gets bit-identical results,
-//      and writes them into `buf` (its own value is read from `buf` itself: same bits);
+//      and writes them into `buf` (its own value is read from `buf` itself: same bits),
+//      or, given a `residual` stream, adds them to it instead (residual = bf16(residual +
+//      bf16(sum)), the rounding of an all-reduce followed by a separate add);
 //   5. thread 0 stores epochs[b] = e.
 //
 // Memory ordering. Release: the block's plain stores of step 1 happen before the flag store
@@ -98,9 +100,11 @@ __device__ __forceinline__ u64 global_timer_ns() {
 // `regions.p[r]`: rank r's region as mapped in this process (r < world; the rest unused);
 // `self` = regions.p[rank]. The array is only ever indexed by unrolled constants: a run-time
 // index would copy it to local memory.
+// `residual`: null (the sums go to `buf`) or [n] bf16 the sums are added to (buf unchanged).
 // Grid: the same number of blocks (<= ONESHOT_MAX_BLOCKS) on every rank, every call.
-extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(
-    bf16* buf, u64 n, u32 rank, u32 world, u64 cap_bytes, u64 timeout_ns, char* self, const OneshotRegions regions) {
+extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u64 n, u32 rank, u32 world,
+                                                                    u64 cap_bytes, u64 timeout_ns, char* self,
+                                                                    const OneshotRegions regions, bf16* residual) {
     const u32 b = blockIdx.x, tid = threadIdx.x;
     u32* epochs = (u32*)(self + ONESHOT_EPOCHS_OFFSET);
 
@@ -164,7 +168,15 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(
                 for (int i = 0; i < 8; ++i) acc[i] += t[i];
             }
         }
-        buf_v[v] = pack8(acc);
+        if (residual) {
+            float r[8];
+            unpack8(((const uint4*)residual)[v], r);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[i] = bf16_to_f32(f32_to_bf16(acc[i])) + r[i];
+            ((uint4*)residual)[v] = pack8(acc);
+        } else {
+            buf_v[v] = pack8(acc);
+        }
     }
     if (gtid < tail) {
         const u64 i = n_vec * 8 + gtid;
@@ -177,7 +189,11 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(
                 acc = r == 0 ? bf16_to_f32(x) : acc + bf16_to_f32(x);
             }
         }
-        buf[i] = f32_to_bf16(acc);
+        if (residual) {
+            residual[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(acc)) + bf16_to_f32(residual[i]));
+        } else {
+            buf[i] = f32_to_bf16(acc);
+        }
     }
 
     // 5. This block finished call `epoch`.

@@ -28,6 +28,9 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
 
 #define BF16_NAN ((bf16)0x7fc0u)
 
+// SwiGLU's gate: silu(g) = g / (1 + e^-g) (activation.cu, and the fused decode GEMV's epilogue).
+__device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
+
 // 8 bf16 values in one 16-byte word: the unit of every vectorised load and store.
 __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
     u32 w[4] = {v.x, v.y, v.z, v.w};

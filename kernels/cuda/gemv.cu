@@ -30,10 +30,23 @@
 // only correct when the kernel launched just before did not write w (weights are static).
 // Without the launch attribute both griddepcontrol instructions are no-ops.
 //
+// Fused decode modes (one kernel where a layer had two or three; gemv.rs launches them):
+// - NORM: out = rms_norm(x; gamma, eps) · Wᵀ. Each CTA first normalises x's m rows into
+//   shared memory (x is the residual stream, a few KB, read from L2 by every CTA; the sum
+//   of squares in the order of norm.cu's block kernel at 256 threads), and the fragments'
+//   x values come from there instead of the ring. Replaces the rms_norm before qkv.
+// - NORM_SWIGLU: act = silu(g) * u where g | u = rms_norm(x) · [Wg; Wu]ᵀ, W the packed
+//   gate|up weight [2 ffn, cols]: a tile is 8 gate rows and the same 8 up rows (fragment
+//   rows g and g + 8), so both halves of an output meet in the tile's epilogue, rounded to
+//   bf16 first as the unfused GEMM + silu_mul pair rounds them. Replaces norm and SwiGLU.
+// - RESIDUAL: out += x · Wᵀ in place on the bf16 residual stream, out = bf16(out +
+//   bf16(sum)) as the unfused GEMM + add_rms_norm pair rounds it. Replaces that add.
+//
 // Requirements (checked by the launcher): cols % 8 == 0 (16-byte aligned rows), 1 <= m <= 8,
 // rows and cols < 2^31, blockDim.x = 32 nw with nw <= GEMV_MAX_WARPS and nw <= the chunk
-// count, gridDim.x <= the tile count, dynamic shared memory nw * (P * GEMV_STAGE_BYTES +
-// 2 * GEMV_RED_BYTES).
+// count, gridDim.x <= the tile count, dynamic shared memory nw * (P * GEMV_STAGE_BYTES(slots) +
+// 2 * GEMV_RED_BYTES), plus m * gemv_xn_pitch(cols) * 2 bytes in the NORM modes;
+// NORM_SWIGLU: rows (2 ffn) even.
 
 // NVIDIA only (mma.sync, cp.async, griddepcontrol in PTX): an AMD build of this module is empty
 // and the HIP backend sends every GEMM, small m included, to rocBLAS.
@@ -44,11 +57,16 @@
 #define GEMV_MAX_M 8
 #define GEMV_CHUNK 64
 // Per lane and stage: 16-byte slots for rows g, g + 8 and x row g at columns t * 8 and
-// 32 + t * 8 of the chunk, slot s of all 32 lanes contiguous (512 bytes).
-#define GEMV_SLOTS 6
-#define GEMV_STAGE_BYTES (GEMV_SLOTS * 32 * 16)
+// 32 + t * 8 of the chunk, slot s of all 32 lanes contiguous (512 bytes). The modes that
+// read x from shared memory (NORM, NORM_SWIGLU) use the first 4 slots only.
+#define GEMV_STAGE_BYTES(slots) ((slots) * 32 * 16)
 // One warp's parked accumulators: 16 rows x 8 n f32 (two buffers, alternate tiles).
 #define GEMV_RED_BYTES (GEMV_ROWS * GEMV_MAX_M * 4)
+
+#define GEMV_PLAIN 0
+#define GEMV_NORM 1
+#define GEMV_NORM_SWIGLU 2
+#define GEMV_RESIDUAL 3
 
 // w: L2-only (.cg), 256-byte L2 prefetch, evict-first policy. bytes = 0 writes zeros.
 __device__ __forceinline__ void gemv_cp_w(u32 dst, const bf16* src, int bytes, u64 policy) {
@@ -101,18 +119,88 @@ __device__ __forceinline__ void gemv_store(void* out, u64 i, float v) {
     }
 }
 
+// bf16 rounding of an f32 value, kept as f32 (what a bf16 store and reload gives).
+__device__ __forceinline__ float gemv_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// Row pitch (values) of the normalised x in shared memory: the smallest >= cols that is 32
+// mod 64, so consecutive rows start 64 bytes apart in the banks and each 8-lane phase of a
+// 16-byte read (fragment rows g, g + 1 x 4 lanes) touches all 32 banks once. gemv.rs sizes
+// the shared memory with the same formula.
+__device__ __forceinline__ int gemv_xn_pitch(int cols) { return cols + (96 - cols % 64) % 64; }
+
+// NORM modes' prologue: xn[n] = bf16(x[n] * rsqrt(mean(x[n]^2) + eps) * gamma) for the m
+// rows, into shared memory at `xn`, with norm.cu's arithmetic (per-thread sums over
+// 16-byte vectors strided by the block, warp sums, then the warps' sums added as
+// block_sum adds them). The raw rows are copied in first, all at once (cp.async, one
+// group: one L2 round trip whatever m is), then squared, summed and scaled in place.
+// `scratch`: GEMV_MAX_M x 32 floats (the accumulator parking space, unused until the
+// first tile ends). Waits for every copy this thread has in flight, w's included.
+__device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict__ x, const bf16* __restrict__ gamma,
+                                               int m, int cols, float eps, float* scratch) {
+    const int nv = cols >> 3, pitch = gemv_xn_pitch(cols);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    const u32 base = (u32)__cvta_generic_to_shared(xn);
+    for (int j = threadIdx.x; j < m * nv; j += blockDim.x) {
+        const int n = j / nv, i = j - n * nv;
+        gemv_cp_x(base + (u32)((n * pitch + i * 8) * 2), x + (u64)n * cols + i * 8, 16);
+    }
+    gemv_commit();
+    gemv_wait<0>();
+    __syncthreads();
+    for (int n = 0; n < m; ++n) {
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float v[8];
+            unpack8(*reinterpret_cast<const uint4*>(xn + n * pitch + i * 8), v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) scratch[n * 32 + warp] = ss;
+    }
+    __syncthreads();
+    float s[GEMV_MAX_M];
+#pragma unroll
+    for (int n = 0; n < GEMV_MAX_M; ++n) {
+        s[n] = n < m ? rsqrtf(warp_sum(lane < n_warps ? scratch[n * 32 + lane] : 0.f) / (float)cols + eps) : 0.f;
+    }
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float g[8];
+        unpack8(reinterpret_cast<const uint4*>(gamma)[i], g);
+#pragma unroll
+        for (int n = 0; n < GEMV_MAX_M; ++n) {
+            if (n < m) {
+                uint4* p = reinterpret_cast<uint4*>(xn + n * pitch + i * 8);
+                float v[8];
+                unpack8(*p, v);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v[k] = (v[k] * s[n]) * g[k];
+                *p = pack8(v);
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // A warp's position in its item sequence: the j-th of its chunks of tile `tile`.
 struct GemvCursor {
     int tile, j;
 };
 
-template <bool OUT_F32, int P>
+template <bool OUT_F32, int P, int MODE>
 __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __restrict__ x,
-                                          const bf16* __restrict__ w, int m, int rows, int cols, int early_w) {
+                                          const bf16* __restrict__ w, int m, int rows, int cols, int early_w,
+                                          const bf16* __restrict__ gamma, float eps) {
+    constexpr bool XS = MODE == GEMV_NORM || MODE == GEMV_NORM_SWIGLU;  // x from shared memory
+    constexpr int STAGE = GEMV_STAGE_BYTES(XS ? 4 : 6);
     extern __shared__ uint4 gemv_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tiles = (rows + GEMV_ROWS - 1) / GEMV_ROWS;
+    // NORM_SWIGLU: `rows` is 2 ffn; a tile takes ffn features j0..j0+8 (gate row j, up row
+    // ffn + j). Else a tile is 16 consecutive rows.
+    const int half = rows >> 1;
+    const int tile_rows = MODE == GEMV_NORM_SWIGLU ? 8 : GEMV_ROWS;
+    const int tiles = ((MODE == GEMV_NORM_SWIGLU ? half : rows) + tile_rows - 1) / tile_rows;
     const int chunks = (cols + GEMV_CHUNK - 1) / GEMV_CHUNK;
     const int per_tile = (chunks - warp + nw - 1) / nw;  // >= 1: nw <= chunks
     const int my_tiles = ((int)blockIdx.x < tiles) ? (tiles - (int)blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
@@ -121,18 +209,34 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     const bf16* xr = x + (u64)(has_x ? g : 0) * cols + t * 8;
     u64 policy;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    // This lane's slot 0 of stage 0; slot s of stage p is 512 s + GEMV_STAGE_BYTES p further.
+    // This lane's slot 0 of stage 0; slot s of stage p is 512 s + STAGE p further.
     const u32 smem = (u32)__cvta_generic_to_shared(gemv_smem);
-    const u32 ring = smem + (u32)(warp * P * GEMV_STAGE_BYTES + lane * 16);
-    float* red = reinterpret_cast<float*>(reinterpret_cast<char*>(gemv_smem) + nw * P * GEMV_STAGE_BYTES);
+    const u32 ring = smem + (u32)(warp * P * STAGE + lane * 16);
+    char* after_ring = reinterpret_cast<char*>(gemv_smem) + nw * P * STAGE;
+    float* red = reinterpret_cast<float*>(after_ring);
+    // NORM modes: the normalised x rows.
+    bf16* xn = reinterpret_cast<bf16*>(after_ring + 2 * nw * GEMV_RED_BYTES);
+    const u32 xn_lane = (u32)__cvta_generic_to_shared(xn) + (u32)(((has_x ? g : 0) * gemv_xn_pitch(cols) + t * 8) * 2);
 
-    // Columns past the end (cols % 64 != 0) are copied as zeros from a valid address; rows
-    // past the end re-read the last row (their sums are never stored).
+    // W rows of fragment rows g and g + 8 in tile `tile`. Rows past the end re-read the
+    // last valid one (their sums are never stored).
+    auto w_rows = [&](int tile, const bf16*& lo, const bf16*& hi) {
+        if (MODE == GEMV_NORM_SWIGLU) {
+            const int j = min(tile * 8 + g, half - 1);
+            lo = w + (u64)j * cols + t * 8;
+            hi = w + (u64)(half + j) * cols + t * 8;
+        } else {
+            const int r0 = tile * GEMV_ROWS;
+            lo = w + (u64)min(r0 + g, rows - 1) * cols + t * 8;
+            hi = w + (u64)min(r0 + g + 8, rows - 1) * cols + t * 8;
+        }
+    };
+    // Columns past the end (cols % 64 != 0) are copied as zeros from a valid address.
     auto issue_w = [&](GemvCursor q, int p) {
-        const int r0 = q.tile * GEMV_ROWS, k0 = (warp + q.j * nw) * GEMV_CHUNK;
-        const bf16* lo = w + (u64)min(r0 + g, rows - 1) * cols + t * 8;
-        const bf16* hi = w + (u64)min(r0 + g + 8, rows - 1) * cols + t * 8;
-        const u32 st = ring + (u32)(p * GEMV_STAGE_BYTES);
+        const int k0 = (warp + q.j * nw) * GEMV_CHUNK;
+        const bf16 *lo, *hi;
+        w_rows(q.tile, lo, hi);
+        const u32 st = ring + (u32)(p * STAGE);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int k = k0 + 32 * h;
@@ -143,14 +247,22 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         }
     };
     auto issue_x = [&](GemvCursor q, int p) {
+        if (XS) return;
         const int k0 = (warp + q.j * nw) * GEMV_CHUNK;
-        const u32 st = ring + (u32)(p * GEMV_STAGE_BYTES);
+        const u32 st = ring + (u32)(p * STAGE);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int k = k0 + 32 * h;
             const bool in = k + t * 8 < cols;
             gemv_cp_x(st + (4 + h) * 512, xr + (in ? k : 0), in && has_x ? 16 : 0);
         }
+    };
+    // XS: x values of the item's two 32-column halves from the normalised rows; zero for
+    // rows past m and columns past the end (W is zero there, but x's padding is not).
+    auto read_xs = [&](GemvCursor q, int h) -> uint4 {
+        const int k = (warp + q.j * nw) * GEMV_CHUNK + 32 * h;
+        if (!has_x || k + t * 8 >= cols) return make_uint4(0u, 0u, 0u, 0u);
+        return gemv_lds(xn_lane + (u32)(k * 2));
     };
     auto advance = [&](GemvCursor& q) {
         if (++q.j == per_tile) {
@@ -162,7 +274,8 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     if (!early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // Prologue: w of the first P items (one group each), then x of the same items (one
-    // group, after the wait when w went first), all landed before the first use.
+    // group, after the wait when w went first), all landed before the first use. The NORM
+    // modes normalise x into shared memory instead, while w's copies fly.
     GemvCursor iq = {(int)blockIdx.x, 0};
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -173,12 +286,16 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         gemv_commit();
     }
     if (early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    GemvCursor xq = {(int)blockIdx.x, 0};
+    if (XS) {
+        gemv_normalise(xn, x, gamma, m, cols, eps, red);
+    } else {
+        GemvCursor xq = {(int)blockIdx.x, 0};
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-        if (p < items) {
-            issue_x(xq, p);
-            advance(xq);
+        for (int p = 0; p < P; ++p) {
+            if (p < items) {
+                issue_x(xq, p);
+                advance(xq);
+            }
         }
     }
     gemv_commit();
@@ -191,9 +308,11 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         // Item q has landed: it was issued P items ago with P - 1 groups committed since
         // (or in the prologue, already waited for).
         gemv_wait<P - 1>();
-        const u32 st = ring + (u32)(p * GEMV_STAGE_BYTES);
+        const u32 st = ring + (u32)(p * STAGE);
         const uint4 lo0 = gemv_lds(st), hi0 = gemv_lds(st + 512), lo1 = gemv_lds(st + 1024);
-        const uint4 hi1 = gemv_lds(st + 1536), x0 = gemv_lds(st + 2048), x1 = gemv_lds(st + 2560);
+        const uint4 hi1 = gemv_lds(st + 1536);
+        const uint4 x0 = XS ? read_xs(cq, 0) : gemv_lds(st + 2048);
+        const uint4 x1 = XS ? read_xs(cq, 1) : gemv_lds(st + 2560);
         gemv_step(c, lo0, hi0, x0);
         gemv_step(c, lo1, hi1, x1);
         // Refill the slots just read (the mmas consumed the registers read from them).
@@ -216,14 +335,35 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
             c[0] = c[1] = c[2] = c[3] = 0.f;
             __syncthreads();
             const float* rb = red + parity * nw * (GEMV_ROWS * GEMV_MAX_M);
-            const int row0 = cq.tile * GEMV_ROWS;
-            // Consecutive threads take consecutive rows of one output row: coalesced stores.
-            for (int i = threadIdx.x; i < GEMV_ROWS * m; i += blockDim.x) {
-                const int n = i / GEMV_ROWS, rr = i % GEMV_ROWS, row = row0 + rr;
-                if (row < rows) {
-                    float sum = 0.f;
-                    for (int v = 0; v < nw; ++v) sum += rb[v * (GEMV_ROWS * GEMV_MAX_M) + rr * GEMV_MAX_M + n];
-                    gemv_store<OUT_F32>(out, (u64)n * rows + row, sum);
+            auto tile_sum = [&](int rr, int n) {
+                float sum = 0.f;
+                for (int v = 0; v < nw; ++v) sum += rb[v * (GEMV_ROWS * GEMV_MAX_M) + rr * GEMV_MAX_M + n];
+                return sum;
+            };
+            if (MODE == GEMV_NORM_SWIGLU) {
+                const int j0 = cq.tile * 8;
+                for (int i = threadIdx.x; i < 8 * m; i += blockDim.x) {
+                    const int n = i / 8, rr = i % 8, j = j0 + rr;
+                    if (j < half) {
+                        const float gv = gemv_round(tile_sum(rr, n)), uv = gemv_round(tile_sum(rr + 8, n));
+                        static_cast<bf16*>(out)[(u64)n * half + j] = f32_to_bf16(silu_f(gv) * uv);
+                    }
+                }
+            } else {
+                // Consecutive threads take consecutive rows of one output row: coalesced.
+                const int row0 = cq.tile * GEMV_ROWS;
+                for (int i = threadIdx.x; i < GEMV_ROWS * m; i += blockDim.x) {
+                    const int n = i / GEMV_ROWS, rr = i % GEMV_ROWS, row = row0 + rr;
+                    if (row < rows) {
+                        const float sum = tile_sum(rr, n);
+                        const u64 o = (u64)n * rows + row;
+                        if (MODE == GEMV_RESIDUAL) {
+                            bf16* res = static_cast<bf16*>(out);
+                            res[o] = f32_to_bf16(bf16_to_f32(res[o]) + gemv_round(sum));
+                        } else {
+                            gemv_store<OUT_F32>(out, o, sum);
+                        }
+                    }
                 }
             }
             parity ^= 1;
@@ -233,19 +373,28 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     gemv_wait<0>();
 }
 
-#define GEMV_ENTRY(name, F32, P)                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * 32)                                         \
-        name(void* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int rows, \
-             int cols, int early_w) {                                                                          \
-        gemv_body<F32, P>(out, x, w, m, rows, cols, early_w);                                                  \
+#define GEMV_ENTRY(name, F32, P, MODE)                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * 32)                                          \
+        name(void* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int rows,  \
+             int cols, int early_w, const bf16* __restrict__ gamma, float eps) {                               \
+        gemv_body<F32, P, MODE>(out, x, w, m, rows, cols, early_w, gamma, eps);                                 \
     }
 
-// gemv_<output type>_p<ring stages>; the launcher picks one (gemv.rs).
-GEMV_ENTRY(gemv_bf16_p2, false, 2)
-GEMV_ENTRY(gemv_bf16_p4, false, 4)
-GEMV_ENTRY(gemv_bf16_p6, false, 6)
-GEMV_ENTRY(gemv_f32_p2, true, 2)
-GEMV_ENTRY(gemv_f32_p4, true, 4)
-GEMV_ENTRY(gemv_f32_p6, true, 6)
+// gemv_<output type or mode>_p<ring stages>; the launcher picks one (gemv.rs).
+GEMV_ENTRY(gemv_bf16_p2, false, 2, GEMV_PLAIN)
+GEMV_ENTRY(gemv_bf16_p4, false, 4, GEMV_PLAIN)
+GEMV_ENTRY(gemv_bf16_p6, false, 6, GEMV_PLAIN)
+GEMV_ENTRY(gemv_f32_p2, true, 2, GEMV_PLAIN)
+GEMV_ENTRY(gemv_f32_p4, true, 4, GEMV_PLAIN)
+GEMV_ENTRY(gemv_f32_p6, true, 6, GEMV_PLAIN)
+GEMV_ENTRY(gemv_norm_p2, false, 2, GEMV_NORM)
+GEMV_ENTRY(gemv_norm_p4, false, 4, GEMV_NORM)
+GEMV_ENTRY(gemv_norm_p6, false, 6, GEMV_NORM)
+GEMV_ENTRY(gemv_swiglu_p2, false, 2, GEMV_NORM_SWIGLU)
+GEMV_ENTRY(gemv_swiglu_p4, false, 4, GEMV_NORM_SWIGLU)
+GEMV_ENTRY(gemv_swiglu_p6, false, 6, GEMV_NORM_SWIGLU)
+GEMV_ENTRY(gemv_residual_p2, false, 2, GEMV_RESIDUAL)
+GEMV_ENTRY(gemv_residual_p4, false, 4, GEMV_RESIDUAL)
+GEMV_ENTRY(gemv_residual_p6, false, 6, GEMV_RESIDUAL)
 
 #endif  // TESSERA_HIP

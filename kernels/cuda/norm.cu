@@ -110,3 +110,22 @@ extern "C" __global__ void add_rms_norm_warp(bf16* __restrict__ out, bf16* resid
     rms_norm_row<true>(out + row * dim, residual + row * dim, x + row * dim, w, dim, eps, threadIdx.x % WARP_SIZE, WARP_SIZE, false,
                        nullptr);
 }
+
+// The residual add alone (after an all-reduce that could not add it itself):
+// residual = bf16(residual + x), [n] bf16 each; the _vec8 kernel needs n % 8 == 0.
+extern "C" __global__ void add_residual(bf16* residual, const bf16* __restrict__ x, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        residual[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(residual[i]));
+    }
+}
+
+extern "C" __global__ void add_residual_vec8(bf16* residual, const bf16* __restrict__ x, u64 n_vec) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += (u64)gridDim.x * blockDim.x) {
+        float a[8], r[8];
+        unpack8(reinterpret_cast<const uint4*>(x)[i], a);
+        unpack8(reinterpret_cast<const uint4*>(residual)[i], r);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a[k] += r[k];
+        reinterpret_cast<uint4*>(residual)[i] = pack8(a);
+    }
+}

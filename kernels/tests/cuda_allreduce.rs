@@ -225,6 +225,22 @@ fn check_all(dev: &Device, comm: &NcclComm, ar: &mut IpcAllReduce) {
     }
     eprintln!("rank {rank}: sizes 1 .. {largest} bit-exact");
 
+    // 1b. With the residual add: residual = bf16(residual + sum) bit for bit (the sum
+    // rounded first, as an all-reduce then an add rounds it), buf left as it was.
+    for (k, &n) in [1usize, 9, 4099, 32_768].iter().enumerate() {
+        let seed = 50 + k as u64;
+        let mine = input(seed, rank, n);
+        let res0 = input(seed + 100, 0, n); // the same residual stream on every rank
+        let sum = reference(seed, world, n);
+        let want: Vec<bf16> = sum.iter().zip(&res0).map(|(s, r)| bf16::from_f32(s.to_f32() + r.to_f32())).collect();
+        let (mut buf, mut res) = (dev.upload(&mine).unwrap(), dev.upload(&res0).unwrap());
+        dev.all_reduce_sum_small_add(ar, &mut buf, &mut res).unwrap();
+        assert_bits(&format!("add n={n} rank {rank}"), &dev.download(&res).unwrap(), &want, &res0);
+        let after = dev.download(&buf).unwrap();
+        assert!(after.iter().zip(&mine).all(|(a, m)| a.to_bits() == m.to_bits()), "add n={n}: buf was changed");
+    }
+    eprintln!("rank {rank}: all-reduce + residual add bit-exact");
+
     // 2. 1000 back-to-back calls of changing sizes and data, no host sync between them.
     const CALLS: usize = 1000;
     let sizes = [4099usize, 32_773, 1, 777, 8, 65_536];
@@ -312,6 +328,18 @@ fn check_all(dev: &Device, comm: &NcclComm, ar: &mut IpcAllReduce) {
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let (g, w) = (g.to_f32(), w.to_f32());
             assert!((g - w).abs() <= w.abs() / 128.0, "tp_all_reduce n={n} [{i}]: {g} vs {w}");
+        }
+    }
+    // ... and with the residual add, NCCL then add_residual above the limit.
+    for (seed, n) in [(7003u64, 4096usize), (7004, 50_001)] {
+        let mine = input(seed, rank, n);
+        let res0 = input(seed + 100, 0, n);
+        let (mut buf, mut res) = (dev.upload(&mine).unwrap(), dev.upload(&res0).unwrap());
+        dev.tp_all_reduce_add(comm, Some(ar), &mut buf, &mut res).unwrap();
+        let got = dev.download(&res).unwrap();
+        for (i, ((g, s), r)) in got.iter().zip(reference(seed, world, n)).zip(&res0).enumerate() {
+            let (g, w) = (g.to_f32(), s.to_f32() + r.to_f32());
+            assert!((g - w).abs() <= w.abs() / 64.0 + 1e-2, "tp_all_reduce_add n={n} [{i}]: {g} vs {w}");
         }
     }
     ar.set_max_bytes(usize::MAX);

@@ -146,6 +146,26 @@ fn norm_rejects_bad_shapes() {
     assert!(matches!(dev.rms_norm(&mut out, &x, &w4, 3, f32::NAN), Err(KernelError::Shape { .. })));
 }
 
+/// The residual add alone: bit for bit bf16(residual + x), on the 8-wide and the scalar
+/// kernels (lengths with and without a multiple of 8).
+#[test]
+fn add_residual_matches_cpu() {
+    let Some(dev) = gpu("add_residual_matches_cpu") else { return };
+    let mut r = rng(17);
+    for n in [1usize, 7, 8, 4096, 4099, 65_536] {
+        let (res0, x) = (rand_bf16(&mut r, n, -4.0, 4.0), rand_bf16(&mut r, n, -1.0, 1.0));
+        let (mut res, xd) = (dev.upload(&res0).unwrap(), dev.upload(&x).unwrap());
+        dev.add_residual(&mut res, &xd).unwrap();
+        let got = dev.download(&res).unwrap();
+        for (i, ((g, a), b)) in got.iter().zip(&res0).zip(&x).enumerate() {
+            let want = bf16::from_f32(a.to_f32() + b.to_f32());
+            assert_eq!(g.to_bits(), want.to_bits(), "add_residual n={n} [{i}]: {g} vs {want}");
+        }
+    }
+    let (mut a, b) = (dev.alloc::<bf16>(8).unwrap(), dev.alloc::<bf16>(9).unwrap());
+    assert!(dev.add_residual(&mut a, &b).is_err());
+}
+
 // ---------------------------------------------------------------- silu_mul
 
 #[test]

@@ -31,13 +31,14 @@ pub(crate) const MAX_M: usize = 8;
 const TILE_ROWS: usize = 16;
 /// Columns one warp takes per ring stage.
 const CHUNK_COLS: usize = 64;
-/// Shared memory per warp: `stages` ring stages of 6 × 32 16-byte slots, plus two buffers
-/// of parked accumulators (16 × 8 f32).
-const STAGE_BYTES: usize = 6 * 32 * 16;
+/// A ring stage's 16-byte slots per lane (two W rows and x at two column halves; the
+/// modes reading a normalised x from shared memory use the four W slots only).
+const SLOT_BYTES: usize = 32 * 16;
+/// Two buffers of parked accumulators per warp (16 × 8 f32).
 const RED_BYTES: usize = 2 * 16 * 8 * 4;
 /// The kernels' `__launch_bounds__` in warps.
 const MAX_WARPS: usize = 16;
-/// Ring depths compiled in gemv.cu (`gemv_{bf16,f32}_p{2,4,6}`).
+/// Ring depths compiled in gemv.cu (`gemv_{mode}_p{2,4,6}`).
 const STAGES: [usize; 3] = [2, 4, 6];
 
 /// Launch settings: the best geometric mean, among the settings that keep the default
@@ -61,40 +62,99 @@ const MAX_WEIGHTS: usize = 64 << 20;
 /// batches, W up to [`MAX_WEIGHTS`] values in rows of whole 16-byte vectors, and sizes the
 /// kernel's i32 indices hold.
 pub(crate) fn applies(m: usize, rows: usize, cols: usize) -> bool {
-    (1..=MAX_M).contains(&m)
-        && cols.is_multiple_of(8)
-        && rows.checked_mul(cols).is_some_and(|n| n <= MAX_WEIGHTS)
-        && i32::try_from(rows).is_ok()
-        && i32::try_from(cols).is_ok()
+    shape_fits(m, rows, cols) && rows.checked_mul(cols).is_some_and(|n| n <= MAX_WEIGHTS)
 }
 
-/// One compiled kernel (output type, ring depth) and what it needs per CTA.
+/// What every mode of the kernel needs of the shape.
+fn shape_fits(m: usize, rows: usize, cols: usize) -> bool {
+    (1..=MAX_M).contains(&m) && cols.is_multiple_of(8) && i32::try_from(rows).is_ok() && i32::try_from(cols).is_ok()
+}
+
+/// What the kernel does with x and its sums (gemv.cu's modes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Mode {
+    /// `out = x · Wᵀ`, bf16.
+    Bf16,
+    /// `out = x · Wᵀ`, f32.
+    F32,
+    /// `out = rms_norm(x) · Wᵀ`, the norm computed by every CTA into shared memory.
+    Norm,
+    /// `out = silu(g) * u`, `g | u = rms_norm(x) · Wᵀ` for W the packed gate|up weight.
+    NormSwiglu,
+    /// `out += x · Wᵀ` on the bf16 residual stream.
+    Residual,
+}
+
+impl Mode {
+    const ALL: [Mode; 5] = [Mode::Bf16, Mode::F32, Mode::Norm, Mode::NormSwiglu, Mode::Residual];
+
+    fn kernel_name(self) -> &'static str {
+        match self {
+            Mode::Bf16 => "bf16",
+            Mode::F32 => "f32",
+            Mode::Norm => "norm",
+            Mode::NormSwiglu => "swiglu",
+            Mode::Residual => "residual",
+        }
+    }
+
+    /// Whether x is normalised into shared memory (the ring then carries W only).
+    fn normalises(self) -> bool {
+        matches!(self, Mode::Norm | Mode::NormSwiglu)
+    }
+
+    fn slots(self) -> usize {
+        if self.normalises() {
+            4
+        } else {
+            6
+        }
+    }
+}
+
+/// Row pitch (values) of the normalised x in shared memory, as gemv.cu's `gemv_xn_pitch`:
+/// the smallest `>= cols` that is 32 mod 64 (bank-conflict-free fragment reads).
+fn xn_pitch(cols: usize) -> usize {
+    cols + (96 - cols % 64) % 64
+}
+
+/// Shared memory a CTA of a normalising mode needs beyond its warps' rings.
+fn xn_bytes(m: usize, cols: usize) -> usize {
+    m * xn_pitch(cols) * 2
+}
+
+/// One compiled kernel (mode, ring depth) and what it needs per CTA.
 struct Kernel {
     func: CudaFunction,
     smem_per_warp: usize,
-    /// Warps per CTA its shared memory allows on this device (<= MAX_WARPS).
+    /// Warps per CTA its shared memory allows on this device (<= MAX_WARPS), without the
+    /// normalised rows.
     max_warps: usize,
-    /// CTAs one SM holds at `w` warps per CTA (index w), 0 where none fits.
+    /// CTAs one SM holds at `w` warps per CTA (index w), 0 where none fits (plain modes;
+    /// the normalising ones ask the driver at launch, their memory depends on m and cols).
     blocks_per_sm: [u32; MAX_WARPS + 1],
 }
 
 impl Kernel {
-    fn new(func: CudaFunction, stages: usize, smem_optin: usize) -> Result<Self, KernelError> {
+    fn new(func: CudaFunction, mode: Mode, stages: usize, smem_optin: usize) -> Result<Self, KernelError> {
         const OP: &str = "cuda_gemv_load";
-        let smem_per_warp = stages * STAGE_BYTES + RED_BYTES;
+        let smem_per_warp = stages * mode.slots() * SLOT_BYTES + RED_BYTES;
         let max_warps = (smem_optin / smem_per_warp).min(MAX_WARPS);
         check(max_warps >= 1, OP, || {
             format!("the device allows {smem_optin} bytes of shared memory per block, a warp needs {smem_per_warp}")
         })?;
-        let bytes = i32::try_from(max_warps * smem_per_warp).unwrap_or(i32::MAX);
+        let limit = if mode.normalises() { smem_optin } else { max_warps * smem_per_warp };
+        let bytes = i32::try_from(limit).unwrap_or(i32::MAX);
         func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
             .map_err(dev_err(OP))?;
         let mut blocks_per_sm = [0u32; MAX_WARPS + 1];
-        for (warps, b) in blocks_per_sm.iter_mut().enumerate().take(max_warps + 1).skip(1) {
-            // 0 (no persistent grid, one CTA per tile) if the driver cannot say.
-            *b = func
-                .occupancy_max_active_blocks_per_multiprocessor(32 * warps as u32, warps * smem_per_warp, None)
-                .unwrap_or(0);
+        if !mode.normalises() {
+            for (warps, b) in blocks_per_sm.iter_mut().enumerate().take(max_warps + 1).skip(1) {
+                // 0 (no persistent grid, one CTA per tile) if the driver cannot say.
+                *b = func
+                    .occupancy_max_active_blocks_per_multiprocessor(32 * warps as u32, warps * smem_per_warp, None)
+                    .unwrap_or(0);
+            }
         }
         Ok(Kernel { func, smem_per_warp, max_warps, blocks_per_sm })
     }
@@ -102,9 +162,9 @@ impl Kernel {
 
 /// The GEMV kernels of module `gemv` and the launch settings in force.
 pub(crate) struct GemvKernels {
-    /// Indexed like [`STAGES`].
-    bf16: Vec<Kernel>,
-    f32: Vec<Kernel>,
+    /// Indexed by mode (as [`Mode::ALL`]), then like [`STAGES`].
+    kernels: Vec<Vec<Kernel>>,
+    smem_optin: usize,
     stages: AtomicUsize,
     warps: AtomicUsize,
     persistent: AtomicBool,
@@ -119,18 +179,47 @@ impl GemvKernels {
         f: &dyn Fn(&str, &str) -> Result<CudaFunction, KernelError>,
         smem_optin: usize,
     ) -> Result<Self, KernelError> {
-        let load = |ty: &str| -> Result<Vec<Kernel>, KernelError> {
-            STAGES.iter().map(|&s| Kernel::new(f("gemv", &format!("gemv_{ty}_p{s}"))?, s, smem_optin)).collect()
-        };
+        let kernels = Mode::ALL
+            .iter()
+            .map(|&mode| {
+                STAGES
+                    .iter()
+                    .map(|&s| {
+                        let func = f("gemv", &format!("gemv_{}_p{s}", mode.kernel_name()))?;
+                        Kernel::new(func, mode, s, smem_optin)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(GemvKernels {
-            bf16: load("bf16")?,
-            f32: load("f32")?,
+            kernels,
+            smem_optin,
             stages: AtomicUsize::new(DEFAULT_STAGES),
             warps: AtomicUsize::new(DEFAULT_WARPS),
             persistent: AtomicBool::new(DEFAULT_PERSISTENT),
             pdl: AtomicU8::new(DEFAULT_PDL),
         })
     }
+
+    /// Whether a normalising mode fits `m` rows of `cols` values next to the smallest ring
+    /// of one warp in a CTA's shared memory.
+    pub(crate) fn normalised_fits(&self, m: usize, cols: usize) -> bool {
+        let ring = STAGES[0] * Mode::Norm.slots() * SLOT_BYTES + RED_BYTES;
+        xn_bytes(m, cols) + ring <= self.smem_optin
+    }
+}
+
+/// One GEMV launch: the mode and its operands. `gamma` / `eps` are the norm's (normalising
+/// modes; ignored otherwise).
+pub(crate) struct GemvCall<'a> {
+    pub mode: Mode,
+    pub x: &'a Buf<bf16>,
+    pub m: usize,
+    pub w: &'a Buf<bf16>,
+    pub rows: usize,
+    pub cols: usize,
+    pub gamma: Option<&'a Buf<bf16>>,
+    pub eps: f32,
 }
 
 impl Device {
@@ -148,34 +237,71 @@ impl Device {
         rows: usize,
         cols: usize,
     ) -> Result<(), KernelError> {
+        let mode = if out_f32 { Mode::F32 } else { Mode::Bf16 };
+        let (op, _g) = out.device_ptr_mut(&self.stream);
+        self.gemv_launch(op, &GemvCall { mode, x, m, w, rows, cols, gamma: None, eps: 0.0 })
+    }
+
+    /// Launches `call` writing to `out` (a device pointer the caller holds the buffer of,
+    /// checked against the mode's output shape). Checks what the kernel requires of the
+    /// shape; the caller checked the buffers' lengths.
+    pub(crate) fn gemv_launch(&self, out: sys::CUdeviceptr, call: &GemvCall<'_>) -> Result<(), KernelError> {
         const OP: &str = "cuda_gemv";
+        let GemvCall { mode, x, m, w, rows, cols, gamma, eps } = *call;
+        let shape_err = || KernelError::Shape { op: OP, detail: format!("m={m} {rows}x{cols} ({mode:?})") };
+        if !shape_fits(m, rows, cols) || (mode == Mode::NormSwiglu && !rows.is_multiple_of(2)) {
+            return Err(shape_err());
+        }
         let g = &self.kernels.gemv;
-        let si = STAGES.iter().position(|&s| s == g.stages.load(Ordering::Relaxed)).unwrap_or(0);
-        let k = if out_f32 { &g.f32[si] } else { &g.bf16[si] };
+        let set = STAGES.iter().position(|&s| s == g.stages.load(Ordering::Relaxed)).unwrap_or(0);
+        let by_mode = &g.kernels[Mode::ALL.iter().position(|&k| k == mode).unwrap_or(0)];
         // Warps: the setting, within the kernel's limits and the chunk count, then evened
         // out so no warp has a chunk more per tile than needed (9 chunks: 5 warps of 2, not
         // 8 with one warp doing two).
         let chunks = cols.div_ceil(CHUNK_COLS);
-        let warps = g.warps.load(Ordering::Relaxed).clamp(1, k.max_warps).min(chunks);
+        let want = g.warps.load(Ordering::Relaxed).clamp(1, MAX_WARPS).min(chunks);
+        let extra = if mode.normalises() { xn_bytes(m, cols) } else { 0 };
+        // The ring depth in force, or the deepest shallower one whose CTA fits next to the
+        // normalised rows; warps as the setting asks, as far as the memory allows.
+        let (k, warps) = (0..=set)
+            .rev()
+            .find_map(|i| {
+                let k = &by_mode[i];
+                let room = g.smem_optin.saturating_sub(extra) / k.smem_per_warp;
+                let warps = want.min(k.max_warps).min(room);
+                (warps >= 1).then_some((k, warps))
+            })
+            .ok_or_else(|| KernelError::Shape {
+                op: OP,
+                detail: format!("m={m} x {cols} normalised rows leave no shared memory for the ring"),
+            })?;
         let warps = chunks.div_ceil(chunks.div_ceil(warps));
-        let tiles = rows.div_ceil(TILE_ROWS);
-        let wave = self.sm_count * k.blocks_per_sm[warps] as usize;
+        let smem = warps * k.smem_per_warp + extra;
+        let tile_rows = if mode == Mode::NormSwiglu { TILE_ROWS / 2 } else { TILE_ROWS };
+        let tiles = if mode == Mode::NormSwiglu { rows / 2 } else { rows }.div_ceil(tile_rows);
+        let per_sm = if mode.normalises() {
+            k.func.occupancy_max_active_blocks_per_multiprocessor(32 * warps as u32, smem, None).unwrap_or(0)
+        } else {
+            k.blocks_per_sm[warps]
+        };
+        let wave = self.sm_count * per_sm as usize;
         let grid = if g.persistent.load(Ordering::Relaxed) && wave > 0 { tiles.min(wave) } else { tiles };
         let pdl = g.pdl.load(Ordering::Relaxed);
 
-        let shape_err = || KernelError::Shape { op: OP, detail: format!("m={m} {rows}x{cols} exceeds i32") };
         let mut mi = i32::try_from(m).map_err(|_| shape_err())?;
         let mut ri = i32::try_from(rows).map_err(|_| shape_err())?;
         let mut ci = i32::try_from(cols).map_err(|_| shape_err())?;
         let mut early = i32::from(pdl == 2);
+        let mut eps = eps;
         let grid = u32::try_from(grid).map_err(|_| shape_err())?;
 
         let s = &self.stream;
-        let (op, _g1) = out.device_ptr_mut(s);
         let (xp, _g2) = x.inner.device_ptr(s);
         let (wp, _g3) = w.inner.device_ptr(s);
-        let (mut op, mut xp, mut wp) = (op, xp, wp);
-        let mut params: [*mut c_void; 7] = [
+        // The normalising modes read gamma; the others get x's pointer, never read.
+        let (gp, _g4) = gamma.unwrap_or(x).inner.device_ptr(s);
+        let (mut op, mut xp, mut wp, mut gp) = (out, xp, wp, gp);
+        let mut params: [*mut c_void; 9] = [
             (&mut op as *mut sys::CUdeviceptr).cast(),
             (&mut xp as *mut sys::CUdeviceptr).cast(),
             (&mut wp as *mut sys::CUdeviceptr).cast(),
@@ -183,6 +309,8 @@ impl Device {
             (&mut ri as *mut i32).cast(),
             (&mut ci as *mut i32).cast(),
             (&mut early as *mut i32).cast(),
+            (&mut gp as *mut sys::CUdeviceptr).cast(),
+            (&mut eps as *mut f32).cast(),
         ];
         // SAFETY: a zeroed attribute is valid plain data; id and value are set together.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -195,17 +323,18 @@ impl Device {
             blockDimX: 32 * warps as u32,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: (warps * k.smem_per_warp) as u32,
+            sharedMemBytes: smem as u32,
             hStream: s.cu_stream(),
             attrs: &mut attr,
             numAttrs: u32::from(pdl > 0),
         };
         s.context().bind_to_thread().map_err(dev_err(OP))?;
         // SAFETY: `params` points at live locals whose types match the kernel's parameters
-        // (void*, const bf16*, const bf16*, int, int, int, int); the caller checked out / x /
-        // w hold m x rows, m x cols and rows x cols elements, and cols % 8 == 0 keeps every
-        // 16-byte copy aligned and in bounds; warps <= max_warps keeps the shared memory
-        // within the limit set at load; grid <= tiles as the kernel requires.
+        // (void*, const bf16*, const bf16*, int, int, int, int, const bf16*, float); the
+        // caller checked out / x / w (and gamma) against the shape, and cols % 8 == 0 keeps
+        // every 16-byte copy aligned and in bounds; the shared memory is within the limit
+        // set at load (max_warps, or the opt-in maximum for the normalising modes, whose
+        // extra rows were counted); grid <= tiles as the kernel requires.
         unsafe { sys::cuLaunchKernelEx(&cfg, k.func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .map_err(dev_err(OP))

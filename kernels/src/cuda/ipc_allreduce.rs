@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
@@ -34,6 +34,7 @@ use super::ipc_record::{
 use super::module_cache::ModuleCache;
 use super::nccl::NcclComm;
 use super::{nvrtc, sources};
+use crate::error::check;
 use crate::KernelError;
 
 /// Blocks of the kernel's grid (the same on every rank and every call; see the .cu file).
@@ -378,6 +379,27 @@ impl Device {
     /// (capturable in a CUDA graph). f32 accumulation in rank order: every rank gets the
     /// same bits. Every rank must call it with the same length, like NCCL's all-reduce.
     pub fn all_reduce_sum_small(&self, ar: &IpcAllReduce, buf: &mut Buf<bf16>) -> Result<(), KernelError> {
+        self.oneshot(ar, buf, None)
+    }
+
+    /// As [`Device::all_reduce_sum_small`], but the group's sum is added to `residual`
+    /// (`residual = bf16(residual + bf16(sum))`, as the all-reduce followed by
+    /// [`Device::add_residual`] rounds it) and `buf` is left as it was.
+    pub fn all_reduce_sum_small_add(
+        &self,
+        ar: &IpcAllReduce,
+        buf: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+    ) -> Result<(), KernelError> {
+        self.oneshot(ar, buf, Some(residual))
+    }
+
+    fn oneshot(
+        &self,
+        ar: &IpcAllReduce,
+        buf: &mut Buf<bf16>,
+        residual: Option<&mut Buf<bf16>>,
+    ) -> Result<(), KernelError> {
         const OP: &str = "oneshot_all_reduce_bf16";
         if ar.ctx.ordinal() != self.ordinal() {
             return Err(KernelError::Device {
@@ -390,6 +412,9 @@ impl Device {
             });
         }
         let n = buf.len();
+        if let Some(r) = &residual {
+            check(r.len() == n, OP, || format!("residual has {} values, the message {n}", r.len()))?;
+        }
         if n * 2 > ar.cap {
             return Err(KernelError::Shape {
                 op: OP,
@@ -406,11 +431,21 @@ impl Device {
         let (cap, timeout, local, regions) = (ar.cap as u64, ar.timeout_ns, ar.local, Regions(ar.regions));
         let cfg =
             LaunchConfig { grid_dim: (ONESHOT_BLOCKS, 1, 1), block_dim: (ONESHOT_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(func);
+        let s = &self.stream;
+        // The kernel's `residual` pointer: 0 (null) for the plain all-reduce.
+        let (res_ptr, _guard) = match residual {
+            Some(r) => {
+                let (p, g) = r.inner.device_ptr_mut(s);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let mut b = s.launch_builder(func);
         b.arg(&mut buf.inner).arg(&n64).arg(&rank).arg(&world).arg(&cap).arg(&timeout).arg(&local).arg(&regions);
-        // SAFETY: argument types and order match the kernel; `buf` holds n values, each
-        // region holds DATA_OFFSET + 2 * cap bytes with cap >= 2 n (checked above), and every
-        // rank's regions stay mapped while `ar` lives.
+        b.arg(&res_ptr);
+        // SAFETY: argument types and order match the kernel; `buf` (and `residual`) hold n
+        // values, each region holds DATA_OFFSET + 2 * cap bytes with cap >= 2 n (checked
+        // above), and every rank's regions stay mapped while `ar` lives.
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
 
@@ -426,6 +461,25 @@ impl Device {
         match ar {
             Some(ar) if ar.fits(buf.len()) => self.all_reduce_sum_small(ar, buf),
             _ => self.all_reduce_sum(comm, buf),
+        }
+    }
+
+    /// The tensor-parallel all-reduce with the residual add: `residual += sum over the
+    /// group of buf`, one-shot (one kernel) where [`Device::tp_all_reduce`] would take it,
+    /// else NCCL in place then [`Device::add_residual`]; the same bits either way.
+    pub fn tp_all_reduce_add(
+        &self,
+        comm: &NcclComm,
+        ar: Option<&IpcAllReduce>,
+        buf: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+    ) -> Result<(), KernelError> {
+        match ar {
+            Some(ar) if ar.fits(buf.len()) => self.all_reduce_sum_small_add(ar, buf, residual),
+            _ => {
+                self.all_reduce_sum(comm, buf)?;
+                self.add_residual(residual, buf)
+            }
         }
     }
 }

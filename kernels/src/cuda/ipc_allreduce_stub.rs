@@ -57,6 +57,23 @@ impl Device {
     pub fn all_reduce_sum_small(&self, ar: &IpcAllReduce, buf: &mut Buf<bf16>) -> Result<(), KernelError> {
         match ar.never {}
     }
+    pub fn all_reduce_sum_small_add(
+        &self,
+        ar: &IpcAllReduce,
+        buf: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+    ) -> Result<(), KernelError> {
+        match ar.never {}
+    }
+    pub fn tp_all_reduce_add(
+        &self,
+        comm: &NcclComm,
+        ar: Option<&IpcAllReduce>,
+        buf: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+    ) -> Result<(), KernelError> {
+        Err(KernelError::NotCompiled("cuda"))
+    }
     pub fn tp_all_reduce(
         &self,
         comm: &NcclComm,

@@ -37,6 +37,8 @@ mod gemm;
 #[cfg(feature = "cuda")]
 mod gemv;
 #[cfg(feature = "cuda")]
+mod gemv_fused;
+#[cfg(feature = "cuda")]
 mod graph;
 #[cfg(feature = "cuda")]
 mod init;

@@ -100,6 +100,26 @@ impl Device {
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
 
+    /// The residual add alone: `residual = bf16(residual + x)`, both the same length (the
+    /// add that `add_rms_norm` fuses with a norm, for where no norm follows).
+    pub fn add_residual(&self, residual: &mut Buf<bf16>, x: &Buf<bf16>) -> Result<(), KernelError> {
+        const OP: &str = "cuda_add_residual";
+        check(residual.len() == x.len(), OP, || format!("residual has {} values, x {}", residual.len(), x.len()))?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let vec = n % 8 == 0;
+        let units = if vec { n / 8 } else { n };
+        let blocks = to_u32(OP, "blocks", units.div_ceil(BLOCK as usize).min(MAX_GRID))?;
+        let func = if vec { &self.kernels.add_residual_vec8 } else { &self.kernels.add_residual };
+        let units = units as u64;
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut residual.inner).arg(&x.inner).arg(&units);
+        // SAFETY: argument types and order match the kernel; both buffers hold n values.
+        unsafe { b.launch(grid(blocks, BLOCK)) }.map(drop).map_err(dev_err(OP))
+    }
+
     /// SwiGLU on separate buffers: `out[i] = silu(gate[i]) * up[i]`, all the same length.
     pub fn silu_mul(&self, out: &mut Buf<bf16>, gate: &Buf<bf16>, up: &Buf<bf16>) -> Result<(), KernelError> {
         const OP: &str = "cuda_silu_mul";

@@ -243,6 +243,54 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
+    pub fn add_residual(&self, residual: &mut Buf<bf16>, x: &Buf<bf16>) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn fused_gemv_applies(&self, m: usize, rows: usize, cols: usize) -> bool {
+        match self.never {}
+    }
+    pub fn fused_norm_gemv_applies(&self, m: usize, rows: usize, cols: usize) -> bool {
+        match self.never {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        gamma: &Buf<bf16>,
+        eps: f32,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_rms_norm_swiglu(
+        &self,
+        act: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        gamma: &Buf<bf16>,
+        eps: f32,
+        m: usize,
+        gate_up: &Buf<bf16>,
+        ffn: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn matmul_add_residual(
+        &self,
+        residual: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
     #[doc(hidden)]
     pub fn set_gemv_tuning(&self, stages: usize, warps: usize, persistent: bool, pdl: u8) -> Result<(), KernelError> {
         match self.never {}

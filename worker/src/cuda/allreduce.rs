@@ -68,4 +68,16 @@ impl TpAllReduce {
     pub fn run(&self, dev: &Device, comm: &NcclComm, buf: &mut Buf<bf16>) -> Result<(), WorkerError> {
         Ok(dev.tp_all_reduce(comm, self.oneshot.as_ref(), buf)?)
     }
+
+    /// Sums `buf` over the group into the residual stream (`residual += sum`), one kernel
+    /// on the one-shot path.
+    pub fn run_add(
+        &self,
+        dev: &Device,
+        comm: &NcclComm,
+        buf: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+    ) -> Result<(), WorkerError> {
+        Ok(dev.tp_all_reduce_add(comm, self.oneshot.as_ref(), buf, residual)?)
+    }
 }

@@ -10,9 +10,15 @@
 //! gate|up GEMM, SwiGLU, the down GEMM. The residual stream is bf16, as in HF's bf16
 //! models. Logits come out of the LM head GEMM in f32.
 //!
+//! Steps of at most [`FUSED_MAX_ROWS`] tokens (small decode batches) fold the small steps
+//! into the GEMVs instead (`gemv_fused.rs` in the kernels): norm + qkv, attention, o +
+//! residual add, norm + gate|up + SwiGLU, down + residual add; the unfused path's
+//! roundings, three kernels fewer per layer.
+//!
 //! Tensor parallel (see `tp.rs`): every shape here is this rank's (its heads, KV heads and
 //! FFN slice), and the o and down GEMMs' partial sums are all-reduced over NCCL before the
-//! `add_rms_norm` that consumes them. Every rank runs the same steps in the same order (the
+//! `add_rms_norm` that consumes them (fused path: the all-reduce adds them into the residual
+//! stream itself). Every rank runs the same steps in the same order (the
 //! same eager kernels, the same graph buckets, captured in the same order), so their
 //! collectives pair up.
 //!
@@ -41,6 +47,11 @@ use crate::sampling::Sampled;
 /// Decode-attention scratch: (sequence, head, split) rows for this many sequence-splits
 /// per head (e.g. one sequence in 512 splits, or 64 in 8).
 const DECODE_SPLIT_ROWS: usize = 512;
+/// Largest step (tokens) that runs the fused GEMVs. H200, synthetic Llama-3-8B decode
+/// (`tessera bench --batches 1,2,4,8`, fused vs `TESSERA_FUSED_GEMV=0`): 234 vs 221 tok/s
+/// at 1 sequence, 449 vs 423 at 2, 869 vs 835 at 4, but 1619 vs 1655 at 8, where every
+/// CTA normalising 8 rows of x costs more than the kernels it saves.
+const FUSED_MAX_ROWS: usize = 4;
 /// Activation sets kept for reuse (one per recent step size).
 const SCRATCH_KEPT: usize = 4;
 /// Decode batch sizes with a captured graph; a batch runs in the smallest that holds it.
@@ -303,12 +314,30 @@ struct Core {
     /// How the tensor-parallel group sums partial outputs: one-shot over NVLink peer
     /// memory for small messages, NCCL for the rest (nothing on one GPU).
     allreduce: TpAllReduce,
+    /// Whether steps of at most 8 tokens run the fused GEMVs (norms, SwiGLU and residual
+    /// adds inside the projections; `TESSERA_FUSED_GEMV=0` turns them off for A/B runs).
+    fused_gemv: bool,
 }
 
 impl Core {
     /// This rank computes a slice of the vocabulary's logits (vocab-parallel head).
     fn vocab_split(&self) -> bool {
         self.part.vocab.len() < self.config.vocab_size
+    }
+
+    /// Whether a step of `t` tokens runs the fused GEMVs: at most [`FUSED_MAX_ROWS`], and
+    /// every projection's shape fits them (16-byte rows, the normalised rows in shared
+    /// memory).
+    fn fused(&self, t: usize) -> bool {
+        let c = &self.config;
+        let (h, qd, kvd, ffn) =
+            (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        self.fused_gemv
+            && t <= FUSED_MAX_ROWS
+            && self.dev.fused_norm_gemv_applies(t, qd + 2 * kvd, h)
+            && self.dev.fused_norm_gemv_applies(t, 2 * ffn, h)
+            && self.dev.fused_gemv_applies(t, h, qd)
+            && self.dev.fused_gemv_applies(t, h, ffn)
     }
 }
 
@@ -383,7 +412,15 @@ impl CudaModel {
         dev.synchronize()?;
         dev.set_gemv_tuning(6, 8, true, 2)?;
         Ok(CudaModel {
-            core: Core { dev, config: local, w, comms, part: part.clone(), allreduce },
+            core: Core {
+                dev,
+                config: local,
+                w,
+                comms,
+                part: part.clone(),
+                allreduce,
+                fused_gemv: std::env::var("TESSERA_FUSED_GEMV").as_deref() != Ok("0"),
+            },
             model_config,
             kv,
             decode_ws,
@@ -667,13 +704,22 @@ fn run_layers(
         (_, Some(pp)) if !core.part.is_first_stage() => dev.nccl_recv(pp, &mut s.x, t * h, core.part.stage - 1)?,
         _ => return Err(WorkerError::InvalidBatch("this stage has neither the embedding nor a previous stage".into())),
     }
+    // Fused (decode-sized steps): the residual stream `x` is complete at every layer's
+    // start (the o and down GEMVs add into it, or the add follows the all-reduce), and the
+    // norms and SwiGLU run inside the qkv and gate_up GEMVs. Unfused: each sublayer's add
+    // is fused with the next norm instead.
+    let fused = core.fused(t);
     for (li, l) in w.layers.iter().enumerate() {
-        if li == 0 {
-            dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
+        if fused {
+            dev.matmul_rms_norm(&mut s.qkv, &s.x, &l.attn_norm, eps, t, &l.qkv, qd + 2 * kvd, h)?;
         } else {
-            dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.attn_norm, t, eps)?;
+            if li == 0 {
+                dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
+            } else {
+                dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.attn_norm, t, eps)?;
+            }
+            dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
         }
-        dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
         let prep = QkvPrep {
             qkv: &s.qkv,
             n_tokens: t,
@@ -706,21 +752,64 @@ fn run_layers(
                 dev.paged_prefill_attention(&mut s.attn, &s.q, &batch, cu_q, idx.max_q, c.num_heads, scale)?;
             }
         }
-        dev.matmul(&mut s.out, &s.attn, t, &l.o, h, qd)?;
-        all_reduce(core, &mut s.out)?;
-        dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.ffn_norm, t, eps)?;
-        dev.matmul(&mut s.gate_up, &s.xn, t, &l.gate_up, 2 * ffn, h)?;
-        dev.silu_mul_packed(&mut s.act, &s.gate_up, t)?;
-        dev.matmul(&mut s.out, &s.act, t, &l.down, h, ffn)?;
-        all_reduce(core, &mut s.out)?;
+        if !fused {
+            dev.matmul(&mut s.out, &s.attn, t, &l.o, h, qd)?;
+            all_reduce(core, &mut s.out)?;
+            dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.ffn_norm, t, eps)?;
+            dev.matmul(&mut s.gate_up, &s.xn, t, &l.gate_up, 2 * ffn, h)?;
+            dev.silu_mul_packed(&mut s.act, &s.gate_up, t)?;
+            dev.matmul(&mut s.out, &s.act, t, &l.down, h, ffn)?;
+            all_reduce(core, &mut s.out)?;
+            continue;
+        }
+        add_projection(core, s, Sublayer::Attention, &l.o, qd)?;
+        dev.matmul_rms_norm_swiglu(&mut s.act, &s.x, &l.ffn_norm, eps, t, &l.gate_up, ffn, h)?;
+        add_projection(core, s, Sublayer::Ffn, &l.down, ffn)?;
     }
-    // Completes the residual stream (the last sublayer's add) and normalises it for the head;
-    // a stage before the last passes the completed stream on instead.
-    dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &w.norm, t, eps)?;
+    // Completes the residual stream (unfused: the last sublayer's add) and normalises it
+    // for the head; a stage before the last passes the completed stream on instead.
+    if fused {
+        dev.rms_norm(&mut s.xn, &s.x, &w.norm, t, eps)?;
+    } else {
+        dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &w.norm, t, eps)?;
+    }
     if let (false, Some(pp)) = (core.part.is_last_stage(), &core.comms.pp) {
         dev.nccl_send(pp, &s.x, t * h, core.part.stage + 1)?;
     }
     Ok(())
+}
+
+/// Which sublayer's output projection [`add_projection`] runs: o reads the attention
+/// output, down the SwiGLU activation.
+#[derive(Clone, Copy)]
+enum Sublayer {
+    Attention,
+    Ffn,
+}
+
+/// Fused path: a row-parallel projection (o or down) of `s.t` tokens added into the
+/// residual stream `s.x`. On one GPU the GEMV adds in place; under tensor parallelism the
+/// partial sums are all-reduced into it (one kernel on the one-shot path).
+fn add_projection(
+    core: &Core,
+    s: &mut Scratch,
+    which: Sublayer,
+    w: &Buf<bf16>,
+    cols: usize,
+) -> Result<(), WorkerError> {
+    let (dev, h, t) = (&core.dev, core.config.hidden_size, s.t);
+    let Scratch { x, out, attn, act, .. } = s;
+    let input = match which {
+        Sublayer::Attention => &*attn,
+        Sublayer::Ffn => &*act,
+    };
+    match &core.comms.tp {
+        None => Ok(dev.matmul_add_residual(x, input, t, w, h, cols)?),
+        Some(comm) => {
+            dev.matmul(out, input, t, w, h, cols)?;
+            core.allreduce.run_add(dev, comm, out, x)
+        }
+    }
 }
 
 /// Sums a row-parallel GEMM's partial outputs (`[t, hidden]`) over the tensor-parallel

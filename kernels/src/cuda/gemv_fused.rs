@@ -1,0 +1,124 @@
+//! The decode GEMV with a layer's small steps folded in (`kernels/cuda/gemv.cu`'s fused
+//! modes). At batch 1 a Llama layer's RMSNorms, SwiGLU and residual adds cost a launch and a
+//! few µs each while moving almost no data; folded into the GEMVs next to them, a layer
+//! runs qkv, attention, o, gate_up and down and nothing else:
+//! - [`Device::matmul_rms_norm`]: `out = rms_norm(x) · Wᵀ` (the norm before qkv),
+//! - [`Device::matmul_rms_norm_swiglu`]: `act = silu(g) * u` of `rms_norm(x) · [Wg; Wu]ᵀ`
+//!   (the norm before the FFN, gate_up and SwiGLU),
+//! - [`Device::matmul_add_residual`]: `residual += x · Wᵀ` (o and down with their adds).
+//!
+//! Each rounds where the unfused kernels round (the GEMM's bf16 output, the residual's bf16
+//! sum, the normalised bf16 x), so the fused layer computes the unfused one's values; only
+//! the norm's sum of squares may differ in its last bits when the CTA is not 256 threads wide.
+//! They take at most [`MAX_M`] rows of x (decode batches); [`Device::fused_gemv_applies`]
+//! and [`Device::fused_norm_gemv_applies`] say whether a shape can go this way, callers keep
+//! the unfused path for the rest.
+
+use cudarc::driver::DevicePtrMut;
+use half::bf16;
+
+use super::device::{Buf, Device};
+use super::gemv::{GemvCall, Mode, MAX_M};
+use crate::error::check;
+use crate::KernelError;
+
+impl Device {
+    /// Whether [`Device::matmul_add_residual`] takes `m` rows of x against W `[rows, cols]`.
+    pub fn fused_gemv_applies(&self, m: usize, rows: usize, cols: usize) -> bool {
+        (1..=MAX_M).contains(&m) && cols.is_multiple_of(8) && i32::try_from(rows).is_ok() && i32::try_from(cols).is_ok()
+    }
+
+    /// Whether the normalising GEMVs ([`Device::matmul_rms_norm`],
+    /// [`Device::matmul_rms_norm_swiglu`]) take the shape: also, the `m` normalised rows of
+    /// x must fit in a CTA's shared memory next to the ring.
+    pub fn fused_norm_gemv_applies(&self, m: usize, rows: usize, cols: usize) -> bool {
+        self.fused_gemv_applies(m, rows, cols) && self.kernels.gemv.normalised_fits(m, cols)
+    }
+
+    /// `out[m, rows] = rms_norm(x; gamma, eps) · Wᵀ` for x `[m, cols]`, gamma `[cols]`,
+    /// W `[rows, cols]`, as `rms_norm` then `matmul` compute it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        gamma: &Buf<bf16>,
+        eps: f32,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_matmul_rms_norm";
+        check_norm(OP, gamma, eps, cols)?;
+        check_operands(OP, x, m, w, rows, cols, out.len(), m * rows)?;
+        let (op, _g) = out.inner.device_ptr_mut(&self.stream);
+        self.gemv_launch(op, &GemvCall { mode: Mode::Norm, x, m, w, rows, cols, gamma: Some(gamma), eps })
+    }
+
+    /// `act[m, ffn] = silu(g) * u` where `[g | u] = rms_norm(x; gamma, eps) · Wᵀ` and W is
+    /// the packed gate|up weight `[2 ffn, cols]` (gate rows first), as `rms_norm`, `matmul`
+    /// and `silu_mul_packed` compute it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_rms_norm_swiglu(
+        &self,
+        act: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        gamma: &Buf<bf16>,
+        eps: f32,
+        m: usize,
+        gate_up: &Buf<bf16>,
+        ffn: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_matmul_rms_norm_swiglu";
+        check_norm(OP, gamma, eps, cols)?;
+        check_operands(OP, x, m, gate_up, 2 * ffn, cols, act.len(), m * ffn)?;
+        let (op, _g) = act.inner.device_ptr_mut(&self.stream);
+        let call = GemvCall { mode: Mode::NormSwiglu, x, m, w: gate_up, rows: 2 * ffn, cols, gamma: Some(gamma), eps };
+        self.gemv_launch(op, &call)
+    }
+
+    /// `residual[m, rows] += x · Wᵀ` in place, rounded as `matmul` then the add of
+    /// `add_rms_norm`: `residual = bf16(residual + bf16(x · Wᵀ))`.
+    pub fn matmul_add_residual(
+        &self,
+        residual: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_matmul_add_residual";
+        check_operands(OP, x, m, w, rows, cols, residual.len(), m * rows)?;
+        let (op, _g) = residual.inner.device_ptr_mut(&self.stream);
+        self.gemv_launch(op, &GemvCall { mode: Mode::Residual, x, m, w, rows, cols, gamma: None, eps: 0.0 })
+    }
+}
+
+fn check_norm(op: &'static str, gamma: &Buf<bf16>, eps: f32, cols: usize) -> Result<(), KernelError> {
+    check(gamma.len() == cols, op, || format!("gamma has {} values, x rows {cols}", gamma.len()))?;
+    check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} is not a finite non-negative number"))
+}
+
+/// Lengths of x `[m, cols]`, W `[rows, cols]` and the output (`out_len` against `want`), and
+/// the row count the GEMV takes.
+#[allow(clippy::too_many_arguments)]
+fn check_operands(
+    op: &'static str,
+    x: &Buf<bf16>,
+    m: usize,
+    w: &Buf<bf16>,
+    rows: usize,
+    cols: usize,
+    out_len: usize,
+    want: usize,
+) -> Result<(), KernelError> {
+    check((1..=MAX_M).contains(&m), op, || format!("m={m} outside 1..={MAX_M}"))?;
+    check(rows > 0 && rows.checked_mul(cols) == Some(w.len()), op, || {
+        format!("weight has {} values, expected {rows}x{cols}", w.len())
+    })?;
+    check(m.checked_mul(cols) == Some(x.len()), op, || format!("x has {} values, expected {m}x{cols}", x.len()))?;
+    check(out_len == want, op, || format!("output has {out_len} values, expected {want}"))
+}

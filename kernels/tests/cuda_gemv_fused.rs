@@ -1,0 +1,316 @@
+//! The fused decode GEMVs (`kernels/src/cuda/gemv_fused.rs`: norm + GEMV, norm + gate_up +
+//! SwiGLU, GEMV + residual add) against an f64 reference written here and against the
+//! unfused kernels they replace, on random bf16 inputs with NaN-poisoned outputs; plus a
+//! benchmark of one Llama-8B layer's GEMV chain, fused vs unfused, in a CUDA graph.
+//!
+//! Needs a GPU: tests run only with `TESSERA_GPU_TESTS=1`, the benchmark only with
+//! `TESSERA_GPU_BENCH=1` (`bench/gpu/run.sh` runs both on the device machine).
+//!
+//! What must hold:
+//! - residual: bit for bit `bf16(r + bf16(x · Wᵀ))` with the unfused GEMV's output (both
+//!   kernels sum in the same order), for every shape;
+//! - norm and norm + SwiGLU: bit for bit the unfused `rms_norm` → `matmul` (→
+//!   `silu_mul_packed`) chain when the CTA is 256 threads wide, as norm.cu's block (the
+//!   norm's sum of squares then runs in the same order); close to it otherwise (the
+//!   normalised x may round the other way where the scale differs in its last bit);
+//! - all of them within the f64 reference's error bound: with `S = sum_k |xn_k w_k|` over
+//!   the exactly normalised x, `|gpu - ref| <= S / 128 + |ref| / 128` (x's normalised
+//!   values are rounded to bf16, 2^-9 relative each, and the output to bf16).
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::gpu::*;
+
+use half::bf16;
+use tessera_kernels::cuda::{Buf, Device};
+
+const EPS: f32 = 1e-5;
+
+/// Exactly normalised rows of x (f64): `x * gamma / sqrt(mean(x^2) + eps)`.
+fn normalised(x: &[f32], gamma: &[f32], m: usize, cols: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(m * cols);
+    for row in x.chunks_exact(cols).take(m) {
+        let ms = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / cols as f64;
+        let s = 1.0 / (ms + f64::from(EPS)).sqrt();
+        out.extend(row.iter().zip(gamma).map(|(&v, &g)| f64::from(v) * s * f64::from(g)));
+    }
+    out
+}
+
+/// `(sum_k x[i, k] w[j, k], sum_k |x[i, k] w[j, k]|)`, `[m, rows]` each.
+fn products(x: &[f64], w: &[f32], m: usize, rows: usize, cols: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut mag) = (vec![0.0; m * rows], vec![0.0; m * rows]);
+    for i in 0..m {
+        let xr = &x[i * cols..(i + 1) * cols];
+        for j in 0..rows {
+            let (mut s, mut a) = (0f64, 0f64);
+            for (&xv, &wv) in xr.iter().zip(&w[j * cols..(j + 1) * cols]) {
+                let p = xv * f64::from(wv);
+                s += p;
+                a += p.abs();
+            }
+            out[i * rows + j] = s;
+            mag[i * rows + j] = a;
+        }
+    }
+    (out, mag)
+}
+
+fn silu(g: f64) -> f64 {
+    g / (1.0 + (-g).exp())
+}
+
+struct Case {
+    m: usize,
+    rows: usize,
+    cols: usize,
+    x: Vec<bf16>,
+    gamma: Vec<bf16>,
+    w: Vec<bf16>,
+}
+
+impl Case {
+    fn new(r: &mut rand_chacha::ChaCha8Rng, m: usize, rows: usize, cols: usize) -> Self {
+        Case {
+            m,
+            rows,
+            cols,
+            x: rand_bf16(r, m * cols, -2.0, 2.0),
+            gamma: rand_bf16(r, cols, 0.5, 1.5),
+            w: rand_bf16(r, rows * cols, -0.1, 0.1),
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("m={} {}x{}", self.m, self.rows, self.cols)
+    }
+
+    /// Whether the launcher runs this shape with 8 warps (256 threads, norm.cu's block):
+    /// 8 warps asked, evened out over the 64-column chunks.
+    fn cta_256(&self) -> bool {
+        let chunks = self.cols.div_ceil(64);
+        chunks >= 8 && chunks.div_ceil(chunks.div_ceil(8)) == 8
+    }
+}
+
+/// Asserts `got` within the bound of the module comment; `what` names the case.
+fn within(what: &str, got: &[bf16], want: &[f64], mag: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((g, &w), &a)) in got.iter().zip(want).zip(mag).enumerate() {
+        let g = f64::from(g.to_f32());
+        let bound = a / 128.0 + w.abs() / 128.0 + 1e-6;
+        assert!((g - w).abs() <= bound, "{what}[{i}]: got {g}, want {w} (bound {bound:e})");
+    }
+}
+
+/// Equal bit for bit, or (when `exact` is false) within 2 bf16 ulps of each other.
+fn agree(what: &str, fused: &[bf16], unfused: &[bf16], exact: bool) {
+    let mut differ = 0;
+    for (i, (a, b)) in fused.iter().zip(unfused).enumerate() {
+        if a.to_bits() == b.to_bits() {
+            continue;
+        }
+        assert!(!exact, "{what}[{i}]: fused {a} != unfused {b}");
+        let (fa, fb) = (a.to_f32(), b.to_f32());
+        assert!((fa - fb).abs() <= fa.abs().max(fb.abs()) / 64.0, "{what}[{i}]: fused {a} vs unfused {b}");
+        differ += 1;
+    }
+    eprintln!("{what}: {differ} of {} values differ from the unfused chain", fused.len());
+}
+
+fn norm_case(dev: &Device, c: &Case) {
+    let (m, rows, cols) = (c.m, c.rows, c.cols);
+    let (x, gamma, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.gamma).unwrap(), dev.upload(&c.w).unwrap());
+    let mut fused = poisoned(dev, m * rows);
+    dev.matmul_rms_norm(&mut fused, &x, &gamma, EPS, m, &w, rows, cols).unwrap();
+    let mut xn = poisoned(dev, m * cols);
+    let mut unfused = poisoned(dev, m * rows);
+    dev.rms_norm(&mut xn, &x, &gamma, m, EPS).unwrap();
+    dev.matmul(&mut unfused, &xn, m, &w, rows, cols).unwrap();
+    let (fused, unfused) = (dev.download(&fused).unwrap(), dev.download(&unfused).unwrap());
+    let xr = normalised(&to_f32(&c.x), &to_f32(&c.gamma), m, cols);
+    let (want, mag) = products(&xr, &to_f32(&c.w), m, rows, cols);
+    let what = format!("norm {}", c.name());
+    within(&what, &fused, &want, &mag);
+    agree(&what, &fused, &unfused, c.cta_256());
+}
+
+fn swiglu_case(dev: &Device, c: &Case) {
+    let (m, cols) = (c.m, c.cols);
+    let ffn = c.rows / 2;
+    let (x, gamma, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.gamma).unwrap(), dev.upload(&c.w).unwrap());
+    let mut fused = poisoned(dev, m * ffn);
+    dev.matmul_rms_norm_swiglu(&mut fused, &x, &gamma, EPS, m, &w, ffn, cols).unwrap();
+    let mut xn = poisoned(dev, m * cols);
+    let mut gu = poisoned(dev, m * 2 * ffn);
+    let mut unfused = poisoned(dev, m * ffn);
+    dev.rms_norm(&mut xn, &x, &gamma, m, EPS).unwrap();
+    dev.matmul(&mut gu, &xn, m, &w, 2 * ffn, cols).unwrap();
+    dev.silu_mul_packed(&mut unfused, &gu, m).unwrap();
+    let (fused, unfused) = (dev.download(&fused).unwrap(), dev.download(&unfused).unwrap());
+    // Reference: silu(g) * u from the exact products; g's and u's errors (bounded as in
+    // `within`) pass through silu (slope <= 1.1) and the product.
+    let xr = normalised(&to_f32(&c.x), &to_f32(&c.gamma), m, cols);
+    let (gu_ref, mag) = products(&xr, &to_f32(&c.w), m, 2 * ffn, cols);
+    let what = format!("swiglu m={m} ffn={ffn} cols={cols}");
+    for i in 0..m {
+        for j in 0..ffn {
+            let (gi, ui) = (i * 2 * ffn + j, i * 2 * ffn + ffn + j);
+            let (g, u) = (gu_ref[gi], gu_ref[ui]);
+            let (eg, eu) = (mag[gi] / 128.0 + g.abs() / 128.0, mag[ui] / 128.0 + u.abs() / 128.0);
+            let want = silu(g) * u;
+            let bound = 1.1 * eg * (u.abs() + eu) + silu(g).abs() * eu + want.abs() / 128.0 + 1e-6;
+            let got = f64::from(fused[i * ffn + j].to_f32());
+            assert!((got - want).abs() <= bound, "{what}[{i}, {j}]: got {got}, want {want} (bound {bound:e})");
+        }
+    }
+    agree(&what, &fused, &unfused, c.cta_256());
+}
+
+fn residual_case(dev: &Device, c: &Case) {
+    let (m, rows, cols) = (c.m, c.rows, c.cols);
+    let (x, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.w).unwrap());
+    // The residual stream: values of the size a layer's output adds to.
+    let mut r = rng((m * rows + cols) as u64);
+    let before = rand_bf16(&mut r, m * rows, -4.0, 4.0);
+    let mut res = dev.upload(&before).unwrap();
+    dev.matmul_add_residual(&mut res, &x, m, &w, rows, cols).unwrap();
+    let mut plain = poisoned(dev, m * rows);
+    dev.matmul(&mut plain, &x, m, &w, rows, cols).unwrap();
+    let (got, plain) = (dev.download(&res).unwrap(), dev.download(&plain).unwrap());
+    let unfused: Vec<bf16> = before.iter().zip(&plain).map(|(r, p)| bf16::from_f32(r.to_f32() + p.to_f32())).collect();
+    let xr: Vec<f64> = c.x.iter().map(|v| f64::from(v.to_f32())).collect();
+    let (prod, mag) = products(&xr, &to_f32(&c.w), m, rows, cols);
+    let want: Vec<f64> = prod.iter().zip(&before).map(|(p, r)| p + f64::from(r.to_f32())).collect();
+    let what = format!("residual {}", c.name());
+    let mag: Vec<f64> = mag.iter().zip(&before).map(|(a, r)| a + f64::from(r.to_f32().abs())).collect();
+    within(&what, &got, &want, &mag);
+    agree(&what, &got, &unfused, true);
+}
+
+/// Shapes: SmolLM2 (576 wide, FFN 1536), Llama-8B widths (4096; 14336 as the input of
+/// down), rows not a multiple of the 16-row tile (and FFN widths not a multiple of the
+/// 8-feature SwiGLU tile), column counts ending in a partial 64-column chunk, tiny ones.
+const SHAPES: &[(usize, usize)] =
+    &[(576, 576), (3072, 576), (1000, 4096), (206, 1000), (77, 14336), (40, 24), (18, 8), (1, 4096)];
+
+#[test]
+fn fused_gemvs_match_reference_and_unfused() {
+    let Some(dev) = gpu("fused_gemvs_match_reference_and_unfused") else { return };
+    let mut r = rng(71);
+    for m in [1usize, 2, 5, 8] {
+        for &(rows, cols) in SHAPES {
+            assert!(dev.fused_gemv_applies(m, rows, cols), "m={m} {rows}x{cols} should take the fused GEMV");
+            let c = Case::new(&mut r, m, rows, cols);
+            residual_case(&dev, &c);
+            // The normalised rows must fit a CTA's shared memory (227 KB on Hopper): up to 8
+            // rows of 4096 always; 8 rows of 14336 (230 KB) never.
+            let fits = dev.fused_norm_gemv_applies(m, rows, cols);
+            assert!(fits || m * cols > 8 * 4096, "m={m} {rows}x{cols} should take the fused norm GEMVs");
+            assert!(!fits || m * cols < 8 * 14336, "m={m} {rows}x{cols} cannot fit the normalised rows");
+            if fits {
+                norm_case(&dev, &c);
+                if rows % 2 == 0 {
+                    swiglu_case(&dev, &c);
+                }
+            }
+        }
+    }
+}
+
+/// Shapes the fused GEMV refuses are errors, not launches: 9 rows of x, columns not a
+/// multiple of 8, mismatched lengths, an odd gate|up row count.
+#[test]
+fn fused_gemvs_reject_bad_shapes() {
+    let Some(dev) = gpu("fused_gemvs_reject_bad_shapes") else { return };
+    assert!(!dev.fused_gemv_applies(9, 64, 64));
+    assert!(!dev.fused_gemv_applies(1, 64, 60));
+    let (x, g, w) =
+        (dev.alloc::<bf16>(9 * 64).unwrap(), dev.alloc::<bf16>(64).unwrap(), dev.alloc::<bf16>(64 * 64).unwrap());
+    let mut out = dev.alloc::<bf16>(9 * 64).unwrap();
+    assert!(dev.matmul_rms_norm(&mut out, &x, &g, EPS, 9, &w, 64, 64).is_err());
+    let (x1, mut o1) = (dev.alloc::<bf16>(64).unwrap(), dev.alloc::<bf16>(63).unwrap());
+    assert!(dev.matmul_add_residual(&mut o1, &x1, 1, &w, 64, 64).is_err());
+    let w63 = dev.alloc::<bf16>(63 * 64).unwrap();
+    let mut act = dev.alloc::<bf16>(32).unwrap();
+    assert!(dev.matmul_rms_norm_swiglu(&mut act, &x1, &g, EPS, 1, &w63, 32, 64).is_err());
+    assert!(dev.matmul_rms_norm(&mut o1, &x1, &g, f32::NAN, 1, &w, 63, 64).is_err());
+}
+
+/// Enough copies of a weight that a timing loop reads well over the 60 MB L2 from HBM.
+fn copies(dev: &Device, len: usize, n: usize, seed: u64) -> Vec<Buf<bf16>> {
+    (0..n)
+        .map(|c| {
+            let mut b = dev.alloc::<bf16>(len).unwrap();
+            dev.fill_uniform(&mut b, seed + c as u64, -0.02, 0.02).unwrap();
+            b
+        })
+        .collect()
+}
+
+/// One Llama-8B layer's decode chain without attention, in a CUDA graph over 8 layers'
+/// worth of distinct weights (so every layer streams from HBM): unfused (add_rms_norm, qkv,
+/// o, add_rms_norm, gate_up, silu_mul, down) vs fused (norm+qkv, o+residual,
+/// norm+gate_up+SwiGLU, down+residual), at m = 1 and 8. Prints µs per layer and GB/s.
+#[test]
+fn bench_fused_layer() {
+    let Some(dev) = bench_enabled("bench_fused_layer") else { return };
+    let (h, qkv, ffn) = (4096usize, 6144usize, 14336usize);
+    const LAYERS: usize = 8;
+    let wq = copies(&dev, qkv * h, LAYERS, 300);
+    let wo = copies(&dev, h * h, LAYERS, 400);
+    let wgu = copies(&dev, 2 * ffn * h, LAYERS, 500);
+    let wd = copies(&dev, h * ffn, LAYERS, 600);
+    let bytes = (qkv * h + h * h + 2 * ffn * h + h * ffn) * 2;
+    let mut gamma = dev.alloc::<bf16>(h).unwrap();
+    dev.fill_uniform(&mut gamma, 7, 0.9, 1.1).unwrap();
+    dev.set_gemv_tuning(6, 8, true, 2).unwrap();
+    for m in [1usize, 8] {
+        let mut x = dev.alloc::<bf16>(m * h).unwrap();
+        dev.fill_uniform(&mut x, 8, -1.0, 1.0).unwrap();
+        let mut xn = dev.alloc::<bf16>(m * h).unwrap();
+        let mut out = dev.alloc::<bf16>(m * h).unwrap();
+        dev.fill_uniform(&mut out, 9, -0.01, 0.01).unwrap();
+        let mut q = dev.alloc::<bf16>(m * qkv).unwrap();
+        let mut attn = dev.alloc::<bf16>(m * h).unwrap();
+        dev.fill_uniform(&mut attn, 10, -1.0, 1.0).unwrap();
+        let mut gu = dev.alloc::<bf16>(m * 2 * ffn).unwrap();
+        let mut act = dev.alloc::<bf16>(m * ffn).unwrap();
+        let unfused = dev
+            .capture(|| {
+                for l in 0..LAYERS {
+                    dev.add_rms_norm(&mut xn, &mut x, &out, &gamma, m, EPS)?;
+                    dev.matmul(&mut q, &xn, m, &wq[l], qkv, h)?;
+                    dev.matmul(&mut out, &attn, m, &wo[l], h, h)?;
+                    dev.add_rms_norm(&mut xn, &mut x, &out, &gamma, m, EPS)?;
+                    dev.matmul(&mut gu, &xn, m, &wgu[l], 2 * ffn, h)?;
+                    dev.silu_mul_packed(&mut act, &gu, m)?;
+                    dev.matmul(&mut out, &act, m, &wd[l], h, ffn)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let fused = dev
+            .capture(|| {
+                for l in 0..LAYERS {
+                    dev.matmul_rms_norm(&mut q, &x, &gamma, EPS, m, &wq[l], qkv, h)?;
+                    dev.matmul_add_residual(&mut x, &attn, m, &wo[l], h, h)?;
+                    dev.matmul_rms_norm_swiglu(&mut act, &x, &gamma, EPS, m, &wgu[l], ffn, h)?;
+                    dev.matmul_add_residual(&mut x, &act, m, &wd[l], h, ffn)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        for (name, g) in [("unfused", &unfused), ("fused", &fused)] {
+            // The residual grows with every replay; keep it bounded between timings.
+            dev.fill_uniform(&mut x, 8, -1.0, 1.0).unwrap();
+            let ms = median_ms(&dev, 7, 5, |_| dev.launch_graph(g)) / LAYERS as f64;
+            println!(
+                "BENCH | llama-8b layer GEMV chain {name} | M={m} | {:.1} us/layer | {:.0} GB/s",
+                ms * 1e3,
+                bytes as f64 / (ms * 1e-3) / 1e9
+            );
+        }
+    }
+}
