@@ -6,8 +6,10 @@
 // tensor cores so that m = 8 costs what m = 1 does.
 //
 // Work: a tile is 16 consecutive rows of w (the mma's M) times all columns; the CTA's warps
-// split its columns in 64-column chunks (warp w of nw takes chunks w, w + nw, ...) and sum
-// their partial results in shared memory at the end of the tile (fixed order:
+// split its columns in 64-column chunks (with `flags` bit 1, the launcher's default, warp
+// w of nw takes the w-th contiguous run of them, which keeps each warp's reads of a row
+// sequential in memory, ~3% faster end to end on H200; without it chunks w, w + nw, ...)
+// and sum their partial results in shared memory at the end of the tile (fixed order:
 // deterministic). A CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, ...: with a grid
 // of one wave (persistent CTAs) a warp's copies run ahead across tile boundaries, so the
 // pipeline fills once per kernel instead of once per tile.
@@ -26,7 +28,7 @@
 //
 // Programmatic dependent launch (the launcher may set it): the kernel lets its dependents
 // launch at once and waits for its prerequisite grid (griddepcontrol.wait) before reading
-// x or writing out. With `early_w` it first queues the ring's first copies of w, which is
+// x or writing out. With `early_w` (`flags` bit 0) it first queues the ring's first copies of w, which is
 // only correct when the kernel launched just before did not write w (weights are static).
 // Without the launch attribute both griddepcontrol instructions are no-ops.
 //
@@ -189,7 +191,7 @@ struct GemvCursor {
 
 template <bool OUT_F32, int P, int MODE>
 __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __restrict__ x,
-                                          const bf16* __restrict__ w, int m, int rows, int cols, int early_w,
+                                          const bf16* __restrict__ w, int m, int rows, int cols, int flags,
                                           const bf16* __restrict__ gamma, float eps) {
     constexpr bool XS = MODE == GEMV_NORM || MODE == GEMV_NORM_SWIGLU;  // x from shared memory
     constexpr int STAGE = GEMV_STAGE_BYTES(XS ? 4 : 6);
@@ -202,7 +204,11 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     const int tile_rows = MODE == GEMV_NORM_SWIGLU ? 8 : GEMV_ROWS;
     const int tiles = ((MODE == GEMV_NORM_SWIGLU ? half : rows) + tile_rows - 1) / tile_rows;
     const int chunks = (cols + GEMV_CHUNK - 1) / GEMV_CHUNK;
-    const int per_tile = (chunks - warp + nw - 1) / nw;  // >= 1: nw <= chunks
+    // A warp's chunks of a tile: every nw-th (strided), or a contiguous run of them
+    // (`flags` bit 1); at least one either way (nw <= chunks).
+    const bool contiguous = (flags & 2) != 0;
+    const int c0 = contiguous ? chunks * warp / nw : warp, c_step = contiguous ? 1 : nw;
+    const int per_tile = contiguous ? chunks * (warp + 1) / nw - c0 : (chunks - warp + nw - 1) / nw;
     const int my_tiles = ((int)blockIdx.x < tiles) ? (tiles - (int)blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     const int items = per_tile * my_tiles;
     const bool has_x = g < m;
@@ -233,7 +239,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     };
     // Columns past the end (cols % 64 != 0) are copied as zeros from a valid address.
     auto issue_w = [&](GemvCursor q, int p) {
-        const int k0 = (warp + q.j * nw) * GEMV_CHUNK;
+        const int k0 = (c0 + q.j * c_step) * GEMV_CHUNK;
         const bf16 *lo, *hi;
         w_rows(q.tile, lo, hi);
         const u32 st = ring + (u32)(p * STAGE);
@@ -248,7 +254,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     };
     auto issue_x = [&](GemvCursor q, int p) {
         if (XS) return;
-        const int k0 = (warp + q.j * nw) * GEMV_CHUNK;
+        const int k0 = (c0 + q.j * c_step) * GEMV_CHUNK;
         const u32 st = ring + (u32)(p * STAGE);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -260,7 +266,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     // XS: x values of the item's two 32-column halves from the normalised rows; zero for
     // rows past m and columns past the end (W is zero there, but x's padding is not).
     auto read_xs = [&](GemvCursor q, int h) -> uint4 {
-        const int k = (warp + q.j * nw) * GEMV_CHUNK + 32 * h;
+        const int k = (c0 + q.j * c_step) * GEMV_CHUNK + 32 * h;
         if (!has_x || k + t * 8 >= cols) return make_uint4(0u, 0u, 0u, 0u);
         return gemv_lds(xn_lane + (u32)(k * 2));
     };
@@ -272,6 +278,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     };
 
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const bool early_w = (flags & 1) != 0;
     if (!early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // Prologue: w of the first P items (one group each), then x of the same items (one
     // group, after the wait when w went first), all landed before the first use. The NORM
@@ -376,8 +383,8 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
 #define GEMV_ENTRY(name, F32, P, MODE)                                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * 32)                                          \
         name(void* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int rows,  \
-             int cols, int early_w, const bf16* __restrict__ gamma, float eps) {                               \
-        gemv_body<F32, P, MODE>(out, x, w, m, rows, cols, early_w, gamma, eps);                                 \
+             int cols, int flags, const bf16* __restrict__ gamma, float eps) {                                 \
+        gemv_body<F32, P, MODE>(out, x, w, m, rows, cols, flags, gamma, eps);                                   \
     }
 
 // gemv_<output type or mode>_p<ring stages>; the launcher picks one (gemv.rs).

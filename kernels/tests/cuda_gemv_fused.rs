@@ -87,10 +87,12 @@ impl Case {
     }
 
     /// Whether the launcher runs this shape with 8 warps (256 threads, norm.cu's block):
-    /// 8 warps asked, evened out over the 64-column chunks.
+    /// 8 warps asked, evened out over the 64-column chunks, and shared memory for all 8
+    /// next to the normalised rows (sure up to 64 KB of them; more rows of a wider x leave
+    /// room for fewer warps).
     fn cta_256(&self) -> bool {
         let chunks = self.cols.div_ceil(64);
-        chunks >= 8 && chunks.div_ceil(chunks.div_ceil(8)) == 8
+        chunks >= 8 && chunks.div_ceil(chunks.div_ceil(8)) == 8 && self.m * self.cols <= 8 * 4096
     }
 }
 

@@ -169,6 +169,10 @@ pub(crate) struct GemvKernels {
     warps: AtomicUsize,
     persistent: AtomicBool,
     pdl: AtomicU8,
+    /// Whether a warp takes a contiguous run of a tile's 64-column chunks instead of every
+    /// nw-th one: on by default (H200, Llama-3-8B decode: batch 1 233 -> 240 tok/s, batch 4
+    /// 873 -> 902; bench/RESULTS.md); `TESSERA_GEMV_CONTIGUOUS=0` at load turns it off.
+    contiguous: bool,
 }
 
 impl GemvKernels {
@@ -198,6 +202,7 @@ impl GemvKernels {
             warps: AtomicUsize::new(DEFAULT_WARPS),
             persistent: AtomicBool::new(DEFAULT_PERSISTENT),
             pdl: AtomicU8::new(DEFAULT_PDL),
+            contiguous: std::env::var("TESSERA_GEMV_CONTIGUOUS").as_deref() != Ok("0"),
         })
     }
 
@@ -291,7 +296,7 @@ impl Device {
         let mut mi = i32::try_from(m).map_err(|_| shape_err())?;
         let mut ri = i32::try_from(rows).map_err(|_| shape_err())?;
         let mut ci = i32::try_from(cols).map_err(|_| shape_err())?;
-        let mut early = i32::from(pdl == 2);
+        let mut early = i32::from(pdl == 2) | (i32::from(g.contiguous) << 1);
         let mut eps = eps;
         let grid = u32::try_from(grid).map_err(|_| shape_err())?;
 
