@@ -17,7 +17,7 @@ ncu --graph-profiling node --cache-control none --clock-control none \
     --csv --log-file "$OUTDIR/ncu.log" \
     "$BIN/tessera" bench --device cuda --synthetic "$SHAPE" --prompts 512 --batches "$BATCH" \
     --gen-tokens 64 --repetitions 1 > "$OUTDIR/ncu.csv" 2>"$OUTDIR/ncu.err" || true
-python3 - "$OUTDIR/ncu.csv" <<'PY'
+python3 - "$OUTDIR/ncu.log" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows:

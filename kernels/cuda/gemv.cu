@@ -65,6 +65,9 @@
 // One warp's parked accumulators: 16 rows x 8 n f32 (two buffers, alternate tiles).
 #define GEMV_RED_BYTES (GEMV_ROWS * GEMV_MAX_M * 4)
 
+// gamma vectors a thread keeps in registers across the wait (8192 columns at 256 threads).
+#define GEMV_GAMMA_REGS 4
+
 #define GEMV_PLAIN 0
 #define GEMV_NORM 1
 #define GEMV_NORM_SWIGLU 2
@@ -133,21 +136,30 @@ __device__ __forceinline__ int gemv_xn_pitch(int cols) { return cols + (96 - col
 // NORM modes' prologue: xn[n] = bf16(x[n] * rsqrt(mean(x[n]^2) + eps) * gamma) for the m
 // rows, into shared memory at `xn`, with norm.cu's arithmetic (per-thread sums over
 // 16-byte vectors strided by the block, warp sums, then the warps' sums added as
-// block_sum adds them). The raw rows are copied in first, all at once (cp.async, one
-// group: one L2 round trip whatever m is), then squared, summed and scaled in place.
-// `scratch`: GEMV_MAX_M x 32 floats (the accumulator parking space, unused until the
-// first tile ends). Waits for every copy this thread has in flight, w's included.
+// block_sum adds them). The raw rows are copied in first with plain 16-byte loads, four
+// in flight per thread (not cp.async: waiting for those would also wait for the ring's
+// copies of w queued before, a whole prefetch of W on the critical path), then squared,
+// summed and scaled in place (gamma's first vectors preloaded in `g_pre`, before the wait).
+// `scratch`: GEMV_MAX_M x 32 floats (the accumulator parking
+// space, unused until the first tile ends).
 __device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict__ x, const bf16* __restrict__ gamma,
-                                               int m, int cols, float eps, float* scratch) {
+                                               const uint4 (&g_pre)[GEMV_GAMMA_REGS], int m, int cols, float eps,
+                                               float* scratch) {
     const int nv = cols >> 3, pitch = gemv_xn_pitch(cols);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    const u32 base = (u32)__cvta_generic_to_shared(xn);
-    for (int j = threadIdx.x; j < m * nv; j += blockDim.x) {
-        const int n = j / nv, i = j - n * nv;
-        gemv_cp_x(base + (u32)((n * pitch + i * 8) * 2), x + (u64)n * cols + i * 8, 16);
+    for (int j0 = threadIdx.x; j0 < m * nv; j0 += 4 * blockDim.x) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = j0 + u * blockDim.x, n = j / nv, i = j - n * nv;
+            if (j < m * nv) v[u] = *reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = j0 + u * blockDim.x, n = j / nv, i = j - n * nv;
+            if (j < m * nv) *reinterpret_cast<uint4*>(xn + n * pitch + i * 8) = v[u];
+        }
     }
-    gemv_commit();
-    gemv_wait<0>();
     __syncthreads();
     for (int n = 0; n < m; ++n) {
         float ss = 0.f;
@@ -166,9 +178,9 @@ __device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict_
     for (int n = 0; n < GEMV_MAX_M; ++n) {
         s[n] = n < m ? rsqrtf(warp_sum(lane < n_warps ? scratch[n * 32 + lane] : 0.f) / (float)cols + eps) : 0.f;
     }
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+    auto scale = [&](int i, uint4 gv) {
         float g[8];
-        unpack8(reinterpret_cast<const uint4*>(gamma)[i], g);
+        unpack8(gv, g);
 #pragma unroll
         for (int n = 0; n < GEMV_MAX_M; ++n) {
             if (n < m) {
@@ -180,8 +192,29 @@ __device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict_
                 *p = pack8(v);
             }
         }
+    };
+#pragma unroll
+    for (int r = 0; r < GEMV_GAMMA_REGS; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        if (i < nv) scale(i, g_pre[r]);
+    }
+    for (int i = threadIdx.x + GEMV_GAMMA_REGS * blockDim.x; i < nv; i += blockDim.x) {
+        scale(i, reinterpret_cast<const uint4*>(gamma)[i]);
     }
     __syncthreads();
+}
+
+// gamma's first 16-byte vectors of each thread (i = tid, tid + blockDim, ...), loaded
+// before the wait for the previous kernel (gamma is a weight: never written by it), so its
+// latency is off the critical path.
+__device__ __forceinline__ void gemv_gamma_preload(uint4 (&g_pre)[GEMV_GAMMA_REGS], const bf16* __restrict__ gamma,
+                                                   int cols) {
+    const int nv = cols >> 3;
+#pragma unroll
+    for (int r = 0; r < GEMV_GAMMA_REGS; ++r) {
+        const int i = threadIdx.x + r * blockDim.x;
+        if (i < nv) g_pre[r] = reinterpret_cast<const uint4*>(gamma)[i];
+    }
 }
 
 // A warp's position in its item sequence: the j-th of its chunks of tile `tile`.
@@ -278,6 +311,8 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     };
 
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    uint4 g_pre[GEMV_GAMMA_REGS];
+    if (XS) gemv_gamma_preload(g_pre, gamma, cols);
     const bool early_w = (flags & 1) != 0;
     if (!early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // Prologue: w of the first P items (one group each), then x of the same items (one
@@ -294,7 +329,10 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     }
     if (early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     if (XS) {
-        gemv_normalise(xn, x, gamma, m, cols, eps, red);
+        // No group of its own: the loop's wait for item q (P - 1 groups may stay pending)
+        // is then exactly the wait for w's stage q, and the first items are used as soon
+        // as they land.
+        gemv_normalise(xn, x, gamma, g_pre, m, cols, eps, red);
     } else {
         GemvCursor xq = {(int)blockIdx.x, 0};
 #pragma unroll
@@ -304,9 +342,9 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                 advance(xq);
             }
         }
+        gemv_commit();
+        gemv_wait<0>();
     }
-    gemv_commit();
-    gemv_wait<0>();
 
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     GemvCursor cq = {(int)blockIdx.x, 0};

@@ -317,6 +317,9 @@ struct Core {
     /// Whether steps of at most 8 tokens run the fused GEMVs (norms, SwiGLU and residual
     /// adds inside the projections; `TESSERA_FUSED_GEMV=0` turns them off for A/B runs).
     fused_gemv: bool,
+    /// Positions per split-KV chunk of decode attention (`TESSERA_DECODE_SPLIT_LEN`, for
+    /// tuning runs); `None`: the kernel's automatic split.
+    decode_split_len: Option<usize>,
 }
 
 impl Core {
@@ -420,6 +423,7 @@ impl CudaModel {
                 part: part.clone(),
                 allreduce,
                 fused_gemv: std::env::var("TESSERA_FUSED_GEMV").as_deref() != Ok("0"),
+                decode_split_len: std::env::var("TESSERA_DECODE_SPLIT_LEN").ok().and_then(|v| v.parse().ok()),
             },
             model_config,
             kv,
@@ -746,7 +750,8 @@ fn run_layers(
         match &idx.cu_q {
             None => {
                 let ws = Some(&mut *decode_ws);
-                dev.paged_decode_attention(&mut s.attn, &s.q, &batch, c.num_heads, scale, idx.max_context, None, ws)?;
+                let split = core.decode_split_len;
+                dev.paged_decode_attention(&mut s.attn, &s.q, &batch, c.num_heads, scale, idx.max_context, split, ws)?;
             }
             Some(cu_q) => {
                 dev.paged_prefill_attention(&mut s.attn, &s.q, &batch, cu_q, idx.max_q, c.num_heads, scale)?;
