@@ -60,8 +60,11 @@ pub struct HipModel {
     config: ModelConfig,
     w: GpuWeights<Buf, RopeTable>,
     kv: GpuKv<Buf>,
-    /// The last step's activations, kept while steps keep their size.
+    /// The last step's activations, index arrays and logits, kept for the next step (reused
+    /// where it has the same sizes).
     scratch: Option<Scratch<Buf>>,
+    index: Option<DevIndex>,
+    logits: Option<DevBuf<f32>>,
 }
 
 /// A step's index arrays on the device.
@@ -72,6 +75,35 @@ struct DevIndex {
     tables: DevBuf<u32>,
     ctx: DevBuf<u32>,
     cu_q: DevBuf<u32>,
+}
+
+impl DevIndex {
+    /// `h` on the device, in `old`'s buffers where their lengths match (a run of decode steps
+    /// of one batch size allocates nothing). Overwriting them is safe: every step ends with
+    /// the stream drained (the logits' download, or a synchronize).
+    fn fill(dev: &Device, old: Option<DevIndex>, h: &HostIndex) -> Result<Self, WorkerError> {
+        let mut o = old.map(|o| [o.ids, o.positions, o.slots, o.tables, o.ctx, o.cu_q].map(Some));
+        let mut put = |i: usize, host: &[u32]| reuse(dev, o.as_mut().and_then(|o| o[i].take()), host);
+        Ok(DevIndex {
+            ids: put(0, &h.ids)?,
+            positions: put(1, &h.positions)?,
+            slots: put(2, &h.slots)?,
+            tables: put(3, &h.tables)?,
+            ctx: put(4, &h.ctx)?,
+            cu_q: put(5, &h.cu_q)?,
+        })
+    }
+}
+
+/// `host` on the device: written into `old` when it is as long, else uploaded anew.
+fn reuse(dev: &Device, old: Option<DevBuf<u32>>, host: &[u32]) -> Result<DevBuf<u32>, WorkerError> {
+    match old {
+        Some(mut b) if b.len() == host.len() => {
+            dev.write(&mut b, host)?;
+            Ok(b)
+        }
+        _ => Ok(dev.upload(host)?),
+    }
 }
 
 /// Why `c` cannot run on this backend, if it cannot.
@@ -103,7 +135,7 @@ impl HipModel {
             kv.v.push(dev.alloc(per_layer)?);
         }
         dev.synchronize()?;
-        Ok(HipModel { dev, blas, config, w, kv, scratch: None })
+        Ok(HipModel { dev, blas, config, w, kv, scratch: None, index: None, logits: None })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -137,20 +169,13 @@ impl HipModel {
             return Ok(Logits { vocab, data: Vec::new(), spans: spans_of(&h.picked) });
         }
         let d = &self.dev;
-        let idx = DevIndex {
-            ids: d.upload(&h.ids)?,
-            positions: d.upload(&h.positions)?,
-            slots: d.upload(&h.slots)?,
-            tables: d.upload(&h.tables)?,
-            ctx: d.upload(&h.ctx)?,
-            cu_q: d.upload(&h.cu_q)?,
-        };
+        let idx = DevIndex::fill(d, self.index.take(), &h)?;
         let mut s = match self.scratch.take() {
             Some(s) if s.t == t => s,
             _ => Scratch::new(d, &self.config, t)?,
         };
         let r = self.run_layers(&mut s, &idx).and_then(|()| self.lm_head(&s, &h));
-        self.scratch = Some(s);
+        (self.scratch, self.index) = (Some(s), Some(idx));
         Ok(Logits { vocab, data: r?, spans: spans_of(&h.picked) })
     }
 
@@ -197,7 +222,7 @@ impl HipModel {
 
     /// The LM head over the wanted rows of the final activations: `[rows, vocab]` f32 on the
     /// host.
-    fn lm_head(&self, s: &Scratch<Buf>, h: &HostIndex) -> Result<Vec<f32>, WorkerError> {
+    fn lm_head(&mut self, s: &Scratch<Buf>, h: &HostIndex) -> Result<Vec<f32>, WorkerError> {
         let (d, c) = (&self.dev, &self.config);
         let rows = rows_of(&h.picked);
         if rows == 0 {
@@ -219,8 +244,13 @@ impl HipModel {
             picked = buf;
             &picked
         };
-        let mut logits = d.alloc::<f32>(rows * c.vocab_size)?;
-        self.blas.gemm_f32(d, &mut logits, sel, head, (rows, c.vocab_size, c.hidden_size))?;
-        Ok(d.download(&logits)?)
+        let mut logits = match self.logits.take() {
+            Some(l) if l.len() == rows * c.vocab_size => l,
+            _ => d.alloc::<f32>(rows * c.vocab_size)?,
+        };
+        let r = self.blas.gemm_f32(d, &mut logits, sel, head, (rows, c.vocab_size, c.hidden_size));
+        let data = r.and_then(|()| d.download(&logits));
+        self.logits = Some(logits);
+        Ok(data?)
     }
 }
