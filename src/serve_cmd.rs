@@ -252,11 +252,13 @@ impl WorkerSpec {
         cmd.args(["--drain-timeout-s", &self.drain]);
         cmd.args(["--admin-listen", "127.0.0.1:0"]);
         cmd.args(&self.tls);
-        match self.device {
-            DeviceChoice::Cuda(first) => cmd.args(["--device", &format!("cuda:{}", first + self.index)]),
-            DeviceChoice::Hip(first) => cmd.args(["--device", &format!("hip:{}", first + self.index)]),
-            DeviceChoice::Cpu => &mut cmd,
+        // Always named: the workers must not detect a device of their own (`auto`).
+        let device = match self.device {
+            DeviceChoice::Cuda(first) => format!("cuda:{}", first + self.index),
+            DeviceChoice::Hip(first) => format!("hip:{}", first + self.index),
+            DeviceChoice::Cpu => "cpu".to_string(),
         };
+        cmd.args(["--device", &device]);
         cmd
     }
 }
