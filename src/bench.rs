@@ -62,7 +62,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return crate::bench_gpu::run(&args, ordinal);
     }
     if let tessera_worker::service::DeviceChoice::Hip(_) = args.device {
-        anyhow::bail!("--device hip: {}", tessera_worker::hip::NO_FORWARD_PASS);
+        anyhow::bail!("--device hip: the benchmark runs on the CPU and CUDA; HIP serves through `tessera worker`");
     }
     if args.synthetic.is_some() || args.tp > 1 || args.pp > 1 {
         anyhow::bail!("--synthetic models, --tp and --pp run on GPUs: add --device cuda");

@@ -135,7 +135,7 @@ async fn free_memory_bytes(d: DeviceChoice) -> u64 {
                 _ => 0,
             }
         }
-        // A HIP worker stops before registering (tessera_worker::hip).
+        // Not read for AMD GPUs (rocm-smi is not assumed): unknown.
         DeviceChoice::Hip(_) => 0,
     }
 }

@@ -41,9 +41,11 @@ pub struct ServeArgs {
     /// CPU threads per worker (default: cores / workers).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
-    /// Where the workers run: `cpu`, or `cuda` / `cuda:N` (worker i on GPU N + i; the KV
-    /// cache then takes most of each GPU's free memory and the batch limits grow to GPU
-    /// sizes unless --coordinator-args sets them).
+    /// Where the workers run: `cpu`, `cuda` / `cuda:N` or `hip` / `hip:N` (worker i on GPU
+    /// N + i; the KV cache then takes most of each GPU's free memory and the batch limits grow
+    /// to GPU sizes unless --coordinator-args sets them; HIP: one model per AMD GPU, no --tp /
+    /// --pp), or `auto` (a CUDA GPU, else an AMD GPU, else the CPU; see the README's platform
+    /// table).
     #[arg(long, env = "TESSERA_DEVICE", default_value = "cpu")]
     pub device: tessera_worker::service::DeviceChoice,
     /// Extra flags passed to the coordinator (e.g. "--max-waiting 8").
@@ -133,13 +135,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.workers == 0 || args.tp == 0 || args.pp == 0 {
         bail!("--workers, --tp and --pp must be at least 1");
     }
-    if let DeviceChoice::Hip(_) = args.device {
-        // The workers would stop at start (tessera_worker::hip); say why once, here.
-        let why = match tessera_worker::hip::probe(0) {
-            Ok(_) => tessera_worker::hip::NO_FORWARD_PASS.to_string(),
-            Err(e) => e.to_string(),
-        };
-        bail!("--device hip: {why}");
+    if let DeviceChoice::Hip(first) = args.device {
+        if args.tp > 1 || args.pp > 1 {
+            bail!("--device hip: one model per AMD GPU (no --tp / --pp on HIP yet)");
+        }
+        // Fails once, here, with the reason (not compiled in, no GPU, no toolchain) instead
+        // of in every worker; compiles the kernel modules into the cache the workers read.
+        let found = tessera_worker::hip::probe(first).map_err(|e| anyhow::anyhow!("--device hip:{first}: {e}"))?;
+        eprintln!("tessera serve: {found}");
     }
     let processes = args.workers * args.tp * args.pp;
     // Before any thread starts: the children (restarted workers too) inherit it.
@@ -180,7 +183,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .arg("--model")
             .arg(&model)
             .args(["--drain-timeout-s", &drain]);
-        if matches!(args.device, DeviceChoice::Cuda(_)) {
+        if matches!(args.device, DeviceChoice::Cuda(_) | DeviceChoice::Hip(_)) {
             // GPU sizes first; flags given in --coordinator-args come later and win.
             cmd.args(["--kv-memory-mib", "0", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192"]);
         }
@@ -249,9 +252,13 @@ impl WorkerSpec {
         cmd.args(["--drain-timeout-s", &self.drain]);
         cmd.args(["--admin-listen", "127.0.0.1:0"]);
         cmd.args(&self.tls);
-        if let DeviceChoice::Cuda(first) = self.device {
-            cmd.args(["--device", &format!("cuda:{}", first + self.index)]);
-        }
+        // Always named: the workers must not detect a device of their own (`auto`).
+        let device = match self.device {
+            DeviceChoice::Cuda(first) => format!("cuda:{}", first + self.index),
+            DeviceChoice::Hip(first) => format!("hip:{}", first + self.index),
+            DeviceChoice::Cpu => "cpu".to_string(),
+        };
+        cmd.args(["--device", &device]);
         cmd
     }
 }

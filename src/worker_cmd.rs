@@ -21,8 +21,9 @@ pub struct WorkerArgs {
     /// CPU threads for the kernels (default: all cores).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
-    /// Where the model runs: `cpu`, `cuda` (GPU 0), `cuda:N`, `hip` or `hip:N` (AMD GPUs: the
-    /// worker checks the device and its kernels, then stops; no forward pass on HIP yet).
+    /// Where the model runs: `cpu`, `cuda` (GPU 0), `cuda:N`, `hip` (AMD GPU 0), `hip:N`, or
+    /// `auto`: GPU 0 of the first GPU backend compiled in that sees a GPU (CUDA, then HIP),
+    /// else the CPU.
     #[arg(long, env = "TESSERA_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
     /// On SIGTERM: seconds to keep serving the coordinator's open streams (until it hangs
@@ -48,7 +49,10 @@ pub fn run(args: WorkerArgs) -> Result<()> {
     let tls = args.tls.load()?;
     crate::threads::init(args.threads)?;
     if let DeviceChoice::Hip(ordinal) = args.device {
-        hip_stop(ordinal)?;
+        // Opens the GPU and compiles its kernel modules now: a machine without a usable AMD
+        // GPU or toolchain (or a build without HIP) stops here with the reason.
+        let found = tessera_worker::hip::probe(ordinal).map_err(|e| anyhow::anyhow!("--device hip:{ordinal}: {e}"))?;
+        eprintln!("tessera worker: {found}");
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
@@ -84,12 +88,4 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         crate::etcd_cmd::deregister_worker(registration).await;
         Ok(())
     })
-}
-
-/// `--device hip`: reports what the probe found (or why it failed), then stops with the reason
-/// the worker cannot serve on HIP (tessera_worker::hip).
-fn hip_stop(ordinal: usize) -> Result<()> {
-    let found = tessera_worker::hip::probe(ordinal).map_err(|e| anyhow::anyhow!("--device hip:{ordinal}: {e}"))?;
-    eprintln!("tessera worker: {found}");
-    anyhow::bail!("--device hip:{ordinal}: {}", tessera_worker::hip::NO_FORWARD_PASS)
 }

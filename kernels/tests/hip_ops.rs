@@ -7,10 +7,11 @@
 //!   every kernel module compiles through hipRTC for gfx90a (64-lane wavefronts) and gfx1030
 //!   (32-lane), the run-time twin of kernels/hip/check_sources.sh. (Debian's ROCm 5.2 device
 //!   libraries stop at gfx1036 and gfx940; its hipRTC crashes, rather than failing, on an
-//!   arch it has no library for, e.g. gfx1100.)
+//!   arch it has no library for, e.g. gfx1100.) The kernels the HIP launchers look up by name
+//!   are in their modules.
 //! - `TESSERA_HIP_TESTS=1` (needs an AMD GPU with ROCm, rocBLAS; RCCL for the last): buffers
 //!   round trip, RMSNorm, the portable paged attention and the rocBLAS GEMM against the CPU
-//!   reference on random bf16 inputs, an RCCL all-reduce over a one-rank communicator. None of these has run yet: no AMD GPU
+//!   reference on random bf16 inputs (the forward pass's other ops: hip_forward_ops.rs), an RCCL all-reduce over a one-rank communicator. None of these has run yet: no AMD GPU
 //!   was available when they were written.
 //!
 //! Tolerances as kernels/tests/cuda_ops.rs (bf16 outputs against f32/f64 references on the
@@ -19,30 +20,16 @@
 //! `|gpu - ref| <= 2^-7 |ref| + 2^-10`.
 #![cfg(feature = "hip")]
 
+mod hip_common;
+
 use half::bf16;
+use hip_common::{enabled, gemm_reference, gpu, random_bf16};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{attention as cpu_attention, PagedKv, SeqSlice};
 use tessera_kernels::cpu::norm;
 use tessera_kernels::cuda::ModuleCache;
 use tessera_kernels::hip::{self, ffi, Blas, Device, GfxArch, RcclComm};
-
-fn enabled(var: &str, test: &str) -> bool {
-    let on = std::env::var(var).as_deref() == Ok("1");
-    if !on {
-        eprintln!("skipped {test}: set {var}=1 (see kernels/tests/hip_ops.rs)");
-    }
-    on
-}
-
-fn random_bf16(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<bf16> {
-    (0..n)
-        .map(|_| {
-            let u = (rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32;
-            bf16::from_f32((2.0 * u - 1.0) * scale)
-        })
-        .collect()
-}
 
 #[test]
 fn rccl_absent_is_a_clear_error() {
@@ -87,15 +74,22 @@ fn hiprtc_compiles_every_module() {
     assert!(has("paged_attention_portable_hd64") && has("paged_attention_portable_hd128") && has("write_kv"));
     assert!(!has("paged_decode_hd128") && !has("paged_prefill_hd128"));
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// The GPU, its modules loaded into a per-process cache directory.
-fn gpu() -> Device {
-    let mut dev = Device::new(0).unwrap_or_else(|e| panic!("TESSERA_HIP_TESTS=1 but no usable AMD GPU: {e}"));
-    let dir = std::env::temp_dir().join(format!("tessera-hip-test-{}", std::process::id()));
-    let reports = dev.load_modules(&ModuleCache::new(&dir)).unwrap();
-    eprintln!("{} ({}), wave {}: {} modules", dev.name(), dev.arch(), dev.wavefront_size(), reports.len());
-    dev
+    // Every kernel the forward pass's HIP launchers look up by name is in its module.
+    let used: [(&str, &[&str]); 4] = [
+        ("norm", &["rms_norm_warp", "rms_norm_block", "add_rms_norm_warp", "add_rms_norm_block"]),
+        ("embedding", &["embedding"]),
+        ("activation", &["silu_mul", "silu_mul_vec8"]),
+        ("qkv", &["qkv_rope_write"]),
+    ];
+    for (module, kernels) in used {
+        let &(_, body) = hip::sources::modules().iter().find(|(m, _)| *m == module).unwrap();
+        let image = hip::rtc::compile(module, &hip::sources::full_source(body), &arch).unwrap();
+        for k in kernels {
+            // The symbol followed by its NUL in the code object's string table.
+            let sym = format!("{k}\0");
+            assert!(image.windows(sym.len()).any(|w| w == sym.as_bytes()), "{module}: no kernel {k}");
+        }
+    }
 }
 
 #[test]
@@ -215,18 +209,10 @@ fn gemm_matches_f64_reference() {
         let mut out = dev.upload(&vec![bf16::NAN; m * n]).unwrap();
         blas.gemm(&dev, &mut out, &xd, &wd, (m, n, k)).unwrap();
         let got = dev.download(&out).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let (mut dot, mut mag) = (0f64, 0f64);
-                for t in 0..k {
-                    let p = x[i * k + t].to_f64() * w[j * k + t].to_f64();
-                    dot += p;
-                    mag += p.abs();
-                }
-                let g = got[i * n + j].to_f64();
-                let tol = dot.abs() / 256.0 + mag / 4096.0;
-                assert!((g - dot).abs() <= tol, "gemm {m}x{n}x{k} [{i},{j}]: got {g}, want {dot}");
-            }
+        for (i, (g, &(dot, mag))) in got.iter().zip(&gemm_reference(&x, &w, (m, n, k))).enumerate() {
+            let g = g.to_f64();
+            let tol = dot.abs() / 256.0 + mag / 4096.0;
+            assert!((g - dot).abs() <= tol, "gemm {m}x{n}x{k} [{}, {}]: got {g}, want {dot}", i / n, i % n);
         }
     }
 }

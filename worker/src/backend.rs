@@ -1,5 +1,5 @@
 //! The forward-pass backends an executor can drive: the CPU model with its f32 KV cache,
-//! or a model on a GPU. Both take the same batch ([`SeqChunk`]s) and return the same
+//! or a model on a GPU (NVIDIA through CUDA, AMD through HIP). Both take the same batch ([`SeqChunk`]s) and return the same
 //! [`Logits`], so the executor, the service and everything above them are unchanged.
 
 use tessera_model::config::ModelConfig;
@@ -7,6 +7,7 @@ use tessera_model::config::ModelConfig;
 use crate::batch::{Logits, SeqChunk};
 use crate::cuda::{CudaModel, GpuSampler};
 use crate::error::WorkerError;
+use crate::hip::HipModel;
 use crate::kv_cache::KvCache;
 use crate::llama::LlamaModel;
 use crate::parallel::Comms;
@@ -17,6 +18,8 @@ pub enum Backend {
     Cpu { model: LlamaModel, kv: KvCache, comms: Comms },
     /// The model and its sampler (the CUDA backend samples on the GPU, see executor.rs).
     Cuda(Box<CudaModel>, GpuSampler),
+    /// A model on an AMD GPU; its logits are sampled on the host, as the CPU backend's.
+    Hip(Box<HipModel>),
 }
 
 impl Backend {
@@ -37,6 +40,7 @@ impl Backend {
         match self {
             Backend::Cpu { model, .. } => model.shard.is_last_stage(),
             Backend::Cuda(m, _) => m.samples(),
+            Backend::Hip(_) => true,
         }
     }
 
@@ -49,6 +53,7 @@ impl Backend {
         match self {
             Backend::Cpu { model, .. } => &model.config,
             Backend::Cuda(m, _) => m.config(),
+            Backend::Hip(m) => m.config(),
         }
     }
 
@@ -56,6 +61,7 @@ impl Backend {
         match self {
             Backend::Cpu { kv, .. } => kv.num_blocks,
             Backend::Cuda(m, _) => m.num_blocks(),
+            Backend::Hip(m) => m.num_blocks(),
         }
     }
 
@@ -63,14 +69,16 @@ impl Backend {
         match self {
             Backend::Cpu { kv, .. } => kv.block_size,
             Backend::Cuda(m, _) => m.block_size(),
+            Backend::Hip(m) => m.block_size(),
         }
     }
 
-    /// `("cpu" | "cuda", a description of the device)`.
+    /// `("cpu" | "cuda" | "hip", a description of the device)`.
     pub fn device(&self) -> (&'static str, String) {
         match self {
             Backend::Cpu { .. } => ("cpu", format!("cpu ({} threads)", rayon::current_num_threads())),
             Backend::Cuda(m, _) => ("cuda", format!("{} (GPU {})", m.device().name(), m.device().ordinal())),
+            Backend::Hip(m) => ("hip", m.describe()),
         }
     }
 
@@ -79,6 +87,7 @@ impl Backend {
         match self {
             Backend::Cpu { model, kv, comms } => model.forward_sharded(chunks, kv, comms),
             Backend::Cuda(m, _) => m.forward(chunks),
+            Backend::Hip(m) => m.forward(chunks),
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod constrained;
 pub mod cuda;
 pub mod error;
 pub mod executor;
+mod gpu_store;
 pub mod hip;
 pub mod kv_cache;
 pub mod llama;
@@ -17,6 +18,7 @@ pub mod sampling;
 pub mod service;
 pub mod session;
 pub mod shard;
+mod step_index;
 pub mod step_trace;
 pub mod weights;
 

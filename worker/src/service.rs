@@ -49,17 +49,37 @@ pub enum DeviceChoice {
 impl std::str::FromStr for DeviceChoice {
     type Err = String;
 
-    /// `cpu`, `cuda` (GPU 0), `cuda:N`, `hip` (AMD GPU 0) or `hip:N`.
+    /// `cpu`, `cuda` (GPU 0), `cuda:N`, `hip` (AMD GPU 0), `hip:N`, or `auto`
+    /// ([`DeviceChoice::detect`]).
     fn from_str(s: &str) -> Result<Self, String> {
         let ordinal = |prefix: &str| s.strip_prefix(prefix).and_then(|n| n.parse().ok());
         match s {
+            "auto" => Ok(DeviceChoice::detect()),
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda(0)),
             "hip" => Ok(DeviceChoice::Hip(0)),
             _ => ordinal("cuda:")
                 .map(DeviceChoice::Cuda)
                 .or_else(|| ordinal("hip:").map(DeviceChoice::Hip))
-                .ok_or_else(|| format!("unknown device {s:?}: expected cpu, cuda, cuda:N, hip or hip:N")),
+                .ok_or_else(|| format!("unknown device {s:?}: expected auto, cpu, cuda, cuda:N, hip or hip:N")),
+        }
+    }
+}
+
+impl DeviceChoice {
+    /// What `--device auto` picks: GPU 0 of the first GPU backend compiled in whose runtime
+    /// sees a GPU (NVIDIA through CUDA, then AMD through HIP), else the CPU. A backend not
+    /// compiled in sees none.
+    pub fn detect() -> Self {
+        Self::pick(tessera_kernels::cuda::Device::count().unwrap_or(0), crate::hip::gpu_count())
+    }
+
+    /// `detect`'s rule for the given GPU counts.
+    fn pick(cuda_gpus: usize, amd_gpus: usize) -> Self {
+        match (cuda_gpus, amd_gpus) {
+            (n, _) if n > 0 => DeviceChoice::Cuda(0),
+            (_, n) if n > 0 => DeviceChoice::Hip(0),
+            _ => DeviceChoice::Cpu,
         }
     }
 }
@@ -170,7 +190,7 @@ impl WorkerService {
                 (info.tp_collective_addr, info.pp_collective_addr) =
                     (nccl_addr(&self.nccl_ids.tp), nccl_addr(&self.nccl_ids.pp));
             }
-            // No model loads on HIP yet (crate::hip), so no group to offer.
+            // One model per AMD GPU (crate::hip): no group to offer.
             DeviceChoice::Hip(_) => {}
         }
         if let Some(l) = guard.as_ref() {
@@ -251,9 +271,19 @@ fn load(
             };
             Backend::cuda(model.map_err(|e| Status::failed_precondition(e.to_string()))?)
         }
-        // `tessera worker --device hip` stops at start (crate::hip); a service built on HIP
-        // in code says the same here.
-        DeviceChoice::Hip(_) => return Err(Status::unimplemented(crate::hip::NO_FORWARD_PASS)),
+        DeviceChoice::Hip(ordinal) => {
+            if sharded.is_some() {
+                return Err(Status::unimplemented(
+                    "tensor and pipeline parallel shards do not run on HIP yet: one model per AMD GPU",
+                ));
+            }
+            let config = files.config().map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let per = kv_bytes_per_block(&config, block_size) as u64;
+            let num_blocks = blocks_for(req, per, 0)?;
+            let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
+            let model = crate::hip::HipModel::load(&files, &opts);
+            Backend::Hip(Box::new(model.map_err(|e| Status::failed_precondition(e.to_string()))?))
+        }
     };
     if backend.num_blocks() == 0 {
         return Err(Status::invalid_argument("the KV memory budget holds no block"));
@@ -516,7 +546,12 @@ mod tests {
         assert_eq!("cuda:3".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(3)));
         assert_eq!("hip".parse::<DeviceChoice>(), Ok(DeviceChoice::Hip(0)));
         assert_eq!("hip:2".parse::<DeviceChoice>(), Ok(DeviceChoice::Hip(2)));
-        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "", "hip:", "hip:x", "rocm"] {
+        // No GPU runtime in the test build sees a GPU here unless one is present.
+        assert_eq!("auto".parse::<DeviceChoice>(), Ok(DeviceChoice::detect()));
+        assert_eq!(DeviceChoice::pick(0, 0), DeviceChoice::Cpu);
+        assert_eq!(DeviceChoice::pick(0, 2), DeviceChoice::Hip(0));
+        assert_eq!(DeviceChoice::pick(1, 2), DeviceChoice::Cuda(0));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "", "hip:", "hip:x", "rocm", "auto:0"] {
             assert!(bad.parse::<DeviceChoice>().is_err(), "{bad:?} accepted");
         }
     }

@@ -60,7 +60,7 @@ pub mod nvrtc;
 mod ops;
 #[cfg(feature = "cuda")]
 mod qkv;
-mod qkv_args;
+pub(crate) mod qkv_args;
 pub mod sample_params;
 #[cfg(feature = "cuda")]
 mod sampling;

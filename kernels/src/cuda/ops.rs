@@ -7,6 +7,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::device::{dev_err, Buf, Device, RopeCache};
 use crate::cpu::rope::{RopeParams, RopeStyle};
 use crate::error::check;
+use crate::launch_checks::{embedding_shape, norm_args, rope_table, silu_packed_shape, to_u32};
 use crate::KernelError;
 use half::bf16;
 
@@ -17,26 +18,8 @@ const WARP_ROW_MAX: usize = 1024;
 /// Grid cap of the grid-stride elementwise kernels (enough to fill 132 SMs many times).
 const MAX_GRID: usize = 1 << 16;
 
-fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, KernelError> {
-    u32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds u32") })
-}
-
-fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, KernelError> {
-    i32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds i32") })
-}
-
 fn grid(n: u32, block: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (n, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
-}
-
-/// Checks `x` is `[n_rows, dim]` with `dim = w.len() > 0` and `eps` usable; returns dim.
-fn norm_shape(op: &'static str, x_len: usize, w_len: usize, n_rows: usize, eps: f32) -> Result<usize, KernelError> {
-    check(w_len > 0, op, || "weight is empty".to_string())?;
-    check(n_rows.checked_mul(w_len) == Some(x_len), op, || {
-        format!("x has {x_len} values, expected {n_rows} rows x {w_len} (weight length)")
-    })?;
-    check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} must be finite and >= 0"))?;
-    Ok(w_len)
 }
 
 impl Device {
@@ -51,12 +34,10 @@ impl Device {
         eps: f32,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_rms_norm";
-        let dim = norm_shape(OP, x.len(), w.len(), n_rows, eps)?;
-        check(out.len() == x.len(), OP, || format!("out has {} values, x has {}", out.len(), x.len()))?;
-        if n_rows == 0 {
+        let Some((rows, dim_i)) = norm_args(OP, (out.len(), None, x.len(), w.len()), n_rows, eps)? else {
             return Ok(());
-        }
-        let (rows, dim_i) = (to_i32(OP, "n_rows", n_rows)?, to_i32(OP, "dim", dim)?);
+        };
+        let dim = w.len();
         let (func, cfg) = if dim <= WARP_ROW_MAX {
             (&self.kernels.rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
         } else {
@@ -81,14 +62,11 @@ impl Device {
         eps: f32,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_add_rms_norm";
-        let dim = norm_shape(OP, x.len(), w.len(), n_rows, eps)?;
-        check(out.len() == x.len() && residual.len() == x.len(), OP, || {
-            format!("out has {} values, residual {}, x {}", out.len(), residual.len(), x.len())
-        })?;
-        if n_rows == 0 {
+        let lens = (out.len(), Some(residual.len()), x.len(), w.len());
+        let Some((rows, dim_i)) = norm_args(OP, lens, n_rows, eps)? else {
             return Ok(());
-        }
-        let (rows, dim_i) = (to_i32(OP, "n_rows", n_rows)?, to_i32(OP, "dim", dim)?);
+        };
+        let dim = w.len();
         let (func, cfg) = if dim <= WARP_ROW_MAX {
             (&self.kernels.add_rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
         } else {
@@ -137,13 +115,7 @@ impl Device {
     /// first half of each row), `out` `[n_rows, ffn]`.
     pub fn silu_mul_packed(&self, out: &mut Buf<bf16>, gate_up: &Buf<bf16>, n_rows: usize) -> Result<(), KernelError> {
         const OP: &str = "cuda_silu_mul_packed";
-        check(n_rows > 0 && out.len() % n_rows == 0, OP, || {
-            format!("out has {} values, not {n_rows} rows", out.len())
-        })?;
-        let ffn = out.len() / n_rows;
-        check(gate_up.len() == 2 * out.len(), OP, || {
-            format!("gate_up has {} values, expected {n_rows} x 2 x {ffn}", gate_up.len())
-        })?;
+        let ffn = silu_packed_shape(OP, out.len(), gate_up.len(), n_rows)?;
         let (gv, uv) = (gate_up.inner.slice(..), gate_up.inner.slice(ffn..));
         self.launch_silu_mul(OP, out, &gv, &uv, n_rows, ffn, 2 * ffn)
     }
@@ -184,17 +156,11 @@ impl Device {
         dim: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_embedding";
-        check(dim > 0 && table.len() % dim == 0, OP, || {
-            format!("table has {} values, not a whole number of rows of {dim}", table.len())
-        })?;
-        check(ids.len().checked_mul(dim) == Some(out.len()), OP, || {
-            format!("out has {} values, expected {} ids x {dim}", out.len(), ids.len())
-        })?;
+        let vocab = embedding_shape(OP, out.len(), table.len(), ids.len(), dim)?;
         if ids.is_empty() {
             return Ok(());
         }
-        let (n, vocab, d) =
-            (to_u32(OP, "n_tokens", ids.len())?, to_u32(OP, "vocab", table.len() / dim)?, to_u32(OP, "dim", dim)?);
+        let (n, vocab, d) = (to_u32(OP, "n_tokens", ids.len())?, to_u32(OP, "vocab", vocab)?, to_u32(OP, "dim", dim)?);
         let mut b = self.stream.launch_builder(&self.kernels.embedding);
         b.arg(&mut out.inner).arg(&table.inner).arg(&ids.inner).arg(&n).arg(&vocab).arg(&d);
         // SAFETY: the kernel bounds every read by vocab and every write by n x dim.
@@ -207,15 +173,7 @@ impl Device {
         const OP: &str = "cuda_rope_cache";
         check(max_positions > 0, OP, || "max_positions must be > 0".to_string())?;
         to_u32(OP, "max_positions", max_positions)?;
-        let inv = params.inv_freq();
-        let mut host = Vec::with_capacity(max_positions * inv.len() * 2);
-        for p in 0..max_positions {
-            for &f in inv {
-                let (s, c) = (p as f64 * f).sin_cos();
-                host.push(c as f32);
-                host.push(s as f32);
-            }
-        }
+        let host = rope_table(params, max_positions);
         Ok(RopeCache { table: self.upload(&host)?, rope_dim: params.rope_dim(), max_positions })
     }
 

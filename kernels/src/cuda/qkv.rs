@@ -11,17 +11,16 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
-use super::qkv_args::QkvPrep;
+use super::qkv_args::{qkv_lens, QkvPrep};
 use crate::cpu::attention::PagedKv;
 use crate::cpu::rope::RopeStyle;
 use crate::error::check;
+use crate::launch_checks::{qkv_shape, to_u32, QkvDims};
 use crate::KernelError;
 use half::bf16;
 
 /// Warps (one head each) per block of the general kernel; must match QKV_WARPS in the .cu.
 const WARPS: usize = 4;
-/// Largest head the general kernel stages: `WARPS * head_dim` f32 of shared memory (16 KiB).
-const MAX_HEAD_DIM: usize = 1024;
 /// Threads per block of the vec8 kernel (`THREADS / (head_dim / 8)` heads each).
 const VEC8_THREADS: usize = 128;
 
@@ -30,10 +29,6 @@ const VEC8_THREADS: usize = 128;
 fn vec8_lanes_log2(head_dim: usize) -> Option<u32> {
     let lanes = head_dim / 8;
     (head_dim % 8 == 0 && lanes.is_power_of_two() && lanes <= 32).then(|| lanes.trailing_zeros())
-}
-
-fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, KernelError> {
-    u32::try_from(v).map_err(|_| KernelError::Shape { op, detail: format!("{what} {v} exceeds u32") })
 }
 
 impl Device {
@@ -53,54 +48,13 @@ impl Device {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_qkv_rope_write";
         let (n, nh, nkv, hd) = (p.n_tokens, p.n_heads, p.n_kv_heads, p.head_dim);
-        check(nh > 0 && nkv > 0, OP, || format!("n_heads {nh} and n_kv_heads {nkv} must be > 0"))?;
-        check(hd > 0 && hd % 2 == 0 && hd <= MAX_HEAD_DIM, OP, || {
-            format!("head_dim {hd} must be even and in 2..={MAX_HEAD_DIM}")
-        })?;
-        check(p.rope.rope_dim <= hd, OP, || format!("rope dim {} exceeds head_dim {hd}", p.rope.rope_dim))?;
-        check(p.eps.is_finite() && p.eps >= 0.0, OP, || format!("eps {} must be finite and >= 0", p.eps))?;
-        check(cache.block_size > 0 && cache.n_kv_heads == nkv && cache.head_dim == hd, OP, || {
-            format!("cache {cache:?} does not match n_kv_heads {nkv}, head_dim {hd} (or block_size is 0)")
-        })?;
-
-        // Values per token of the GEMM output, of q, and of a cache slot.
-        let heads = nkv.checked_mul(2).and_then(|k| k.checked_add(nh));
-        let row = heads.and_then(|h| h.checked_mul(hd));
-        let (heads, row) = match (heads, row) {
-            (Some(h), Some(r)) => (h, r),
-            _ => return Err(KernelError::Shape { op: OP, detail: format!("{nh} + 2 x {nkv} heads overflow") }),
-        };
-        let (q_row, kv_row) = (nh * hd, nkv * hd);
-        check(n.checked_mul(row) == Some(p.qkv.len()), OP, || {
-            format!("qkv has {} values, expected {n} tokens x ({nh} + 2 x {nkv}) heads x {hd}", p.qkv.len())
-        })?;
-        check(n.checked_mul(q_row) == Some(q_out.len()), OP, || {
-            format!("q_out has {} values, expected {n} tokens x {nh} heads x {hd}", q_out.len())
-        })?;
-        check(p.positions.len() == n && p.slots.len() == n, OP, || {
-            format!("{} positions and {} slots for {n} tokens", p.positions.len(), p.slots.len())
-        })?;
-        if let Some(b) = p.bias {
-            check(b.len() == row, OP, || format!("bias has {} values, expected {row}", b.len()))?;
-        }
-        if let Some((qn, kn)) = p.qk_norm {
-            check(qn.len() == hd && kn.len() == hd, OP, || {
-                format!("q/k norm weights have {}/{} values, expected head_dim {hd}", qn.len(), kn.len())
-            })?;
-        }
-        let block = kv_row.checked_mul(cache.block_size).unwrap_or(0);
-        check(block > 0 && k_cache.len() == v_cache.len() && k_cache.len() % block == 0, OP, || {
-            format!(
-                "k cache {} / v cache {} values: not equal whole numbers of {block}-value blocks of {cache:?}",
-                k_cache.len(),
-                v_cache.len()
-            )
-        })?;
+        let lens = qkv_lens(p, q_out.len(), k_cache.len(), v_cache.len());
+        let QkvDims { heads, n_slots } = qkv_shape(OP, &lens, cache)?;
         if n == 0 {
             return Ok(());
         }
 
-        let n_slots = (k_cache.len() / kv_row) as u64;
+        let n_slots = n_slots as u64;
         let (nt, nh32, nkv32, hd32) = (
             to_u32(OP, "n_tokens", n)?,
             to_u32(OP, "n_heads", nh)?,

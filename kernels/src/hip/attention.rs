@@ -5,12 +5,11 @@
 //! block table row of `max_blocks` ids per sequence, context lengths, and `cu_q` (sequence s
 //! owns query tokens `cu_q[s]..cu_q[s + 1]`).
 
-use std::ffi::c_void;
-
 use half::bf16;
 
 use super::device::{DevBuf, Device};
 use super::launch::{self, LaunchShape};
+use super::ops::arg;
 use crate::error::check;
 use crate::KernelError;
 
@@ -27,10 +26,6 @@ pub struct PagedInputs<'a> {
     pub block_size: usize,
     pub n_kv: usize,
     pub head_dim: usize,
-}
-
-fn arg<T>(v: &T) -> *mut c_void {
-    (v as *const T).cast_mut().cast()
 }
 
 /// `out[t, h] = softmax(scale q[t, h] · K) V` over each query's causal range (`q`, `out`:

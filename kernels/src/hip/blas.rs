@@ -1,5 +1,5 @@
 //! GEMMs through rocBLAS, loaded at run time: `out[m, n] = x[m, k] · w[n, k]ᵀ` with bf16
-//! inputs and output and f32 accumulation, the CUDA backend's convention (weights stored one
+//! inputs, bf16 or f32 output and f32 accumulation, the CUDA backend's convention (weights stored one
 //! output feature per row). On HIP every m goes here; CUDA's tensor-core GEMV for m <= 8 has
 //! no AMD version (kernels/cuda/gemv.cu is NVIDIA only).
 //!
@@ -50,11 +50,35 @@ impl Blas {
         Ok(blas)
     }
 
-    /// `out = x · wᵀ` (see the module comment for the shapes).
+    /// `out = x · wᵀ` (see the module comment for the shapes), bf16 out.
     pub fn gemm(
         &self,
         dev: &Device,
         out: &mut DevBuf<bf16>,
+        x: &DevBuf<bf16>,
+        w: &DevBuf<bf16>,
+        dims: (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        self.gemm_ex(dev, (out.device_ptr(), out.len(), rocblas::DATATYPE_BF16_R), x, w, dims)
+    }
+
+    /// `out = x · wᵀ` with f32 out (the LM head's logits): rocBLAS's bf16-in, f32-out mode.
+    pub fn gemm_f32(
+        &self,
+        dev: &Device,
+        out: &mut DevBuf<f32>,
+        x: &DevBuf<bf16>,
+        w: &DevBuf<bf16>,
+        dims: (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        self.gemm_ex(dev, (out.device_ptr(), out.len(), rocblas::DATATYPE_F32_R), x, w, dims)
+    }
+
+    /// The GEMM into `out` = (device pointer, elements, rocBLAS data type).
+    fn gemm_ex(
+        &self,
+        dev: &Device,
+        (out, out_len, out_type): (*mut c_void, usize, i32),
         x: &DevBuf<bf16>,
         w: &DevBuf<bf16>,
         (m, n, k): (usize, usize, usize),
@@ -62,15 +86,16 @@ impl Blas {
         const OP: &str = "hip_gemm";
         let fits = |v: usize| v > 0 && v <= i32::MAX as usize;
         check(fits(m) && fits(n) && fits(k), OP, || format!("m {m}, n {n}, k {k}: each must be in 1..2^31"))?;
-        check(x.len() == m * k && w.len() == n * k && out.len() == m * n, OP, || {
-            format!("x {} (m*k {}), w {} (n*k {}), out {} (m*n {})", x.len(), m * k, w.len(), n * k, out.len(), m * n)
+        check(x.len() == m * k && w.len() == n * k && out_len == m * n, OP, || {
+            format!("x {} (m*k {}), w {} (n*k {}), out {out_len} (m*n {})", x.len(), m * k, w.len(), n * k, m * n)
         })?;
         dev.bind()?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (m, n, k) = (m as i32, n as i32, k as i32);
         let bf = rocblas::DATATYPE_BF16_R;
-        // SAFETY: the buffers hold the sizes checked above; alpha/beta are host f32 (the
-        // handle's default pointer mode) alive for the call; C and D are the same buffer.
+        // SAFETY: the buffers hold the sizes checked above and `out` is of `out_type`; alpha
+        // and beta are host f32 (the handle's default pointer mode) alive for the call; C
+        // and D are the same buffer.
         let code = unsafe {
             (self.api.rocblas_gemm_ex)(
                 self.handle,
@@ -87,11 +112,11 @@ impl Blas {
                 bf,
                 k,
                 (&beta as *const f32).cast::<c_void>(),
-                out.device_ptr(),
-                bf,
+                out,
+                out_type,
                 n,
-                out.device_ptr(),
-                bf,
+                out,
+                out_type,
                 n,
                 rocblas::DATATYPE_F32_R,
                 rocblas::GEMM_ALGO_STANDARD,

@@ -227,6 +227,67 @@ impl Device {
         Ok(buf)
     }
 
+    /// Overwrites the start of `buf` with `host` (at most its length).
+    pub fn write<T: Elem>(&self, buf: &mut DevBuf<T>, host: &[T]) -> Result<(), KernelError> {
+        if host.len() > buf.len {
+            return Err(KernelError::Shape {
+                op: "hip_write",
+                detail: format!("{} values into a buffer of {}", host.len(), buf.len),
+            });
+        }
+        self.bind()?;
+        // SAFETY: `buf` holds at least `host.len()` elements (checked).
+        self.api.check("hip_write", unsafe {
+            (self.api.hipMemcpy)(
+                buf.ptr,
+                host.as_ptr().cast(),
+                std::mem::size_of_val(host),
+                ffi::HIP_MEMCPY_HOST_TO_DEVICE,
+            )
+        })
+    }
+
+    /// Copies rows `src_row..src_row + rows` of `src` to rows `dst_row..` of `dst` (both rows
+    /// of `row_len` elements), device to device, ordered after the stream's queued work
+    /// (hipMemcpy runs on the null stream, which waits for this blocking stream).
+    pub fn copy_rows<T: Elem>(
+        &self,
+        dst: &mut DevBuf<T>,
+        dst_row: usize,
+        src: &DevBuf<T>,
+        src_row: usize,
+        rows: usize,
+        row_len: usize,
+    ) -> Result<(), KernelError> {
+        let end = |row: usize| row.checked_add(rows).and_then(|r| r.checked_mul(row_len));
+        match (end(dst_row), end(src_row)) {
+            (Some(d), Some(s)) if d <= dst.len && s <= src.len => {}
+            _ => {
+                return Err(KernelError::Shape {
+                    op: "hip_copy_rows",
+                    detail: format!(
+                        "{rows} rows of {row_len} from row {src_row} of {} values to row {dst_row} of {}",
+                        src.len, dst.len
+                    ),
+                })
+            }
+        }
+        if rows == 0 || row_len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let size = std::mem::size_of::<T>();
+        // SAFETY: both ranges lie inside their allocations (checked above).
+        self.api.check("hip_copy_rows", unsafe {
+            (self.api.hipMemcpy)(
+                dst.ptr.cast::<u8>().add(dst_row * row_len * size).cast(),
+                src.ptr.cast::<u8>().add(src_row * row_len * size).cast(),
+                rows * row_len * size,
+                ffi::HIP_MEMCPY_DEVICE_TO_DEVICE,
+            )
+        })
+    }
+
     /// The contents of `buf` (waits for the stream first).
     pub fn download<T: Elem>(&self, buf: &DevBuf<T>) -> Result<Vec<T>, KernelError> {
         self.synchronize()?;

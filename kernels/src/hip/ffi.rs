@@ -28,6 +28,7 @@ pub type NcclComm = *mut c_void;
 /// `hipMemcpyKind` values (unchanged since HIP's first release).
 pub const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 pub const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+pub const HIP_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
 /// `ncclUniqueId`: 128 opaque bytes, passed by value.
 #[repr(C)]

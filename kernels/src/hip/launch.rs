@@ -14,6 +14,8 @@ pub const SAMPLE_THREADS: u32 = 1024;
 pub const ATT_PORT_THREADS: u32 = 256;
 /// Largest block the kernels are written for (and AMD's limit).
 pub const MAX_BLOCK: u32 = 1024;
+/// Grid cap of the grid-stride kernels (CUDA's launchers use the same).
+pub const MAX_GRID: u64 = 1 << 16;
 /// `block_sum`'s scratch holds one float per warp: 32 of them (common.cuh).
 pub const BLOCK_SUM_SCRATCH: u32 = 32;
 
@@ -82,6 +84,18 @@ pub fn qkv_rope(n_tokens: usize, heads: usize, head_dim: usize, wave: u32) -> Re
         block: QKV_WARPS * wave,
         shared_bytes,
     })
+}
+
+/// Blocks of a grid-stride elementwise kernel (`silu_mul*`): enough blocks of `threads` for
+/// `units` work items, at most `MAX_GRID` (each thread then loops).
+pub fn grid_stride(units: usize, threads: u32, wave: u32) -> Result<LaunchShape, KernelError> {
+    const OP: &str = "grid_stride";
+    check_wave(OP, wave)?;
+    if threads == 0 || threads % wave != 0 || threads > MAX_BLOCK {
+        return Err(bad(OP, format!("{threads} threads for {wave}-lane warps")));
+    }
+    let blocks = (units as u64).div_ceil(u64::from(threads)).min(MAX_GRID);
+    Ok(LaunchShape { grid: [grid_dim(OP, blocks)?, 1, 1], block: threads, shared_bytes: 0 })
 }
 
 /// `split_finish`: one warp per row.
@@ -156,5 +170,28 @@ mod tests {
         // The portable attention block is whole wavefronts of either width and fits block_sum.
         assert!(block_per_row(1, ATT_PORT_THREADS, 64).is_ok() && block_per_row(1, ATT_PORT_THREADS, 32).is_ok());
         assert!(sample_warps(48).is_err());
+    }
+
+    #[test]
+    fn grid_stride_covers_every_unit_within_the_cap() {
+        let mut seed = 0x2545f4914f6cdd1du64;
+        for wave in [32, 64] {
+            for _ in 0..100 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let units = 1 + (seed % 50_000_000) as usize;
+                let threads = wave * (1 + (seed >> 40) as u32 % (MAX_BLOCK / wave));
+                let s = grid_stride(units, threads, wave).unwrap();
+                let per_pass = u64::from(s.grid[0]) * u64::from(s.block);
+                assert!(s.grid[0] as u64 <= MAX_GRID && s.block == threads);
+                // Every unit is reached by some thread's stride loop, and no block is idle
+                // unless the cap bound the grid.
+                assert!(per_pass >= units as u64 || s.grid[0] as u64 == MAX_GRID, "{units} {threads}");
+                assert!((u64::from(s.grid[0]) - 1) * u64::from(s.block) < units as u64);
+            }
+        }
+        assert!(grid_stride(0, 256, 64).is_err(), "empty grid");
+        assert!(grid_stride(10, 96, 64).is_err(), "not whole wavefronts");
     }
 }

@@ -8,18 +8,21 @@
 //! any machine; there [`Device::new`] is a clear "not available" error. Without the feature,
 //! [`Device::new`] returns [`KernelError::NotCompiled`]`("hip")`.
 //!
-//! State (issue 9): the kernel-level backend exists (device memory, module compile + load +
-//! launch, rocBLAS GEMM, RCCL collectives, launch shapes for 64-lane wavefronts, launchers for
-//! RMSNorm and paged attention); the worker's model forward pass is written against
-//! `kernels::cuda` and does not run on it. attention.cu's tensor-core prefill/decode and
-//! gemv.cu are NVIDIA only: the HIP build of attention.cu compiles a portable kernel instead
-//! (`attention`), and every GEMM goes to rocBLAS. Nothing here has run on an AMD GPU: CI
-//! compiles every module for gfx90a and runs the GPU-free tests; the GPU tests
-//! (kernels/tests/hip_ops.rs) need TESSERA_HIP_TESTS=1.
+//! State (issue 9): device memory, module compile + load + launch, rocBLAS GEMMs (bf16 or
+//! f32 out), RCCL collectives, launch shapes for 64-lane wavefronts, and launchers for every
+//! op of the worker's forward pass (worker/src/hip): RMSNorm and its fused residual add, the
+//! embedding gather, SwiGLU, the fused Q/K/V preparation (qkv.cu's general kernel) and paged
+//! attention. attention.cu's tensor-core prefill/decode and gemv.cu are NVIDIA only: the HIP
+//! build of attention.cu compiles a portable kernel instead (`attention`), and every GEMM goes
+//! to rocBLAS. The sampling kernels compile for HIP but have no launcher here (the HIP worker
+//! samples on the host). Nothing here has run on an AMD GPU: CI compiles every module for
+//! gfx90a and runs the GPU-free tests; the GPU tests (kernels/tests/hip_*.rs) need
+//! TESSERA_HIP_TESTS=1.
 //!
 //! Submodules: `gfx` (arch parsing) and `launch` (launch shapes), pure and always built; with
 //! the feature `ffi` (the loaded libraries), `sources` (compat header + CUDA sources), `rtc`
-//! (hipRTC compile + cache), `device`, `ops` (row ops), `attention`, `blas` (rocBLAS), `rccl`;
+//! (hipRTC compile + cache), `device`, `ops` (row and elementwise ops), `qkv`, `attention`,
+//! `blas` (rocBLAS), `rccl`;
 //! without it `stub`.
 //!
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
@@ -38,6 +41,8 @@ pub mod ffi;
 #[cfg(feature = "hip")]
 pub mod ops;
 #[cfg(feature = "hip")]
+pub mod qkv;
+#[cfg(feature = "hip")]
 mod rccl;
 #[cfg(feature = "hip")]
 pub mod rtc;
@@ -52,6 +57,8 @@ pub use blas::Blas;
 pub use device::{device_count, DevBuf, Device, Kernel};
 pub use gfx::GfxArch;
 pub use launch::LaunchShape;
+#[cfg(feature = "hip")]
+pub use qkv::{QkvInputs, RopeTable};
 #[cfg(feature = "hip")]
 pub use rccl::{unique_id as rccl_unique_id, RcclComm, RcclElem};
 #[cfg(not(feature = "hip"))]

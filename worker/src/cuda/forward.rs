@@ -31,11 +31,13 @@
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, PagedBatch, QkvPrep};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, PagedBatch};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
 use crate::error::WorkerError;
+use crate::gpu_store::GpuStore;
+use crate::step_index::{rows_of, slot_of, spans_of, HostIndex};
 
 use super::allreduce::TpAllReduce;
 use super::sampler::{GpuSampler, RowRequest};
@@ -63,48 +65,51 @@ pub const MAX_GRAPH_BATCH: usize = 256;
 const GRAPH_MAX_CONTEXT: usize = 8192;
 
 /// One layer's K and V caches, `[num_blocks, block_size, n_kv_heads, head_dim]` bf16.
-pub(crate) struct GpuKv {
-    pub k: Vec<Buf<bf16>>,
-    pub v: Vec<Buf<bf16>>,
+pub(crate) struct GpuKv<B = Buf<bf16>> {
+    pub k: Vec<B>,
+    pub v: Vec<B>,
     pub num_blocks: usize,
     pub block_size: usize,
 }
 
-/// Activations of a step of `t` tokens.
-pub(crate) struct Scratch {
-    t: usize,
+/// Activations of a step of `t` tokens (`B`: the device's bf16 buffer; HIP's forward pass
+/// uses the same set).
+pub(crate) struct Scratch<B = Buf<bf16>> {
+    pub t: usize,
     /// Residual stream and its normalised copy, `[t, hidden]`.
-    x: Buf<bf16>,
-    xn: Buf<bf16>,
+    pub x: B,
+    pub xn: B,
     /// `[t, q + 2 kv]`.
-    qkv: Buf<bf16>,
+    pub qkv: B,
     /// Rotated queries and attention output, `[t, n_heads * head_dim]`.
-    q: Buf<bf16>,
-    attn: Buf<bf16>,
+    pub q: B,
+    pub attn: B,
     /// Sublayer output before its residual add, `[t, hidden]`.
-    out: Buf<bf16>,
+    pub out: B,
     /// `[t, 2 ffn]` and `[t, ffn]`.
-    gate_up: Buf<bf16>,
-    act: Buf<bf16>,
+    pub gate_up: B,
+    pub act: B,
 }
 
-impl Scratch {
-    fn new(dev: &Device, c: &ModelConfig, t: usize) -> Result<Self, WorkerError> {
+impl<B> Scratch<B> {
+    pub(crate) fn new<D: GpuStore<Buf = B>>(dev: &D, c: &ModelConfig, t: usize) -> Result<Self, WorkerError> {
         let (h, qd, kvd, ffn) =
             (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
         Ok(Scratch {
             t,
-            x: dev.alloc(t * h)?,
-            xn: dev.alloc(t * h)?,
-            qkv: dev.alloc(t * (qd + 2 * kvd))?,
-            q: dev.alloc(t * qd)?,
-            attn: dev.alloc(t * qd)?,
-            out: dev.alloc(t * h)?,
-            gate_up: dev.alloc(t * 2 * ffn)?,
-            act: dev.alloc(t * ffn)?,
+            x: dev.zeros(t * h)?,
+            xn: dev.zeros(t * h)?,
+            qkv: dev.zeros(t * (qd + 2 * kvd))?,
+            q: dev.zeros(t * qd)?,
+            attn: dev.zeros(t * qd)?,
+            out: dev.zeros(t * h)?,
+            gate_up: dev.zeros(t * 2 * ffn)?,
+            act: dev.zeros(t * ffn)?,
         })
     }
+}
 
+impl Scratch {
     /// Device bytes per token of a scratch set.
     pub(crate) fn bytes_per_token(c: &ModelConfig) -> usize {
         let (h, qd, kvd, ffn) =
@@ -242,42 +247,19 @@ impl StepIndex {
     }
 
     fn build(dev: &Device, chunks: &[SeqChunk], block_size: usize) -> Result<Self, WorkerError> {
-        let t: usize = chunks.iter().map(|s| s.tokens.len()).sum();
-        let (mut ids, mut positions, mut slots) = (Vec::with_capacity(t), Vec::with_capacity(t), Vec::with_capacity(t));
-        let max_blocks = chunks.iter().map(|s| (s.first_pos + s.tokens.len()).div_ceil(block_size)).max().unwrap_or(1);
-        let mut tables = vec![0u32; chunks.len() * max_blocks];
-        let (mut ctx, mut cu_q) = (Vec::with_capacity(chunks.len()), Vec::with_capacity(chunks.len() + 1));
-        let mut picked = Vec::with_capacity(chunks.len());
-        let (mut row, mut max_q) = (0usize, 0usize);
-        cu_q.push(0u32);
-        for (i, s) in chunks.iter().enumerate() {
-            let n = s.tokens.len();
-            ids.extend_from_slice(s.tokens);
-            for p in s.first_pos..s.first_pos + n {
-                positions.push(p as u32);
-                slots.push(slot_of(s.block_table, p, block_size));
-            }
-            let used = (s.first_pos + n).div_ceil(block_size);
-            tables[i * max_blocks..i * max_blocks + used].copy_from_slice(&s.block_table[..used]);
-            ctx.push((s.first_pos + n) as u32);
-            row += n;
-            cu_q.push(row as u32);
-            max_q = max_q.max(n);
-            let rows = s.logits.rows(n);
-            picked.push((row - rows, rows));
-        }
-        let all_decode = max_q == 1;
+        let h = HostIndex::build(chunks, block_size);
+        let all_decode = h.max_q == 1;
         Ok(StepIndex {
-            ids: dev.upload(&ids)?,
-            positions: dev.upload(&positions)?,
-            slots: dev.upload(&slots)?,
-            block_tables: dev.upload(&tables)?,
-            max_blocks,
-            max_context: ctx.iter().copied().max().unwrap_or(0) as usize,
-            context_lens: dev.upload(&ctx)?,
-            cu_q: if all_decode { None } else { Some(dev.upload(&cu_q)?) },
-            max_q,
-            picked,
+            ids: dev.upload(&h.ids)?,
+            positions: dev.upload(&h.positions)?,
+            slots: dev.upload(&h.slots)?,
+            block_tables: dev.upload(&h.tables)?,
+            max_blocks: h.max_blocks,
+            max_context: h.max_context(),
+            context_lens: dev.upload(&h.ctx)?,
+            cu_q: if all_decode { None } else { Some(dev.upload(&h.cu_q)?) },
+            max_q: h.max_q,
+            picked: h.picked,
         })
     }
 }
@@ -618,13 +600,7 @@ impl CudaModel {
         let t: usize = chunks.iter().map(|s| s.tokens.len()).sum();
         let idx = StepIndex::build(&self.core.dev, chunks, bs)?;
         let mut s = self.take_scratch(t)?;
-        let rows: usize = idx.picked.iter().map(|p| p.1).sum();
-        let mut spans = Vec::with_capacity(idx.picked.len());
-        let mut at = 0;
-        for &(_, n) in &idx.picked {
-            spans.push((at, n));
-            at += n;
-        }
+        let (rows, spans) = (rows_of(&idx.picked), spans_of(&idx.picked));
         let need = self.logits_len(rows);
         let mut logits = match self.eager_logits.take() {
             Some(l) if l.len() == need => l,
@@ -657,12 +633,6 @@ impl Drop for CudaModel {
             self.core.comms = Comms::default();
         }
     }
-}
-
-/// The cache slot (`block * block_size + offset`) of position `p` (the table covers it:
-/// `validate_chunks` checked).
-fn slot_of(table: &[u32], p: usize, block_size: usize) -> u32 {
-    table[p / block_size] * block_size as u32 + (p % block_size) as u32
 }
 
 /// The buffer holding a step's logits: `graph`'s, or the eager step's. Takes the fields,
@@ -724,20 +694,7 @@ fn run_layers(
             }
             dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
         }
-        let prep = QkvPrep {
-            qkv: &s.qkv,
-            n_tokens: t,
-            n_heads: c.num_heads,
-            n_kv_heads: c.num_kv_heads,
-            head_dim: hd,
-            bias: l.qkv_bias.as_ref(),
-            qk_norm: l.qk_norm.as_ref().map(|(a, b)| (a, b)),
-            eps,
-            positions: &idx.positions,
-            rope: &w.rope,
-            style: w.rope_style,
-            slots: &idx.slots,
-        };
+        let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
         dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
         let batch = PagedBatch {
             cache,

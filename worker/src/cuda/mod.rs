@@ -19,8 +19,13 @@ use crate::error::WorkerError;
 use crate::parallel::Shard;
 
 pub use forward::{CudaModel, DeviceLogits, StepTiming, MAX_GRAPH_BATCH};
+// The HIP forward pass (crate::hip) runs on these.
+#[cfg_attr(not(feature = "hip"), allow(unused_imports))]
+pub(crate) use forward::{GpuKv, Scratch};
 pub use sampler::{GpuSampler, RowRequest};
 pub use tp::TpPart;
+#[cfg_attr(not(feature = "hip"), allow(unused_imports))]
+pub(crate) use weights::GpuWeights;
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]
@@ -176,11 +181,18 @@ fn join(dev: &Device, part: &TpPart, ids: &GroupIds) -> Result<Comms, WorkerErro
 /// KV blocks for a model shaped `local` on `dev`: as asked, or what fits in
 /// `opts.kv_fraction` of the memory left after the step activations' reserve.
 fn kv_blocks(dev: &Device, local: &ModelConfig, opts: &CudaOptions) -> Result<usize, WorkerError> {
+    let free = if opts.num_blocks.is_some() { 0 } else { dev.memory_info()?.0 };
+    kv_blocks_in(free, local, opts)
+}
+
+/// KV blocks for a model shaped `local` on a GPU with `free` bytes (the CUDA and HIP
+/// backends size their caches alike): as asked, or what fits in `opts.kv_fraction` of the
+/// memory left after the step activations' reserve.
+pub(crate) fn kv_blocks_in(free: usize, local: &ModelConfig, opts: &CudaOptions) -> Result<usize, WorkerError> {
     let per_block = kv_bytes_per_block(local, opts.block_size.max(1));
     let num_blocks = match opts.num_blocks {
         Some(n) => n,
         None => {
-            let (free, _) = dev.memory_info()?;
             let reserve = opts.max_step_tokens * forward::Scratch::bytes_per_token(local)
                 + opts.max_step_tokens.min(512) * local.vocab_size * 4
                 + (1 << 30);

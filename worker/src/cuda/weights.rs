@@ -16,40 +16,41 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use tessera_kernels::cpu::rope::RopeStyle;
-use tessera_kernels::cuda::{bf16, Buf, Copy2d, Device, RopeCache};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, Device, QkvPrep, RopeCache};
 use tessera_kernels::GgmlType;
 use tessera_model::config::ModelConfig;
 use tessera_model::weights::ModelFiles;
 
 use super::tp::TpPart;
 use crate::error::WorkerError;
+use crate::gpu_store::GpuStore;
 use crate::llama::{rope_params, rope_style};
 
-/// One decoder layer's tensors.
-pub(crate) struct GpuLayer {
-    pub attn_norm: Buf<bf16>,
-    pub qkv: Buf<bf16>,
+/// One decoder layer's tensors (`B`: the device's bf16 buffer, CUDA's by default).
+pub(crate) struct GpuLayer<B = Buf<bf16>> {
+    pub attn_norm: B,
+    pub qkv: B,
     /// Qwen2: the q|k|v bias, `[(n_heads + 2 n_kv) * head_dim]`.
-    pub qkv_bias: Option<Buf<bf16>>,
+    pub qkv_bias: Option<B>,
     /// Qwen3: per-head RMSNorm weights of q and k, `[head_dim]` each.
-    pub qk_norm: Option<(Buf<bf16>, Buf<bf16>)>,
-    pub o: Buf<bf16>,
-    pub ffn_norm: Buf<bf16>,
-    pub gate_up: Buf<bf16>,
-    pub down: Buf<bf16>,
+    pub qk_norm: Option<(B, B)>,
+    pub o: B,
+    pub ffn_norm: B,
+    pub gate_up: B,
+    pub down: B,
 }
 
-/// Every tensor of this rank's part of the model, on one device.
-pub(crate) struct GpuWeights {
+/// Every tensor of this rank's part of the model, on one device (`R`: its RoPE table).
+pub(crate) struct GpuWeights<B = Buf<bf16>, R = RopeCache> {
     /// `[vocab, hidden]`, on the first pipeline stage only.
-    pub embed: Option<Buf<bf16>>,
+    pub embed: Option<B>,
     /// This rank's rows of the LM head, `[part.vocab, hidden]`, on the last stage only;
     /// `None` there when the head is the whole (tied) `embed`.
-    pub lm_head: Option<Buf<bf16>>,
-    pub norm: Buf<bf16>,
+    pub lm_head: Option<B>,
+    pub norm: B,
     /// This stage's layers (`part.layers`), in order.
-    pub layers: Vec<GpuLayer>,
-    pub rope: RopeCache,
+    pub layers: Vec<GpuLayer<B>>,
+    pub rope: R,
     pub rope_style: RopeStyle,
 }
 
@@ -154,32 +155,37 @@ impl FileReader<'_> {
         Ok(out)
     }
 
-    fn upload(&self, dev: &Device, name: &str, rows: usize, cols: usize) -> Result<Buf<bf16>, WorkerError> {
-        Ok(dev.upload(&self.host(name, rows, cols)?)?)
+    fn upload<D: GpuStore>(&self, dev: &D, name: &str, rows: usize, cols: usize) -> Result<D::Buf, WorkerError> {
+        dev.put(&self.host(name, rows, cols)?)
     }
 
     /// Row ranges of several `[rows, cols]` tensors stacked row-wise in one upload.
-    fn stacked(
+    fn stacked<D: GpuStore>(
         &self,
-        dev: &Device,
+        dev: &D,
         parts: &[(String, usize, Range<usize>)],
         cols: usize,
-    ) -> Result<Buf<bf16>, WorkerError> {
+    ) -> Result<D::Buf, WorkerError> {
         let mut all = Vec::with_capacity(parts.iter().map(|p| p.2.len()).sum::<usize>() * cols);
         for (name, rows, range) in parts {
             all.extend(self.host_rows(name, *rows, cols, Some(range.clone()))?);
         }
-        Ok(dev.upload(&all)?)
+        dev.put(&all)
     }
 }
 
-impl GpuWeights {
+impl<B, R> GpuWeights<B, R> {
     /// Uploads `part`'s share of every tensor `c` calls for from `files`: for its stage's
     /// layers the q/k/v rows of its heads, the gate/up rows of its FFN slice, the matching
     /// input columns of o and down, its bias slices, norms and QK-norm weights whole; the
     /// embedding (first stage), the final norm, and its vocabulary rows of the LM head
     /// (last stage).
-    pub(crate) fn load(dev: &Device, c: &ModelConfig, part: &TpPart, files: &ModelFiles) -> Result<Self, WorkerError> {
+    pub(crate) fn load<D: GpuStore<Buf = B, Rope = R>>(
+        dev: &D,
+        c: &ModelConfig,
+        part: &TpPart,
+        files: &ModelFiles,
+    ) -> Result<Self, WorkerError> {
         let r = FileReader { files };
         let (h, hd, ffn) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
@@ -193,11 +199,11 @@ impl GpuWeights {
         let lm_head = match (part.is_last_stage(), files.has_tensor("output.weight")) {
             (false, _) => None,
             (true, true) => {
-                Some(dev.upload(&r.host_rows("output.weight", c.vocab_size, h, Some(part.vocab.clone()))?)?)
+                Some(dev.put(&r.host_rows("output.weight", c.vocab_size, h, Some(part.vocab.clone()))?)?)
             }
             (true, false) if whole_vocab && embed.is_some() => None,
             (true, false) => {
-                Some(dev.upload(&r.host_rows("token_embd.weight", c.vocab_size, h, Some(part.vocab.clone()))?)?)
+                Some(dev.put(&r.host_rows("token_embd.weight", c.vocab_size, h, Some(part.vocab.clone()))?)?)
             }
         };
         let mut layers = Vec::with_capacity(part.layers.len());
@@ -207,7 +213,7 @@ impl GpuWeights {
                 let mut b = r.host_vec(&n("attn_q.bias"), q_dim, qr.clone())?;
                 b.extend(r.host_vec(&n("attn_k.bias"), kv_dim, kvr.clone())?);
                 b.extend(r.host_vec(&n("attn_v.bias"), kv_dim, kvr.clone())?);
-                Some(dev.upload(&b)?)
+                Some(dev.put(&b)?)
             } else {
                 None
             };
@@ -227,10 +233,10 @@ impl GpuWeights {
                 qkv: r.stacked(dev, &qkv, h)?,
                 qkv_bias,
                 qk_norm,
-                o: dev.upload(&r.host_cols(&n("attn_output.weight"), h, q_dim, qr.clone())?)?,
+                o: dev.put(&r.host_cols(&n("attn_output.weight"), h, q_dim, qr.clone())?)?,
                 ffn_norm: r.upload(dev, &n("ffn_norm.weight"), 1, h)?,
                 gate_up: r.stacked(dev, &gate_up, h)?,
-                down: dev.upload(&r.host_cols(&n("ffn_down.weight"), h, ffn, fr.clone())?)?,
+                down: dev.put(&r.host_cols(&n("ffn_down.weight"), h, ffn, fr.clone())?)?,
             });
         }
         let norm = r.upload(dev, "output_norm.weight", 1, h)?;
@@ -239,10 +245,42 @@ impl GpuWeights {
         } else {
             None
         };
-        let rope = dev.rope_cache(&rope_params(c, freq)?, rope_positions(c))?;
+        let rope = dev.rope_table(&rope_params(c, freq)?, rope_positions(c))?;
         Ok(GpuWeights { embed, lm_head, norm, layers, rope, rope_style: rope_style(c) })
     }
+}
 
+impl<B, R> GpuWeights<B, R> {
+    /// Layer `l`'s Q/K/V preparation over `qkv` (`[t, (heads + 2 kv heads) * head_dim]`, the
+    /// q|k|v GEMM's output) for tokens at `positions` going to cache `slots`: its bias and
+    /// QK-norm weights, this model's RoPE table and style.
+    pub(crate) fn qkv_prep<'a, U>(
+        &'a self,
+        c: &ModelConfig,
+        l: &'a GpuLayer<B>,
+        qkv: &'a B,
+        t: usize,
+        positions: &'a U,
+        slots: &'a U,
+    ) -> QkvPrep<'a, B, U, R> {
+        QkvPrep {
+            qkv,
+            n_tokens: t,
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            bias: l.qkv_bias.as_ref(),
+            qk_norm: l.qk_norm.as_ref().map(|(a, b)| (a, b)),
+            eps: c.rms_norm_eps,
+            positions,
+            rope: &self.rope,
+            style: self.rope_style,
+            slots,
+        }
+    }
+}
+
+impl GpuWeights {
     /// Random weights of shape `c`, generated on the device from `seed`: matrices uniform
     /// with the standard deviation 0.02 of HF's initialiser, the residual branches' output
     /// projections (o, down) scaled by `1 / sqrt(2 * layers)` as GPT-2 and Megatron

@@ -1,9 +1,23 @@
-//! `--device hip[:N]`: what a worker can do on an AMD GPU today. The kernel-level HIP backend
-//! (tessera_kernels::hip: hipRTC-compiled kernels, rocBLAS, RCCL) exists, but the model forward
-//! pass (crate::cuda) is written against `kernels::cuda::Device`, so no model runs on HIP yet.
+//! The HIP backend of the worker (AMD GPUs): [`HipModel`] runs one model on one GPU over the
+//! kernels of `tessera_kernels::hip` (the CUDA kernel sources compiled by hipRTC, rocBLAS
+//! GEMMs); logits come back to the host and are sampled by the CPU sampler. `--device hip[:N]`
+//! asks for it; `--device auto` takes it when the runtime sees an AMD GPU (and no NVIDIA one).
 //! [`probe`] opens the GPU and compiles (or reads from the cache) every kernel module for its
-//! arch, so a HIP machine learns at start whether the toolchain works; the worker then stops
-//! with a message saying the forward pass is missing, instead of accepting Loads it cannot run.
+//! arch, so a worker learns at start whether the toolchain works.
+//!
+//! Without the `hip` feature every entry point says HIP was not compiled in ([`NOT_COMPILED`]).
+//! Not here yet: tensor/pipeline parallelism (RCCL exists in the kernels crate), graphs, GPU
+//! sampling. Nothing of it has run on an AMD GPU (see model.rs).
+
+#[cfg(feature = "hip")]
+mod model;
+#[cfg(not(feature = "hip"))]
+mod stub;
+
+#[cfg(feature = "hip")]
+pub use model::{unsupported, HipModel, HEAD_DIMS};
+#[cfg(not(feature = "hip"))]
+pub use stub::HipModel;
 
 use tessera_kernels::KernelError;
 
@@ -12,17 +26,18 @@ use crate::error::WorkerError;
 /// The message of a build without the `hip` feature.
 pub const NOT_COMPILED: &str = "HIP support was not compiled in (build with --features hip)";
 
-/// What the worker says after a successful probe: why it still cannot serve.
-pub const NO_FORWARD_PASS: &str = "the HIP backend has kernels, GEMM and collectives but no model forward pass yet \
-     (issue 9: worker/src/cuda is written against the CUDA device); run this worker with --device cpu or on an \
-     NVIDIA GPU";
-
 /// Maps the kernels' "not compiled" error to [`NOT_COMPILED`]; other errors pass through.
 fn worker_error(e: KernelError) -> WorkerError {
     match e {
         KernelError::NotCompiled("hip") => WorkerError::Unavailable(NOT_COMPILED.into()),
         e => WorkerError::Kernel(e),
     }
+}
+
+/// AMD GPUs the HIP runtime sees: 0 without the feature, without the runtime or without a GPU
+/// (what `--device auto` asks).
+pub fn gpu_count() -> usize {
+    tessera_kernels::hip::device_count().unwrap_or(0)
 }
 
 /// Opens AMD GPU `ordinal` and loads every kernel module for its arch; returns a one-line
@@ -57,9 +72,10 @@ mod tests {
 
     #[cfg(not(feature = "hip"))]
     #[test]
-    fn without_the_feature_the_probe_says_how_to_build() {
+    fn without_the_feature_the_probe_and_the_loader_say_how_to_build() {
         let msg = probe(0).err().expect("a HIP device without the feature").to_string();
         assert_eq!(msg, NOT_COMPILED);
+        assert_eq!(gpu_count(), 0);
     }
 
     #[cfg(feature = "hip")]
@@ -71,7 +87,19 @@ mod tests {
                 let msg = e.to_string();
                 assert!(!msg.contains("not compiled"), "{msg}");
                 assert!(msg.contains("HIP runtime"), "{msg}");
+                assert_eq!(gpu_count(), 0);
             }
         }
+    }
+
+    #[cfg(feature = "hip")]
+    #[test]
+    fn head_dims_outside_the_attention_kernel_are_refused_before_the_gpu() {
+        let mut c = crate::cuda::shapes::synthetic_config("smollm2-135m").expect("a known shape");
+        assert_eq!(c.head_dim, 64);
+        assert!(unsupported(&c).is_none());
+        c.head_dim = 96;
+        let why = unsupported(&c).expect("96 is not instantiated");
+        assert!(why.contains("head_dim 96"), "{why}");
     }
 }
