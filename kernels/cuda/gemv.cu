@@ -67,6 +67,9 @@
 
 // gamma vectors a thread keeps in registers across the wait (8192 columns at 256 threads).
 #define GEMV_GAMMA_REGS 4
+// Longest row norm.cu's warp kernel takes (ops.rs's WARP_ROW_MAX); gemv.rs launches longer
+// ones' NORM modes with exactly 8 warps, norm.cu's block.
+#define GEMV_NORM_WARP_COLS 1024
 
 #define GEMV_PLAIN 0
 #define GEMV_NORM 1
@@ -134,14 +137,19 @@ __device__ __forceinline__ float gemv_round(float v) { return bf16_to_f32(f32_to
 __device__ __forceinline__ int gemv_xn_pitch(int cols) { return cols + (96 - cols % 64) % 64; }
 
 // NORM modes' prologue: xn[n] = bf16(x[n] * rsqrt(mean(x[n]^2) + eps) * gamma) for the m
-// rows, into shared memory at `xn`, with norm.cu's arithmetic (per-thread sums over
-// 16-byte vectors strided by the block, warp sums, then the warps' sums added as
-// block_sum adds them). The raw rows are copied in first with plain 16-byte loads, four
-// in flight per thread (not cp.async: waiting for those would also wait for the ring's
-// copies of w queued before, a whole prefetch of W on the critical path), then squared,
-// summed and scaled in place (gamma's first vectors preloaded in `g_pre`, before the wait).
-// `scratch`: GEMV_MAX_M x 32 floats (the accumulator parking
-// space, unused until the first tile ends).
+// rows, into shared memory at `xn`, summing the squares in exactly the order of the
+// unfused rms_norm (norm.cu, as ops.rs launches it), so fused and unfused steps give the
+// same bits and a sequence's tokens do not depend on what it was batched with:
+// - rows of at most GEMV_NORM_WARP_COLS values: norm.cu's warp kernel, one warp per row,
+//   lanes striding over the row's 16-byte vectors, then warp_sum;
+// - longer rows (up to 8192, norm.cu's register path): its 256-thread block kernel, threads
+//   striding by 256, warp sums, then the 8 warps' sums as block_sum adds them (the launcher
+//   makes this CTA exactly 256 threads wide).
+// The raw rows are copied in first with plain 16-byte loads, four in flight per thread (not
+// cp.async: waiting for those would also wait for the ring's copies of w queued before),
+// then squared, summed and scaled in place (gamma's first vectors preloaded in `g_pre`,
+// before the wait). `scratch`: GEMV_MAX_M x 32 floats (the accumulator parking space, unused
+// until the first tile ends).
 __device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict__ x, const bf16* __restrict__ gamma,
                                                const uint4 (&g_pre)[GEMV_GAMMA_REGS], int m, int cols, float eps,
                                                float* scratch) {
@@ -161,22 +169,35 @@ __device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict_
         }
     }
     __syncthreads();
-    for (int n = 0; n < m; ++n) {
+    const bool by_warp = cols <= GEMV_NORM_WARP_COLS;
+    // Row n's sum of squares over the vectors i = first, first + stride, ... of one thread.
+    auto squares = [&](int n, int first, int stride) {
         float ss = 0.f;
-        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        for (int i = first; i < nv; i += stride) {
             float v[8];
             unpack8(*reinterpret_cast<const uint4*>(xn + n * pitch + i * 8), v);
 #pragma unroll
             for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
         }
-        ss = warp_sum(ss);
-        if (lane == 0) scratch[n * 32 + warp] = ss;
+        return ss;
+    };
+    if (by_warp) {
+        for (int n = warp; n < m; n += n_warps) {
+            const float ss = warp_sum(squares(n, lane, 32));
+            if (lane == 0) scratch[n * 32] = ss;
+        }
+    } else {
+        for (int n = 0; n < m; ++n) {
+            const float ss = warp_sum(squares(n, threadIdx.x, blockDim.x));
+            if (lane == 0) scratch[n * 32 + warp] = ss;
+        }
     }
     __syncthreads();
     float s[GEMV_MAX_M];
 #pragma unroll
     for (int n = 0; n < GEMV_MAX_M; ++n) {
-        s[n] = n < m ? rsqrtf(warp_sum(lane < n_warps ? scratch[n * 32 + lane] : 0.f) / (float)cols + eps) : 0.f;
+        const float ss = by_warp ? scratch[n * 32] : warp_sum(lane < n_warps ? scratch[n * 32 + lane] : 0.f);
+        s[n] = n < m ? rsqrtf(ss / (float)cols + eps) : 0.f;
     }
     auto scale = [&](int i, uint4 gv) {
         float g[8];
