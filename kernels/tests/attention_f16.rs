@@ -15,7 +15,8 @@ use half::f16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{PagedKv, SeqSlice};
-use tessera_kernels::cpu::attention_f16::{attention_f16, write_kv_f16};
+use tessera_kernels::cpu::attention_f16::{attention_f16, attention_f16_with, write_kv_f16};
+use tessera_kernels::cpu::matmul::Isa;
 use tessera_kernels::KernelError;
 
 fn unif(r: &mut ChaCha8Rng, lo: f32, hi: f32) -> f32 {
@@ -249,4 +250,47 @@ fn f16_attention_rejects_bad_inputs() {
     assert!(is_shape_err(attention_f16(&cache, &kc, &vc, &mut out, &q, &ok, 4, f32::NAN)));
     assert!(is_shape_err(attention_f16(&cache, &kc[1..], &vc[1..], &mut out, &q, &ok, 4, 0.3)));
     assert!(is_shape_err(write_kv_f16(&cache, &mut kc, &mut vc, &kv[1..], &kv[1..], &ok)));
+}
+
+/// The register kernel (AVX2/F16C) against the scalar rows, bit for bit, on random inputs
+/// with values that overflow f16 (q, and accumulators of large V rows), that round into
+/// f16 subnormals or to zero, and with head dims the register kernel takes (64, 128,
+/// 256) and one it leaves to the scalar rows (80).
+#[test]
+fn f16_attention_simd_equals_scalar_bit_for_bit() {
+    let Some(simd) = Isa::avx2() else { return };
+    let mut r = ChaCha8Rng::seed_from_u64(23);
+    let same =
+        |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+    for (n_heads, n_kv, hd) in [(9, 3, 64), (4, 2, 128), (2, 1, 256), (4, 2, 80)] {
+        // (q range, k range, v range): ordinary; V large enough that Σ w·v overflows f16;
+        // tiny V (f16 subnormals and underflow); q beyond f16's range in places.
+        for (qr, kr, vr) in [(2.0, 2.0, 1.0), (1.0, 1.0, 6.0e4), (1.0, 1.0, 3.0e-6), (1.0e5, 1.0e-3, 1.0)] {
+            let mut case = Case::new(&mut r, n_heads, n_kv, hd, 29, 13);
+            case.q.iter_mut().for_each(|x| *x *= qr / 2.0);
+            case.k.iter_mut().for_each(|x| *x *= kr / 2.0);
+            case.v.iter_mut().for_each(|x| *x *= vr);
+            let what = format!("h{n_heads}/kv{n_kv} hd{hd} ranges {qr:e}/{kr:e}/{vr:e}");
+            let (bs, ctx): (usize, usize) = (16, 29 + 13);
+            let table = shuffled(&mut r, ctx.div_ceil(bs) + 1);
+            let cache = PagedKv { block_size: bs, n_kv_heads: n_kv, head_dim: hd };
+            let stride = n_kv * hd;
+            let mut kc = vec![f16::ZERO; table.len() * bs * stride];
+            let mut vc = kc.clone();
+            let all = SeqSlice { block_table: &table, first_pos: 0, n_tokens: ctx };
+            write_kv_f16(&cache, &mut kc, &mut vc, &case.k, &case.v, &all).unwrap();
+            let seq = SeqSlice { block_table: &table, first_pos: 29, n_tokens: 13 };
+            let run = |isa| {
+                let mut out = vec![f32::NAN; case.q.len()];
+                attention_f16_with(isa, &cache, &kc, &vc, &mut out, &case.q, &seq, n_heads, 0.125).unwrap();
+                out
+            };
+            let (fast, slow) = (run(simd), run(Isa::scalar()));
+            assert!(same(&fast, &slow), "{what}: register kernel differs from the scalar rows");
+            // The regimes were reached: infinities where V is large, nothing else
+            // non-finite unless q overflowed.
+            let non_finite = slow.iter().filter(|x| !x.is_finite()).count();
+            assert_eq!(non_finite > 0, vr > 1.0e4 || qr > 1.0e4, "{what}: {non_finite} non-finite outputs");
+        }
+    }
 }

@@ -17,14 +17,21 @@
 //! The f16 accumulator loses about 11 bits per step against the f32 reference; that is
 //! the point (llama.cpp's results carry the same loss), not an accident.
 //! Work is parallel over (token, head) rows of the output, as in [`super::attention`].
+//! With AVX2/FMA/F16C and `head_dim` a multiple of 64 a row runs in registers
+//! (`attention_f16_avx2.rs`, the same bits); otherwise the scalar row below.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::attention::{PagedKv, SeqSlice};
+use super::matmul::Isa;
 use crate::error::check;
 use crate::KernelError;
+
+#[cfg(target_arch = "x86_64")]
+#[path = "attention_f16_avx2.rs"]
+mod avx2;
 
 /// Below this many multiply-adds (`tokens * heads * context * head_dim`) a call stays on
 /// the calling thread.
@@ -56,6 +63,53 @@ pub fn write_kv_f16(
         v_cache[off..off + stride].convert_from_f32_slice(vt);
     }
     Ok(())
+}
+
+/// The cache offsets of one head's K/V row at positions `0, 1, ..` of a sequence, in
+/// order: block by block, with no division per position. The table was checked to cover
+/// the positions asked for with valid blocks.
+#[derive(Clone, Copy)]
+struct Slots<'a> {
+    table: &'a [u32],
+    block_size: usize,
+    /// Values per cache slot (all kv heads).
+    stride: usize,
+    /// The head's offset within a slot.
+    head_off: usize,
+    /// Positions left to give.
+    left: usize,
+    /// Next position's offset, and slots left in its block (0: look up the next block).
+    next: usize,
+    left_in_block: usize,
+    block: usize,
+}
+
+impl<'a> Slots<'a> {
+    fn new(cache: &PagedKv, table: &'a [u32], head_off: usize, positions: usize) -> Self {
+        let (block_size, stride) = (cache.block_size, cache.token_stride());
+        Slots { table, block_size, stride, head_off, left: positions, next: 0, left_in_block: 0, block: 0 }
+    }
+}
+
+impl Iterator for Slots<'_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.left == 0 {
+            return None;
+        }
+        if self.left_in_block == 0 {
+            self.next = self.table[self.block] as usize * self.block_size * self.stride + self.head_off;
+            self.block += 1;
+            self.left_in_block = self.block_size;
+        }
+        let off = self.next;
+        self.next += self.stride;
+        self.left_in_block -= 1;
+        self.left -= 1;
+        Some(off)
+    }
 }
 
 /// Per-thread scratch of one (token, head) row, each `[head_dim]`.
@@ -95,6 +149,22 @@ pub fn attention_f16(
     n_heads: usize,
     scale: f32,
 ) -> Result<(), KernelError> {
+    attention_f16_with(Isa::best(), cache, k_cache, v_cache, out, q, seq, n_heads, scale)
+}
+
+/// [`attention_f16`] with a chosen instruction set (tests compare the paths bit for bit).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f16_with(
+    isa: Isa,
+    cache: &PagedKv,
+    k_cache: &[f16],
+    v_cache: &[f16],
+    out: &mut [f32],
+    q: &[f32],
+    seq: &SeqSlice,
+    n_heads: usize,
+    scale: f32,
+) -> Result<(), KernelError> {
     const OP: &str = "attention_f16";
     let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
     let ctx = cache.check_seq(OP, seq, num_blocks)?;
@@ -108,18 +178,34 @@ pub fn attention_f16(
     })?;
     check(scale.is_finite(), OP, || format!("scale {scale} is not finite"))?;
     let group = n_heads / n_kv;
+    // The register kernel's widths: head_dim 64, 128, 256.
+    let simd = isa.has_avx2() && matches!(hd, 64 | 128 | 256);
 
     // One output row per (token, head): `row = t * n_heads + h`.
     let head = |b: &mut Scratch, (row, o): (usize, &mut [f32])| {
         let (t, h) = (row / n_heads, row % n_heads);
-        let kv_off = (h / group) * hd;
-        for (d, &x) in b.q.iter_mut().zip(&q[row * hd..(row + 1) * hd]) {
+        let slots = Slots::new(cache, seq.block_table, (h / group) * hd, seq.first_pos + t + 1);
+        let qr = &q[row * hd..(row + 1) * hd];
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` implies a constructed AVX2 `Isa`, so the CPU has AVX2, FMA
+            // and F16C; the kernel checks its slice bounds.
+            unsafe {
+                match hd {
+                    64 => avx2::attend_row::<8>(qr, k_cache, v_cache, slots, scale, o),
+                    128 => avx2::attend_row::<16>(qr, k_cache, v_cache, slots, scale, o),
+                    _ => avx2::attend_row::<32>(qr, k_cache, v_cache, slots, scale, o),
+                }
+            }
+            return;
+        }
+        let _ = simd;
+        for (d, &x) in b.q.iter_mut().zip(qr) {
             *d = f16::from_f32(x).to_f32();
         }
         b.acc.fill(0.0);
         let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-        for p in 0..=seq.first_pos + t {
-            let off = cache.slot_offset(seq.block_table, p) + kv_off;
+        for off in slots {
             k_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
             let s = dot_lanes(&b.q, &b.kv) * scale;
             // `ms` rescales what was summed under the old maximum, `w` weighs this row.

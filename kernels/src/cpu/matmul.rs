@@ -124,6 +124,11 @@ impl Isa {
         Self::vnni().or_else(Self::avx2).unwrap_or_else(Self::scalar)
     }
 
+    /// Whether this is an x86 set with AVX2, FMA and F16C (every kind but scalar).
+    pub(crate) fn has_avx2(self) -> bool {
+        self.0 != IsaKind::Scalar
+    }
+
     pub fn name(self) -> &'static str {
         match self.0 {
             IsaKind::Scalar => "scalar",
