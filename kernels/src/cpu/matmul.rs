@@ -257,25 +257,36 @@ fn chunk_rows(rows: usize, row_bytes: usize, n: usize, threads: usize) -> usize 
     by_balance.max(by_size).min(rows)
 }
 
+/// `out`'s base pointer, shared by the tasks of [`run`], which write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: tasks write only their own rows' columns of `out` (see `run`), so no element is
+// written by two threads or read while written.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// A method, not the field: a closure that used `.0` would capture the bare pointer.
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 /// Drives `kernel` over all (row, token) pairs. `out`: `[n, rows]`; lengths checked.
 fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &A, kernel: Kernel<A>) {
     let threads = rayon::current_num_threads();
     let work = w.data.len().saturating_mul(n);
     let serial = threads <= 1 || work < PAR_MIN_WORK;
-    let rows_per = if serial { w.rows } else { chunk_rows(w.rows, row_bytes, n, threads) };
-    // Each task fills `dst`: rows `r0 ..` of the output, laid out `[rows, n]`.
-    let task = |(i, dst): (usize, &mut [f32])| {
-        let r0 = i * rows_per;
-        let nrows = dst.len() / n;
-        let wrows = &w.data[r0 * row_bytes..(r0 + nrows) * row_bytes];
-        for t0 in (0..n).step_by(TOKEN_TILE) {
-            let tn = TOKEN_TILE.min(n - t0);
-            // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
-            unsafe { kernel(wrows, row_bytes, acts, t0, tn, &mut dst[t0..], n) };
-        }
-    };
+    let rows = w.rows;
+    let rows_per = if serial { rows } else { chunk_rows(rows, row_bytes, n, threads) };
     if n == 1 {
-        // `[1, rows]` and `[rows, 1]` are the same layout: write in place.
+        // `[1, rows]` and `[rows, 1]` are the same layout: each task writes its rows in place.
+        let task = |(i, dst): (usize, &mut [f32])| {
+            let r0 = i * rows_per;
+            let wrows = &w.data[r0 * row_bytes..(r0 + dst.len()) * row_bytes];
+            // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
+            unsafe { kernel(wrows, row_bytes, acts, 0, 1, dst, 1) };
+        };
         if serial {
             task((0, out));
         } else {
@@ -283,28 +294,39 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
         }
         return;
     }
-    let mut tmp = vec![0.0f32; w.rows * n]; // [rows, n]
-    if serial {
-        task((0, &mut tmp));
-    } else {
-        tmp.par_chunks_mut(rows_per * n).enumerate().for_each(task);
-    }
-    // [rows, n] -> [n, rows], in blocks of 16 tokens: each read is one cache line of
-    // `tmp`, and consecutive rows fill the same 16 lines of `out`.
-    const TB: usize = 16;
-    let rows = w.rows;
-    let transpose = |(tb, o): (usize, &mut [f32])| {
-        let (t0, nt) = (tb * TB, o.len() / rows);
-        for (r, vals) in tmp.chunks_exact(n).enumerate() {
-            for (i, &v) in vals[t0..t0 + nt].iter().enumerate() {
-                o[i * rows + r] = v;
+    // Task `i` owns output columns (weight rows) `i * rows_per ..`: for each tile of
+    // tokens the kernel fills `tile` (`[nrows, TOKEN_TILE]`, the kernels' row-major
+    // layout), which is then transposed into those columns of the tile's `out` rows while
+    // it is still in cache.
+    let base = SharedOut(out.as_mut_ptr());
+    let task = |i: usize| {
+        let r0 = i * rows_per;
+        let nrows = rows_per.min(rows - r0);
+        let wrows = &w.data[r0 * row_bytes..(r0 + nrows) * row_bytes];
+        let mut tile = vec![0.0f32; nrows * TOKEN_TILE];
+        for t0 in (0..n).step_by(TOKEN_TILE) {
+            let tn = TOKEN_TILE.min(n - t0);
+            // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
+            unsafe { kernel(wrows, row_bytes, acts, t0, tn, &mut tile, TOKEN_TILE) };
+            // 16 tokens at a time: each read is one cache line of `tile`.
+            for b0 in (0..tn).step_by(16) {
+                let bn = 16.min(tn - b0);
+                for (r, vals) in tile.chunks_exact(TOKEN_TILE).enumerate() {
+                    for (j, &v) in vals[b0..b0 + bn].iter().enumerate() {
+                        // SAFETY: `out` is `[n, rows]` (checked by `matmul_with`), `t0 + b0
+                        // + j < n` and `r0 + r < rows`; column `r0 + r` belongs to this
+                        // task only.
+                        unsafe { *base.at((t0 + b0 + j) * rows + r0 + r) = v };
+                    }
+                }
             }
         }
     };
+    let tasks = rows.div_ceil(rows_per);
     if serial {
-        out.chunks_mut(TB * rows).enumerate().for_each(transpose);
+        (0..tasks).for_each(task);
     } else {
-        out.par_chunks_mut(TB * rows).enumerate().for_each(transpose);
+        (0..tasks).into_par_iter().for_each(task);
     }
 }
 
