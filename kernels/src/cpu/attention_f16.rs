@@ -178,68 +178,73 @@ pub fn attention_f16_with(
     })?;
     check(scale.is_finite(), OP, || format!("scale {scale} is not finite"))?;
     let group = n_heads / n_kv;
-    // The register kernel's widths: head_dim 64, 128, 256.
+    // The register kernel's widths: head_dim 64, 128, 256. It takes `g` query heads of
+    // one GQA group at a time (they read the same K/V rows): the largest of 4, 3, 2, 1
+    // that divides the group.
     let simd = isa.has_avx2() && matches!(hd, 64 | 128 | 256);
+    let g = if simd { [4, 3, 2].into_iter().find(|g| group % g == 0).unwrap_or(1) } else { 1 };
 
-    // One output row per (token, head): `row = t * n_heads + h`.
-    let head = |b: &mut Scratch, (row, o): (usize, &mut [f32])| {
-        let (t, h) = (row / n_heads, row % n_heads);
-        let slots = Slots::new(cache, seq.block_table, (h / group) * hd, seq.first_pos + t + 1);
-        let qr = &q[row * hd..(row + 1) * hd];
+    // Task `i`: output rows `i * g .. (i + 1) * g`, row `t * n_heads + h` for (token,
+    // head); `g` divides the group, so the rows share token and kv head.
+    let heads = |b: &mut Scratch, (i, o): (usize, &mut [f32])| {
+        let row0 = i * g;
+        let (t, h0) = (row0 / n_heads, row0 % n_heads);
+        let slots = Slots::new(cache, seq.block_table, (h0 / group) * hd, seq.first_pos + t + 1);
+        let qr = &q[row0 * hd..(row0 + g) * hd];
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `simd` implies a constructed AVX2 `Isa`, so the CPU has AVX2, FMA
-            // and F16C; the kernel checks its slice bounds.
-            unsafe {
-                match hd {
-                    64 => avx2::attend_row::<8>(qr, k_cache, v_cache, slots, scale, o),
-                    128 => avx2::attend_row::<16>(qr, k_cache, v_cache, slots, scale, o),
-                    _ => avx2::attend_row::<32>(qr, k_cache, v_cache, slots, scale, o),
-                }
-            }
+            // and F16C (and AVX-512VL where the `Isa` says so).
+            unsafe { avx2::attend(isa.has_avx512vl(), hd, g, qr, k_cache, v_cache, slots, scale, o) };
             return;
         }
         let _ = simd;
-        for (d, &x) in b.q.iter_mut().zip(qr) {
-            *d = f16::from_f32(x).to_f32();
-        }
-        b.acc.fill(0.0);
-        let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-        for off in slots {
-            k_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
-            let s = dot_lanes(&b.q, &b.kv) * scale;
-            // `ms` rescales what was summed under the old maximum, `w` weighs this row.
-            let (mut ms, mut w) = (1.0f32, 1.0f32);
-            if s > m {
-                ms = (m - s).exp();
-                m = s;
-                b.acc.iter_mut().for_each(|a| *a *= ms);
-                b.round_acc();
-            } else {
-                w = (s - m).exp();
-            }
-            v_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
-            for (a, &vv) in b.acc.iter_mut().zip(&b.kv) {
-                *a = vv.mul_add(w, *a);
-            }
-            b.round_acc();
-            sum = sum.mul_add(ms, w);
-        }
-        // sum >= 1 (the maximum contributes e^0) unless a score was NaN.
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        for (o, &a) in o.iter_mut().zip(&b.acc) {
-            *o = a * inv;
-        }
+        scalar_row(b, qr, k_cache, v_cache, slots, scale, o);
     };
 
     let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
     if work >= PAR_MIN_WORK {
-        out.par_chunks_mut(hd).enumerate().for_each_init(|| Scratch::new(hd), head);
+        out.par_chunks_mut(g * hd).enumerate().for_each_init(|| Scratch::new(hd), heads);
     } else {
         let mut scratch = Scratch::new(hd);
-        out.chunks_mut(hd).enumerate().for_each(|item| head(&mut scratch, item));
+        out.chunks_mut(g * hd).enumerate().for_each(|item| heads(&mut scratch, item));
     }
     Ok(())
+}
+
+/// One output row on the portable path: `q`, `o` `[head_dim]`.
+fn scalar_row(b: &mut Scratch, q: &[f32], k_cache: &[f16], v_cache: &[f16], slots: Slots, scale: f32, o: &mut [f32]) {
+    let hd = q.len();
+    for (d, &x) in b.q.iter_mut().zip(q) {
+        *d = f16::from_f32(x).to_f32();
+    }
+    b.acc.fill(0.0);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    for off in slots {
+        k_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
+        let s = dot_lanes(&b.q, &b.kv) * scale;
+        // `ms` rescales what was summed under the old maximum, `w` weighs this row.
+        let (mut ms, mut w) = (1.0f32, 1.0f32);
+        if s > m {
+            ms = (m - s).exp();
+            m = s;
+            b.acc.iter_mut().for_each(|a| *a *= ms);
+            b.round_acc();
+        } else {
+            w = (s - m).exp();
+        }
+        v_cache[off..off + hd].convert_to_f32_slice(&mut b.kv);
+        for (a, &vv) in b.acc.iter_mut().zip(&b.kv) {
+            *a = vv.mul_add(w, *a);
+        }
+        b.round_acc();
+        sum = sum.mul_add(ms, w);
+    }
+    // sum >= 1 (the maximum contributes e^0) unless a score was NaN.
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, &a) in o.iter_mut().zip(&b.acc) {
+        *o = a * inv;
+    }
 }
 
 /// `Σ a[i]·b[i]` in f32, summed as ggml's AVX-512 `ggml_vec_dot_f16` does: each run of

@@ -23,6 +23,128 @@ use half::f16;
 
 use super::Slots;
 
+/// The kernels for one set of target features: AVX2 + FMA + F16C, and the same code with
+/// AVX-512VL enabled, where the compiler has 32 vector registers instead of 16 (the
+/// group's accumulators then stay in registers). Same instructions' arithmetic, so the
+/// same bits.
+macro_rules! kernels {
+    ($feat:literal, $attend:ident) => {
+        /// `G` output rows that read the same kv head at the same positions (query heads
+        /// of one GQA group, consecutive): `q`, `out` `[G, 8 * NV]`; `slots` gives the
+        /// cache offset of the kv head's K/V row at each position of the context, in
+        /// order. Each row's steps are those of the scalar row; the rows share the K/V
+        /// loads and interleave their dependency chains.
+        ///
+        /// # Safety
+        /// The CPU must have the features of `$feat`.
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn $attend<const NV: usize, const G: usize>(
+            q: &[f32],
+            k_cache: &[f16],
+            v_cache: &[f16],
+            slots: Slots,
+            scale: f32,
+            out: &mut [f32],
+        ) {
+            let hd = 8 * NV;
+            assert!(NV % 8 == 0 && q.len() == G * hd && out.len() == G * hd);
+            let mut qv = [[_mm256_setzero_ps(); NV]; G];
+            for (g, qg) in qv.iter_mut().enumerate() {
+                for (j, r) in qg.iter_mut().enumerate() {
+                    *r = round_f16(_mm256_loadu_ps(q.as_ptr().add(g * hd + 8 * j)));
+                }
+            }
+            let mut acc = [[_mm256_setzero_ps(); NV]; G];
+            let (mut m, mut sum) = ([f32::NEG_INFINITY; G], [0.0f32; G]);
+            let mut kv = [_mm256_setzero_ps(); NV];
+            for off in slots {
+                assert!(off + hd <= k_cache.len() && off + hd <= v_cache.len());
+                let (kp, vp) = (k_cache.as_ptr().add(off), v_cache.as_ptr().add(off));
+                for (j, r) in kv.iter_mut().enumerate() {
+                    *r = widen8(kp.add(8 * j));
+                }
+                let mut wv = [_mm256_setzero_ps(); G];
+                for g in 0..G {
+                    let s = dot(&qv[g], &kv) * scale;
+                    let (mut ms, mut w) = (1.0f32, 1.0f32);
+                    if s > m[g] {
+                        ms = (m[g] - s).exp();
+                        m[g] = s;
+                        let msv = _mm256_set1_ps(ms);
+                        for a in acc[g].iter_mut() {
+                            *a = round_f16(_mm256_mul_ps(*a, msv));
+                        }
+                    } else {
+                        w = (s - m[g]).exp();
+                    }
+                    wv[g] = _mm256_set1_ps(w);
+                    sum[g] = sum[g].mul_add(ms, w);
+                }
+                for (j, r) in kv.iter_mut().enumerate() {
+                    *r = widen8(vp.add(8 * j));
+                }
+                for g in 0..G {
+                    for (a, &v) in acc[g].iter_mut().zip(&kv) {
+                        *a = round_f16(_mm256_fmadd_ps(v, wv[g], *a));
+                    }
+                }
+            }
+            for g in 0..G {
+                let inv = _mm256_set1_ps(if sum[g] == 0.0 { 0.0 } else { 1.0 / sum[g] });
+                for (j, a) in acc[g].iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(g * hd + 8 * j), _mm256_mul_ps(*a, inv));
+                }
+            }
+        }
+    };
+}
+
+kernels!("avx2,fma,f16c", attend_avx2);
+kernels!("avx2,fma,f16c,avx512f,avx512vl", attend_avx512vl);
+
+/// Runs the kernel for `head_dim` `hd` (64, 128 or 256) and `g` (1 to 4) rows, compiled
+/// with AVX-512VL if `avx512vl`. Panics on other sizes (the caller picks from these).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C, and AVX-512F/VL if `avx512vl`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn attend(
+    avx512vl: bool,
+    hd: usize,
+    g: usize,
+    q: &[f32],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    slots: Slots,
+    scale: f32,
+    out: &mut [f32],
+) {
+    macro_rules! by_size {
+        ($f:ident) => {
+            match (hd, g) {
+                (64, 1) => $f::<8, 1>(q, k_cache, v_cache, slots, scale, out),
+                (64, 2) => $f::<8, 2>(q, k_cache, v_cache, slots, scale, out),
+                (64, 3) => $f::<8, 3>(q, k_cache, v_cache, slots, scale, out),
+                (64, 4) => $f::<8, 4>(q, k_cache, v_cache, slots, scale, out),
+                (128, 1) => $f::<16, 1>(q, k_cache, v_cache, slots, scale, out),
+                (128, 2) => $f::<16, 2>(q, k_cache, v_cache, slots, scale, out),
+                (128, 3) => $f::<16, 3>(q, k_cache, v_cache, slots, scale, out),
+                (128, 4) => $f::<16, 4>(q, k_cache, v_cache, slots, scale, out),
+                (256, 1) => $f::<32, 1>(q, k_cache, v_cache, slots, scale, out),
+                (256, 2) => $f::<32, 2>(q, k_cache, v_cache, slots, scale, out),
+                (256, 3) => $f::<32, 3>(q, k_cache, v_cache, slots, scale, out),
+                (256, 4) => $f::<32, 4>(q, k_cache, v_cache, slots, scale, out),
+                _ => panic!("attention_f16 register kernel: no variant for head_dim {hd} x {g} rows"),
+            }
+        };
+    }
+    if avx512vl {
+        by_size!(attend_avx512vl)
+    } else {
+        by_size!(attend_avx2)
+    }
+}
+
 /// The 8 f16 at `p` as f32.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -37,14 +159,14 @@ pub(super) unsafe fn round_f16(x: __m256) -> __m256 {
     _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
 }
 
-/// `Σ q[i]·k[i]` over `8 * NV` values (`NV % 8 == 0`) in `dot_lanes`'s order; `q` holds
-/// f16 values, `k` points at f16.
+/// `Σ q[i]·k[i]` over `8 * NV` values (`NV % 8 == 0`) in `dot_lanes`'s order; both hold
+/// f16 values.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot<const NV: usize>(q: &[__m256; NV], k: *const f16) -> f32 {
+unsafe fn dot<const NV: usize>(q: &[__m256; NV], k: &[__m256; NV]) -> f32 {
     let mut l = [_mm256_setzero_ps(); 8];
     for j in 0..NV {
-        l[j % 8] = _mm256_fmadd_ps(q[j], widen8(k.add(8 * j)), l[j % 8]);
+        l[j % 8] = _mm256_fmadd_ps(q[j], k[j], l[j % 8]);
     }
     let lo = _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]));
@@ -53,54 +175,6 @@ unsafe fn dot<const NV: usize>(q: &[__m256; NV], k: *const f16) -> f32 {
     // [r0 + r2, r1 + r3, ..], then lane 0 + lane 1.
     let r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
     _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)))
-}
-
-/// One output row: `q`, `out` `[8 * NV]`; `slots` gives the cache offset of this head's
-/// K/V row at each position of the context, in order.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn attend_row<const NV: usize>(
-    q: &[f32],
-    k_cache: &[f16],
-    v_cache: &[f16],
-    slots: Slots,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = 8 * NV;
-    assert!(NV % 8 == 0 && q.len() == hd && out.len() == hd);
-    let mut qv = [_mm256_setzero_ps(); NV];
-    for (j, r) in qv.iter_mut().enumerate() {
-        *r = round_f16(_mm256_loadu_ps(q.as_ptr().add(8 * j)));
-    }
-    let mut acc = [_mm256_setzero_ps(); NV];
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    for off in slots {
-        assert!(off + hd <= k_cache.len() && off + hd <= v_cache.len());
-        let s = dot(&qv, k_cache.as_ptr().add(off)) * scale;
-        let (mut ms, mut w) = (1.0f32, 1.0f32);
-        if s > m {
-            ms = (m - s).exp();
-            m = s;
-            let msv = _mm256_set1_ps(ms);
-            for a in acc.iter_mut() {
-                *a = round_f16(_mm256_mul_ps(*a, msv));
-            }
-        } else {
-            w = (s - m).exp();
-        }
-        let (wv, vp) = (_mm256_set1_ps(w), v_cache.as_ptr().add(off));
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = round_f16(_mm256_fmadd_ps(widen8(vp.add(8 * j)), wv, *a));
-        }
-        sum = sum.mul_add(ms, w);
-    }
-    let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-    for (j, a) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), _mm256_mul_ps(*a, inv));
-    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,15 @@ impl Isa {
         self.0 != IsaKind::Scalar
     }
 
+    /// Whether this set includes AVX-512F/VL (the VNNI kind checked for them).
+    pub(crate) fn has_avx512vl(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.0 == IsaKind::Vnni {
+            return true;
+        }
+        false
+    }
+
     pub fn name(self) -> &'static str {
         match self.0 {
             IsaKind::Scalar => "scalar",
