@@ -317,16 +317,14 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
             let tn = TOKEN_TILE.min(n - t0);
             // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
             unsafe { kernel(wrows, row_bytes, acts, t0, tn, &mut tile, TOKEN_TILE) };
-            // 16 tokens at a time: each read is one cache line of `tile`.
-            for b0 in (0..tn).step_by(16) {
-                let bn = 16.min(tn - b0);
-                for (r, vals) in tile.chunks_exact(TOKEN_TILE).enumerate() {
-                    for (j, &v) in vals[b0..b0 + bn].iter().enumerate() {
-                        // SAFETY: `out` is `[n, rows]` (checked by `matmul_with`), `t0 + b0
-                        // + j < n` and `r0 + r < rows`; column `r0 + r` belongs to this
-                        // task only.
-                        unsafe { *base.at((t0 + b0 + j) * rows + r0 + r) = v };
-                    }
+            // Token by token: each token's columns are one contiguous run of `out`
+            // (sequential stores); the strided reads of `tile` stay in L1/L2.
+            for j in 0..tn {
+                // SAFETY: `out` is `[n, rows]` (checked by `matmul_with`), `t0 + j < n` and
+                // `r0 + nrows <= rows`; columns `r0 .. r0 + nrows` belong to this task only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(base.at((t0 + j) * rows + r0), nrows) };
+                for (d, vals) in dst.iter_mut().zip(tile.chunks_exact(TOKEN_TILE)) {
+                    *d = vals[j];
                 }
             }
         }
