@@ -617,3 +617,31 @@ fn silu_mul_ggml_matches_reference() {
     let mut g = vec![1.0f32; 4];
     assert!(is_shape_err(activation::silu_mul_ggml_inplace(&mut g, &[1.0; 3])));
 }
+
+/// The slice op (eight lanes at a time where the CPU has AVX2) gives exactly the scalar
+/// `silu_ggml(g) * u` of every element: ordinary gates, gates where `e^-g` leaves f32's
+/// normal range or its exponent range (|g| ~ 87 to 200), and special values, in a
+/// length with a tail and one long enough for the parallel path.
+#[test]
+fn silu_mul_ggml_slice_equals_scalar_bit_for_bit() {
+    let mut r = rng(43);
+    let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 87.3, -88.7, 103.0, -103.0, 133.5, -134.0];
+    for n in [1541, 20 * 1536 + 5] {
+        let mut gate = rand_vec(&mut r, n, -12.0, 12.0);
+        for (i, g) in gate.iter_mut().enumerate() {
+            match i % 7 {
+                0 => *g *= 17.0, // up to ±204
+                1 => *g = special[(i / 7) % special.len()],
+                _ => {}
+            }
+        }
+        let up = rand_vec(&mut r, n, -3.0, 3.0);
+        let mut got = gate.clone();
+        activation::silu_mul_ggml_inplace(&mut got, &up).unwrap();
+        for (i, ((&g, &u), &o)) in gate.iter().zip(&up).zip(&got).enumerate() {
+            let want = activation::silu_ggml(g) * u;
+            let same = o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan());
+            assert!(same, "n={n} [{i}]: silu_ggml({g:e}) * {u:e}: slice {o:e}, scalar {want:e}");
+        }
+    }
+}

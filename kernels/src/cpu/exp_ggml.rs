@@ -18,18 +18,18 @@
 
 /// `1.5 · 2^23`: adding and subtracting it rounds an f32 of magnitude < 2^22 to an
 /// integer (nearest, ties to even).
-const SHIFT: f32 = 12_582_912.0;
+pub(crate) const SHIFT: f32 = 12_582_912.0;
 /// `log2 e` rounded to f32.
-const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+pub(crate) const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
 /// `ln 2` split so that `n · LN2_HI` is exact for the `n` that occur.
-const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+pub(crate) const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+pub(crate) const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
 /// The polynomial's coefficients of `b` (`C0`) to `b^5` (`C4`).
-const C0: f32 = f32::from_bits(0x3f7f_fff6);
-const C1: f32 = f32::from_bits(0x3eff_fedb);
-const C2: f32 = f32::from_bits(0x3e2a_af33);
-const C3: f32 = f32::from_bits(0x3d2b_9f17);
-const C4: f32 = f32::from_bits(0x3c07_2010);
+pub(crate) const C0: f32 = f32::from_bits(0x3f7f_fff6);
+pub(crate) const C1: f32 = f32::from_bits(0x3eff_fedb);
+pub(crate) const C2: f32 = f32::from_bits(0x3e2a_af33);
+pub(crate) const C3: f32 = f32::from_bits(0x3d2b_9f17);
+pub(crate) const C4: f32 = f32::from_bits(0x3c07_2010);
 
 /// ggml's AVX-512 `e^x` (see the module docs).
 #[inline]
