@@ -112,6 +112,17 @@ impl Iterator for Slots<'_> {
     }
 }
 
+/// What one call of a row kernel reads: the query rows `q` (`[rows, head_dim]`, query
+/// heads of one kv head and token), both caches, the offsets of the kv head's K/V rows
+/// at the positions attended to, and the score scale.
+struct RowInputs<'a> {
+    q: &'a [f32],
+    k_cache: &'a [f16],
+    v_cache: &'a [f16],
+    slots: Slots<'a>,
+    scale: f32,
+}
+
 /// Per-thread scratch of one (token, head) row, each `[head_dim]`.
 struct Scratch {
     /// The query rounded to f16, widened back.
@@ -190,16 +201,16 @@ pub fn attention_f16_with(
         let row0 = i * g;
         let (t, h0) = (row0 / n_heads, row0 % n_heads);
         let slots = Slots::new(cache, seq.block_table, (h0 / group) * hd, seq.first_pos + t + 1);
-        let qr = &q[row0 * hd..(row0 + g) * hd];
+        let rows = RowInputs { q: &q[row0 * hd..(row0 + g) * hd], k_cache, v_cache, slots, scale };
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `simd` implies a constructed AVX2 `Isa`, so the CPU has AVX2, FMA
             // and F16C (and AVX-512VL where the `Isa` says so).
-            unsafe { avx2::attend(isa.has_avx512vl(), hd, g, qr, k_cache, v_cache, slots, scale, o) };
+            unsafe { avx2::attend(isa.has_avx512vl(), hd, g, rows, o) };
             return;
         }
         let _ = simd;
-        scalar_row(b, qr, k_cache, v_cache, slots, scale, o);
+        scalar_row(b, rows, o);
     };
 
     let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
@@ -213,7 +224,8 @@ pub fn attention_f16_with(
 }
 
 /// One output row on the portable path: `q`, `o` `[head_dim]`.
-fn scalar_row(b: &mut Scratch, q: &[f32], k_cache: &[f16], v_cache: &[f16], slots: Slots, scale: f32, o: &mut [f32]) {
+fn scalar_row(b: &mut Scratch, rows: RowInputs, o: &mut [f32]) {
+    let RowInputs { q, k_cache, v_cache, slots, scale } = rows;
     let hd = q.len();
     for (d, &x) in b.q.iter_mut().zip(q) {
         *d = f16::from_f32(x).to_f32();

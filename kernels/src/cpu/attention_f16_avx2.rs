@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::Slots;
+use super::RowInputs;
 
 /// The kernels for one set of target features: AVX2 + FMA + F16C, and the same code with
 /// AVX-512VL enabled, where the compiler has 32 vector registers instead of 16 (the
@@ -30,22 +30,15 @@ use super::Slots;
 macro_rules! kernels {
     ($feat:literal, $attend:ident) => {
         /// `G` output rows that read the same kv head at the same positions (query heads
-        /// of one GQA group, consecutive): `q`, `out` `[G, 8 * NV]`; `slots` gives the
-        /// cache offset of the kv head's K/V row at each position of the context, in
-        /// order. Each row's steps are those of the scalar row; the rows share the K/V
-        /// loads and interleave their dependency chains.
+        /// of one GQA group, consecutive): `rows.q`, `out` `[G, 8 * NV]`. Each row's steps
+        /// are those of the scalar row; the rows share the K/V loads and interleave their
+        /// dependency chains.
         ///
         /// # Safety
         /// The CPU must have the features of `$feat`.
         #[target_feature(enable = $feat)]
-        pub(super) unsafe fn $attend<const NV: usize, const G: usize>(
-            q: &[f32],
-            k_cache: &[f16],
-            v_cache: &[f16],
-            slots: Slots,
-            scale: f32,
-            out: &mut [f32],
-        ) {
+        unsafe fn $attend<const NV: usize, const G: usize>(rows: RowInputs, out: &mut [f32]) {
+            let RowInputs { q, k_cache, v_cache, slots, scale } = rows;
             let hd = 8 * NV;
             assert!(NV % 8 == 0 && q.len() == G * hd && out.len() == G * hd);
             let mut qv = [[_mm256_setzero_ps(); NV]; G];
@@ -107,33 +100,22 @@ kernels!("avx2,fma,f16c,avx512f,avx512vl", attend_avx512vl);
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C, and AVX-512F/VL if `avx512vl`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend(
-    avx512vl: bool,
-    hd: usize,
-    g: usize,
-    q: &[f32],
-    k_cache: &[f16],
-    v_cache: &[f16],
-    slots: Slots,
-    scale: f32,
-    out: &mut [f32],
-) {
+pub(super) unsafe fn attend(avx512vl: bool, hd: usize, g: usize, rows: RowInputs, out: &mut [f32]) {
     macro_rules! by_size {
         ($f:ident) => {
             match (hd, g) {
-                (64, 1) => $f::<8, 1>(q, k_cache, v_cache, slots, scale, out),
-                (64, 2) => $f::<8, 2>(q, k_cache, v_cache, slots, scale, out),
-                (64, 3) => $f::<8, 3>(q, k_cache, v_cache, slots, scale, out),
-                (64, 4) => $f::<8, 4>(q, k_cache, v_cache, slots, scale, out),
-                (128, 1) => $f::<16, 1>(q, k_cache, v_cache, slots, scale, out),
-                (128, 2) => $f::<16, 2>(q, k_cache, v_cache, slots, scale, out),
-                (128, 3) => $f::<16, 3>(q, k_cache, v_cache, slots, scale, out),
-                (128, 4) => $f::<16, 4>(q, k_cache, v_cache, slots, scale, out),
-                (256, 1) => $f::<32, 1>(q, k_cache, v_cache, slots, scale, out),
-                (256, 2) => $f::<32, 2>(q, k_cache, v_cache, slots, scale, out),
-                (256, 3) => $f::<32, 3>(q, k_cache, v_cache, slots, scale, out),
-                (256, 4) => $f::<32, 4>(q, k_cache, v_cache, slots, scale, out),
+                (64, 1) => $f::<8, 1>(rows, out),
+                (64, 2) => $f::<8, 2>(rows, out),
+                (64, 3) => $f::<8, 3>(rows, out),
+                (64, 4) => $f::<8, 4>(rows, out),
+                (128, 1) => $f::<16, 1>(rows, out),
+                (128, 2) => $f::<16, 2>(rows, out),
+                (128, 3) => $f::<16, 3>(rows, out),
+                (128, 4) => $f::<16, 4>(rows, out),
+                (256, 1) => $f::<32, 1>(rows, out),
+                (256, 2) => $f::<32, 2>(rows, out),
+                (256, 3) => $f::<32, 3>(rows, out),
+                (256, 4) => $f::<32, 4>(rows, out),
                 _ => panic!("attention_f16 register kernel: no variant for head_dim {hd} x {g} rows"),
             }
         };
