@@ -393,9 +393,17 @@ impl CudaModel {
         };
         // Every GEMM this device runs from now on multiplies by a weight, and weights are
         // written only at load (finished here): the small-batch GEMV may start streaming W
-        // before the previous kernel ends (6-stage ring, 8 warps, one wave, early PDL).
+        // before the previous kernel ends (6-stage ring, 8 warps, one wave, early PDL;
+        // `TESSERA_GEMV_TUNING=stages,warps` overrides the first two for tuning runs).
         dev.synchronize()?;
-        dev.set_gemv_tuning(6, 8, true, 2)?;
+        let (stages, warps) = std::env::var("TESSERA_GEMV_TUNING")
+            .ok()
+            .and_then(|v| {
+                let (a, b) = v.split_once(',')?;
+                Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+            })
+            .unwrap_or((6, 8));
+        dev.set_gemv_tuning(stages, warps, true, 2)?;
         Ok(CudaModel {
             core: Core {
                 dev,
