@@ -194,6 +194,32 @@ impl Gemm {
     }
 }
 
+/// The operand lengths of `out = x · Wᵀ`: W `[rows, cols]` and not empty, x `[m, cols]`,
+/// and `out_len` = m x `out_width` (`rows` for a plain GEMM; a fused epilogue may write
+/// fewer values per row of x).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_gemm_operands(
+    op: &'static str,
+    x: &Buf<bf16>,
+    m: usize,
+    w: &Buf<bf16>,
+    rows: usize,
+    cols: usize,
+    out_len: usize,
+    out_width: usize,
+) -> Result<(), KernelError> {
+    check(rows > 0 && cols > 0, op, || format!("weight {rows}x{cols} is empty"))?;
+    check(rows.checked_mul(cols) == Some(w.len()), op, || {
+        format!("weight has {} values, expected {rows}x{cols}", w.len())
+    })?;
+    check(m.checked_mul(cols) == Some(x.len()), op, || {
+        format!("x has {} values, expected m={m} x cols={cols}", x.len())
+    })?;
+    check(m.checked_mul(out_width) == Some(out_len), op, || {
+        format!("out has {out_len} values, expected m={m} x {out_width}")
+    })
+}
+
 impl Device {
     /// `out = x · Wᵀ`; `x` `[m, cols]`, `w` `[rows, cols]`, `out` `[m, rows]`.
     pub fn matmul(
@@ -263,16 +289,7 @@ impl Device {
         allow_gemv: bool,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_matmul";
-        check(rows > 0 && cols > 0, OP, || format!("weight {rows}x{cols} is empty"))?;
-        check(rows.checked_mul(cols) == Some(w.len()), OP, || {
-            format!("weight has {} values, expected {rows}x{cols}", w.len())
-        })?;
-        check(m.checked_mul(cols) == Some(x.len()), OP, || {
-            format!("x has {} values, expected m={m} x cols={cols}", x.len())
-        })?;
-        check(m.checked_mul(rows) == Some(out.len()), OP, || {
-            format!("out has {} values, expected m={m} x rows={rows}", out.len())
-        })?;
+        check_gemm_operands(OP, x, m, w, rows, cols, out.len(), rows)?;
         if m == 0 {
             return Ok(());
         }

@@ -78,18 +78,19 @@ fn shape_fits(m: usize, rows: usize, cols: usize) -> bool {
 }
 
 /// What the kernel does with x and its sums (gemv.cu's modes).
+/// The discriminants index [`Mode::ALL`] and [`GemvKernels`]'s kernel sets.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Mode {
     /// `out = x · Wᵀ`, bf16.
-    Bf16,
+    Bf16 = 0,
     /// `out = x · Wᵀ`, f32.
-    F32,
+    F32 = 1,
     /// `out = rms_norm(x) · Wᵀ`, the norm computed by every CTA into shared memory.
-    Norm,
+    Norm = 2,
     /// `out = silu(g) * u`, `g | u = rms_norm(x) · Wᵀ` for W the packed gate|up weight.
-    NormSwiglu,
+    NormSwiglu = 3,
     /// `out += x · Wᵀ` on the bf16 residual stream.
-    Residual,
+    Residual = 4,
 }
 
 impl Mode {
@@ -272,7 +273,7 @@ impl Device {
         }
         let g = &self.kernels.gemv;
         let set = STAGES.iter().position(|&s| s == g.stages.load(Ordering::Relaxed)).unwrap_or(0);
-        let by_mode = &g.kernels[Mode::ALL.iter().position(|&k| k == mode).unwrap_or(0)];
+        let by_mode = &g.kernels[mode as usize];
         // Warps: the setting, within the kernel's limits and the chunk count, then evened
         // out so no warp has a chunk more per tile than needed (9 chunks: 5 warps of 2, not
         // 8 with one warp doing two).

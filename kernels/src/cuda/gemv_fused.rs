@@ -18,6 +18,7 @@ use cudarc::driver::DevicePtrMut;
 use half::bf16;
 
 use super::device::{Buf, Device};
+use super::gemm::check_gemm_operands;
 use super::gemv::{GemvCall, Mode, MAX_M};
 use crate::error::check;
 use crate::KernelError;
@@ -51,7 +52,7 @@ impl Device {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_matmul_rms_norm";
         check_norm(OP, gamma, eps, cols)?;
-        check_operands(OP, x, m, w, rows, cols, out.len(), m * rows)?;
+        check_operands(OP, x, m, w, rows, cols, out.len(), rows)?;
         let (op, _g) = out.inner.device_ptr_mut(&self.stream);
         self.gemv_launch(op, &GemvCall { mode: Mode::Norm, x, m, w, rows, cols, gamma: Some(gamma), eps })
     }
@@ -73,7 +74,7 @@ impl Device {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_matmul_rms_norm_swiglu";
         check_norm(OP, gamma, eps, cols)?;
-        check_operands(OP, x, m, gate_up, 2 * ffn, cols, act.len(), m * ffn)?;
+        check_operands(OP, x, m, gate_up, 2 * ffn, cols, act.len(), ffn)?;
         let (op, _g) = act.inner.device_ptr_mut(&self.stream);
         let call = GemvCall { mode: Mode::NormSwiglu, x, m, w: gate_up, rows: 2 * ffn, cols, gamma: Some(gamma), eps };
         self.gemv_launch(op, &call)
@@ -91,7 +92,7 @@ impl Device {
         cols: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_matmul_add_residual";
-        check_operands(OP, x, m, w, rows, cols, residual.len(), m * rows)?;
+        check_operands(OP, x, m, w, rows, cols, residual.len(), rows)?;
         let (op, _g) = residual.inner.device_ptr_mut(&self.stream);
         self.gemv_launch(op, &GemvCall { mode: Mode::Residual, x, m, w, rows, cols, gamma: None, eps: 0.0 })
     }
@@ -102,8 +103,8 @@ fn check_norm(op: &'static str, gamma: &Buf<bf16>, eps: f32, cols: usize) -> Res
     check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} is not a finite non-negative number"))
 }
 
-/// Lengths of x `[m, cols]`, W `[rows, cols]` and the output (`out_len` against `want`), and
-/// the row count the GEMV takes.
+/// The GEMM operands' lengths (`out_width` values per row of x), and at most [`MAX_M`]
+/// rows of x.
 #[allow(clippy::too_many_arguments)]
 fn check_operands(
     op: &'static str,
@@ -113,12 +114,8 @@ fn check_operands(
     rows: usize,
     cols: usize,
     out_len: usize,
-    want: usize,
+    out_width: usize,
 ) -> Result<(), KernelError> {
     check((1..=MAX_M).contains(&m), op, || format!("m={m} outside 1..={MAX_M}"))?;
-    check(rows > 0 && rows.checked_mul(cols) == Some(w.len()), op, || {
-        format!("weight has {} values, expected {rows}x{cols}", w.len())
-    })?;
-    check(m.checked_mul(cols) == Some(x.len()), op, || format!("x has {} values, expected {m}x{cols}", x.len()))?;
-    check(out_len == want, op, || format!("output has {out_len} values, expected {want}"))
+    check_gemm_operands(op, x, m, w, rows, cols, out_len, out_width)
 }

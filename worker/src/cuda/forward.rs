@@ -51,8 +51,8 @@ use crate::sampling::Sampled;
 const DECODE_SPLIT_ROWS: usize = 512;
 /// Largest step (tokens) that runs the fused GEMVs. H200, synthetic Llama-3-8B decode
 /// (`tessera bench --batches 1,2,4,8`, fused vs `TESSERA_FUSED_GEMV=0`): 234 vs 221 tok/s
-/// at 1 sequence, 449 vs 423 at 2, 869 vs 835 at 4, but 1619 vs 1655 at 8, where every
-/// CTA normalising 8 rows of x costs more than the kernels it saves.
+/// at 1 sequence, 449 vs 423 at 2, 869 vs 835 at 4, but 1619 vs 1655 at 8 (not profiled;
+/// every CTA normalising 8 rows of x is the likely cost).
 const FUSED_MAX_ROWS: usize = 4;
 /// Activation sets kept for reuse (one per recent step size).
 const SCRATCH_KEPT: usize = 4;
