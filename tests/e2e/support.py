@@ -178,8 +178,13 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def sse_events(response: requests.Response):
-    """The `data:` payloads of a raw SSE response, decoded; stops at `[DONE]`."""
-    for line in response.iter_lines(decode_unicode=True):
+    """The `data:` payloads of a raw SSE response, decoded; stops at `[DONE]`.
+
+    Lines are split as bytes and decoded as UTF-8 (SSE's encoding): `text/event-stream`
+    carries no charset, so requests would decode it as ISO-8859-1, where the byte 0x85 of
+    a UTF-8 character (e.g. the second byte of "Å") is NEL, a line break to `splitlines`."""
+    for raw in response.iter_lines():
+        line = raw.decode("utf-8")
         if not line or not line.startswith("data:"):
             continue
         data = line[len("data:"):].strip()
