@@ -14,6 +14,10 @@
 #     decode - a random bf16 llama-3-8b-shaped GGUF (bench/gpu/make_gguf.py, SmolLM2's vocabulary):
 #              llama-bench (prefill 512/4096, batch-1 decode 128), llama-batched-bench (1..128
 #              sequences of 512 + 128) and `tessera bench --device cuda --model` on that file
+#     serve8b - the same 8B file through `tessera serve --device cuda` (loadgen at 1 and 16
+#              sessions, 128 + 128 tokens) next to `tessera bench` on it: what the serving path
+#              (gateway, coordinator, gRPC, per-step host work) costs on top of the engine's step
+#              (needs only the llama.cpp sources for gguf-py, not the build)
 # Logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,14 +54,17 @@ if [[ " $* " == *" build "* ]]; then
 fi
 
 BIN=/tmp/tessera-gpu-bin
-if [[ " $* " == *" serve "* || " $* " == *" decode "* ]]; then
+if [[ " $* " == *" serve "* || " $* " == *" decode "* || " $* " == *" serve8b "* ]]; then
     mkdir -p "$BIN"
     # (a machine still warm from bench/gpu/run.sh already has the binary and the model)
     [[ -f .gpu/tessera.xz ]] && xz -dc .gpu/tessera.xz > "$BIN/tessera" && chmod +x "$BIN/tessera"
-    if [[ ! -f /tmp/smollm2.gguf && -f /tmp/part-a && -f .gpu/part-b ]]; then
-        cat /tmp/part-a .gpu/part-b > /tmp/smollm2.gguf
+    # The default model's halves, carried in earlier calls (run.sh prepare's .gpumodel/.gpumodelb).
+    if [[ ! -f /tmp/smollm2.gguf && -f /tmp/part-a && -f /tmp/part-b ]]; then
+        cat /tmp/part-a /tmp/part-b > /tmp/smollm2.gguf
         echo "$(cat .gpu/model.sha256)  /tmp/smollm2.gguf" | sha256sum -c -
     fi
+    # gguf-py for make_gguf.py comes with llama.cpp's sources (also when nothing is built).
+    [[ -d $SRC/llama.cpp/gguf-py ]] || { mkdir -p "$SRC" && xz -dc .gpullama/llama.tar.xz | tar xf - -C "$SRC" llama.cpp/gguf-py; }
     export TESSERA_CACHE_DIR=$(mktemp -d)
 fi
 ready() { for _ in $(seq 240); do curl -sf "$1" >/dev/null && return 0; sleep 0.5; done; echo "!! not ready: $1"; return 1; }
@@ -96,4 +103,22 @@ if [[ " $* " == *" decode "* ]]; then
     echo "== tessera bench" | tee -a "$LOG/llama-decode.log"
     "$BIN/tessera" bench --device cuda --model $G --prompts 512,4096 --batches 1,8,32,64,128 2>&1 \
         | grep -E '^(#|\|)' | tee -a "$LOG/llama-decode.log"
+fi
+
+if [[ " $* " == *" serve8b "* ]]; then
+    : > "$LOG/serve8b.log"
+    G=/tmp/l8b.gguf
+    [[ -f $G ]] || PYTHONPATH="$SRC/llama.cpp/gguf-py" python3 bench/gpu/make_gguf.py /tmp/smollm2.gguf $G 2>&1 | tail -1
+    echo "== tessera bench (engine)" | tee -a "$LOG/serve8b.log"
+    "$BIN/tessera" bench --device cuda --model $G --prompts 128 --decode-prompt 128 --batches 1,16 --gen-tokens 128 \
+        2>&1 | grep -E '^\|' | tee -a "$LOG/serve8b.log"
+    "$BIN/tessera" serve --device cuda --model $G --port 8126 >/tmp/serve-8b.log 2>&1 & p=$!
+    ready http://127.0.0.1:8126/ready
+    H=--header
+    for c in 1 16; do
+        python3 bench/loadgen.py --url http://127.0.0.1:8126 --concurrency $c --duration 20 --prompt-tokens 128 \
+            --max-tokens 128 --ignore-eos --label "tessera serve 8b c=$c" $H | tee -a "$LOG/serve8b.log"
+        H=
+    done
+    kill $p; wait $p 2>/dev/null
 fi
