@@ -65,3 +65,11 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     v = lane < n_warps ? scratch[lane] : 0.f;
     return warp_sum(v);
 }
+
+// RoPE of one pair (a, b) by the angle whose (cos, sin) is c: the one expression every
+// kernel that rotates q or k uses (qkv.cu, gemv.cu's NORM_ROPE epilogue), so they round
+// alike (the compiler contracts the same expression the same way).
+__device__ __forceinline__ void rope_rotate(float a, float b, float2 c, float& ra, float& rb) {
+    ra = a * c.x - b * c.y;
+    rb = a * c.y + b * c.x;
+}

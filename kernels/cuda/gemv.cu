@@ -43,12 +43,19 @@
 //   bf16 first as the unfused GEMM + silu_mul pair rounds them. Replaces norm and SwiGLU.
 // - RESIDUAL: out += x · Wᵀ in place on the bf16 residual stream, out = bf16(out +
 //   bf16(sum)) as the unfused GEMM + add_rms_norm pair rounds it. Replaces that add.
+// - NORM_ROPE: NORM for the packed q|k|v weight, with qkv.cu's work in the epilogue for
+//   models without a q/k norm and with interleaved RoPE (pairs 2i, 2i + 1: both in one
+//   16-row tile, which never straddles a head as head_dim % 16 == 0): bf16(sum) + bias,
+//   rotated (q and k dims below 2 half_rot) at the token's position (NaN past max_pos),
+//   rounded to bf16 into q_out, or into the paged K / V cache at the token's slot (skipped
+//   for a slot >= n_slots). `out` is unused. Replaces qkv_rope_write.
 //
 // Requirements (checked by the launcher): cols % 8 == 0 (16-byte aligned rows), 1 <= m <= 8,
 // rows and cols < 2^31, blockDim.x = 32 nw with nw <= GEMV_MAX_WARPS and nw <= the chunk
 // count, gridDim.x <= the tile count, dynamic shared memory nw * (P * GEMV_STAGE_BYTES(slots) +
 // 2 * GEMV_RED_BYTES), plus m * gemv_xn_pitch(cols) * 2 bytes in the NORM modes;
-// NORM_SWIGLU: rows (2 ffn) even.
+// NORM_SWIGLU: rows (2 ffn) even; NORM_ROPE: rows = (n_heads + 2 n_kv) head_dim, head_dim % 16
+// == 0, 2 half_rot <= head_dim, the GemvRope buffers sized as qkv_rope_write's.
 
 // NVIDIA only (mma.sync, cp.async, griddepcontrol in PTX): an AMD build of this module is empty
 // and the HIP backend sends every GEMM, small m included, to rocBLAS.
@@ -75,6 +82,21 @@
 #define GEMV_NORM 1
 #define GEMV_NORM_SWIGLU 2
 #define GEMV_RESIDUAL 3
+#define GEMV_NORM_ROPE 4
+
+// NORM_ROPE's epilogue operands (gemv_fused.rs's `GemvRope`, the same layout); unused by the
+// other modes. Caches are [slots, n_kv, head_dim]; cos_sin [max_pos, half_rot].
+struct GemvRope {
+    bf16* q_out;
+    bf16* k_cache;
+    bf16* v_cache;
+    const bf16* bias;
+    const u32* positions;
+    const u32* slots;
+    const float2* cos_sin;
+    u64 n_slots;
+    u32 n_heads, n_kv, head_dim, half_rot, max_pos, pad;
+};
 
 // w: L2-only (.cg), 256-byte L2 prefetch, evict-first policy. bytes = 0 writes zeros.
 __device__ __forceinline__ void gemv_cp_w(u32 dst, const bf16* src, int bytes, u64 policy) {
@@ -246,8 +268,8 @@ struct GemvCursor {
 template <bool OUT_F32, int P, int MODE>
 __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __restrict__ x,
                                           const bf16* __restrict__ w, int m, int rows, int cols, int flags,
-                                          const bf16* __restrict__ gamma, float eps) {
-    constexpr bool XS = MODE == GEMV_NORM || MODE == GEMV_NORM_SWIGLU;  // x from shared memory
+                                          const bf16* __restrict__ gamma, float eps, const GemvRope& rope) {
+    constexpr bool XS = MODE == GEMV_NORM || MODE == GEMV_NORM_SWIGLU || MODE == GEMV_NORM_ROPE;  // x from smem
     constexpr int STAGE = GEMV_STAGE_BYTES(XS ? 4 : 6);
     extern __shared__ uint4 gemv_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -415,6 +437,38 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                         static_cast<bf16*>(out)[(u64)n * half + j] = f32_to_bf16(silu_f(gv) * uv);
                     }
                 }
+            } else if (MODE == GEMV_NORM_ROPE) {
+                // A thread per (token, row pair) of the tile: rows rr, rr + 1 are dims d, d + 1
+                // of head hh (qkv.cu's arithmetic, from the bf16-rounded sums).
+                const int row0 = cq.tile * GEMV_ROWS;
+                const u32 hd = rope.head_dim, nq = rope.n_heads, nkv = rope.n_kv;
+                for (int i = threadIdx.x; i < (GEMV_ROWS / 2) * m; i += blockDim.x) {
+                    const int n = i / (GEMV_ROWS / 2), rr = 2 * (i % (GEMV_ROWS / 2)), row = row0 + rr;
+                    if (row >= rows) continue;
+                    const u32 hh = (u32)row / hd, d = (u32)row % hd;
+                    float a = gemv_round(tile_sum(rr, n)), b = gemv_round(tile_sum(rr + 1, n));
+                    if (rope.bias) {
+                        a += bf16_to_f32(rope.bias[row]);
+                        b += bf16_to_f32(rope.bias[row + 1]);
+                    }
+                    bf16* dst;
+                    if (hh < nq) {
+                        dst = rope.q_out + ((u64)n * nq + hh) * hd;
+                    } else {
+                        const u32 slot = rope.slots[n];
+                        if ((u64)slot >= rope.n_slots) continue;
+                        const bool is_v = hh >= nq + nkv;
+                        dst = (is_v ? rope.v_cache : rope.k_cache) + ((u64)slot * nkv + hh - nq - (is_v ? nkv : 0)) * hd;
+                    }
+                    if (hh < nq + nkv && d / 2 < rope.half_rot) {
+                        const u32 pos = rope.positions[n];
+                        float ra = __int_as_float(0x7fc00000), rb = ra;
+                        if (pos < rope.max_pos) rope_rotate(a, b, rope.cos_sin[(u64)pos * rope.half_rot + d / 2], ra, rb);
+                        a = ra;
+                        b = rb;
+                    }
+                    *reinterpret_cast<u32*>(dst + d) = (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
+                }
             } else {
                 // Consecutive threads take consecutive rows of one output row: coalesced.
                 const int row0 = cq.tile * GEMV_ROWS;
@@ -442,8 +496,8 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
 #define GEMV_ENTRY(name, F32, P, MODE)                                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * 32)                                          \
         name(void* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, int m, int rows,  \
-             int cols, int flags, const bf16* __restrict__ gamma, float eps) {                                 \
-        gemv_body<F32, P, MODE>(out, x, w, m, rows, cols, flags, gamma, eps);                                   \
+             int cols, int flags, const bf16* __restrict__ gamma, float eps, const GemvRope rope) {            \
+        gemv_body<F32, P, MODE>(out, x, w, m, rows, cols, flags, gamma, eps, rope);                             \
     }
 
 // gemv_<output type or mode>_p<ring stages>; the launcher picks one (gemv.rs).
@@ -462,5 +516,8 @@ GEMV_ENTRY(gemv_swiglu_p6, false, 6, GEMV_NORM_SWIGLU)
 GEMV_ENTRY(gemv_residual_p2, false, 2, GEMV_RESIDUAL)
 GEMV_ENTRY(gemv_residual_p4, false, 4, GEMV_RESIDUAL)
 GEMV_ENTRY(gemv_residual_p6, false, 6, GEMV_RESIDUAL)
+GEMV_ENTRY(gemv_rope_p2, false, 2, GEMV_NORM_ROPE)
+GEMV_ENTRY(gemv_rope_p4, false, 4, GEMV_NORM_ROPE)
+GEMV_ENTRY(gemv_rope_p6, false, 6, GEMV_NORM_ROPE)
 
 #endif  // TESSERA_HIP

@@ -104,8 +104,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
             if (ok) {
                 const float2 c = cs[i];
                 const float a = sh[ia], bb = sh[ib];
-                ra = a * c.x - bb * c.y;
-                rb = a * c.y + bb * c.x;
+                rope_rotate(a, bb, c, ra, rb);
             }
             sh[ia] = ra;
             sh[ib] = rb;
@@ -200,8 +199,7 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
             if (ok) {
                 const float2 c = cs[i];
                 const float a = sh[ia], bb = sh[ib];
-                ra = a * c.x - bb * c.y;
-                rb = a * c.y + bb * c.x;
+                rope_rotate(a, bb, c, ra, rb);
             }
             sh[ia] = ra;
             sh[ib] = rb;

@@ -14,7 +14,11 @@
 //!   block kernel as the row length picks), for every shape they take (rows up to 8192);
 //! - all of them within the f64 reference's error bound: with `S = sum_k |xn_k w_k|` over
 //!   the exactly normalised x, `|gpu - ref| <= S / 128 + |ref| / 128` (x's normalised
-//!   values are rounded to bf16, 2^-9 relative each, and the output to bf16).
+//!   values are rounded to bf16, 2^-9 relative each, and the output to bf16);
+//! - norm + qkv + RoPE + K/V write: q and both caches bit for bit what `matmul_rms_norm` then
+//!   `qkv_rope_write` write (which cuda_qkv.rs checks against its f64 reference), with and
+//!   without bias, partial rotation, a position past the RoPE table and skipped slots; the
+//!   shapes it must refuse (Neox RoPE, a q/k norm, head_dim % 16 != 0) are errors.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -22,7 +26,9 @@ mod common;
 use common::gpu::*;
 
 use half::bf16;
-use tessera_kernels::cuda::{Buf, Device};
+use tessera_kernels::cpu::attention::PagedKv;
+use tessera_kernels::cpu::rope::{RopeParams, RopeStyle};
+use tessera_kernels::cuda::{Buf, Device, QkvPrep};
 
 const EPS: f32 = 1e-5;
 
@@ -200,6 +206,128 @@ fn fused_gemvs_match_reference_and_unfused() {
                 }
             }
         }
+    }
+}
+
+/// One fused Q/K/V case: heads, head_dim, rotated dims, hidden width, tokens, bias.
+struct RopeCase {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    rope_dim: usize,
+    cols: usize,
+    m: usize,
+    bias: bool,
+    style: RopeStyle,
+    qk_norm: bool,
+}
+
+const ROPE_MAX_POS: usize = 512;
+const ROPE_BLOCK: usize = 16;
+
+/// Runs `c` fused and unfused on the same random inputs; `Some((fused, unfused))` outputs
+/// (q, k cache, v cache each), or `None` when the fused kernel refused the case.
+fn rope_case(dev: &Device, c: &RopeCase, seed: u64) -> Option<[(Vec<bf16>, Vec<bf16>); 3]> {
+    let mut r = rng(seed);
+    let (m, cols, hd) = (c.m, c.cols, c.hd);
+    let rows = (c.nh + 2 * c.nkv) * hd;
+    let x = dev.upload(&rand_bf16(&mut r, m * cols, -2.0, 2.0)).unwrap();
+    let gamma = dev.upload(&rand_bf16(&mut r, cols, 0.5, 1.5)).unwrap();
+    let w = dev.upload(&rand_bf16(&mut r, rows * cols, -0.1, 0.1)).unwrap();
+    let bias = c.bias.then(|| dev.upload(&rand_bf16(&mut r, rows, -0.5, 0.5)).unwrap());
+    let qn = c.qk_norm.then(|| dev.upload(&rand_bf16(&mut r, hd, 0.5, 1.5)).unwrap());
+    let params = RopeParams::new(c.rope_dim, 10000.0, None, None).unwrap();
+    let rope = dev.rope_cache(&params, ROPE_MAX_POS).unwrap();
+    // Token 1 sits past the RoPE table (NaN rows), token 2 (if any) in a slot past the cache
+    // (its K/V are skipped); the others at scattered positions and slots.
+    let num_blocks = 4;
+    let positions: Vec<u32> = (0..m).map(|t| if t == 1 { ROPE_MAX_POS as u32 } else { (37 * t + 5) as u32 }).collect();
+    let slots: Vec<u32> =
+        (0..m).map(|t| if t == 2 { (num_blocks * ROPE_BLOCK) as u32 } else { (13 * t + 3) as u32 }).collect();
+    let (positions, slots) = (dev.upload(&positions).unwrap(), dev.upload(&slots).unwrap());
+    let cache = PagedKv { block_size: ROPE_BLOCK, n_kv_heads: c.nkv, head_dim: hd };
+    let cache_len = num_blocks * ROPE_BLOCK * c.nkv * hd;
+    let mut qkv = poisoned(dev, m * rows);
+    let prep = |qkv| QkvPrep {
+        qkv,
+        n_tokens: m,
+        n_heads: c.nh,
+        n_kv_heads: c.nkv,
+        head_dim: hd,
+        bias: bias.as_ref(),
+        qk_norm: qn.as_ref().map(|q| (q, q)),
+        eps: EPS,
+        positions: &positions,
+        rope: &rope,
+        style: c.style,
+        slots: &slots,
+    };
+    let outs = || (poisoned(dev, m * c.nh * hd), poisoned(dev, cache_len), poisoned(dev, cache_len));
+    // The fused kernel never reads `qkv` (only its length): a separate, poisoned one.
+    let unread = poisoned(dev, m * rows);
+    let (mut fq, mut fk, mut fv) = outs();
+    let fused = dev.matmul_rms_norm_rope(&mut fq, &mut fk, &mut fv, &cache, &prep(&unread), &x, &gamma, EPS, &w, cols);
+    assert_eq!(fused.is_ok(), dev.fused_rope_gemv_applies(&prep(&unread), cols), "applies <=> launches");
+    fused.ok()?;
+    let (mut uq, mut uk, mut uv) = outs();
+    dev.matmul_rms_norm(&mut qkv, &x, &gamma, EPS, m, &w, rows, cols).unwrap();
+    dev.qkv_rope_write(&mut uq, &mut uk, &mut uv, &cache, &prep(&qkv)).unwrap();
+    let d = |b: &Buf<bf16>| dev.download(b).unwrap();
+    Some([(d(&fq), d(&uq)), (d(&fk), d(&uk)), (d(&fv), d(&uv))])
+}
+
+#[test]
+fn fused_rope_matches_unfused() {
+    let Some(dev) = gpu("fused_rope_matches_unfused") else { return };
+    let base = RopeCase {
+        nh: 9,
+        nkv: 3,
+        hd: 64,
+        rope_dim: 64,
+        cols: 576,
+        m: 1,
+        bias: false,
+        style: RopeStyle::Interleaved,
+        qk_norm: false,
+    };
+    let llama = RopeCase { nh: 32, nkv: 8, hd: 128, rope_dim: 128, cols: 4096, ..base };
+    let mut seed = 5;
+    for m in [1usize, 2, 3, 4, 8] {
+        for c in [
+            RopeCase { m, ..base },
+            RopeCase { m, bias: true, ..base },
+            RopeCase { m, rope_dim: 32, ..base },
+            RopeCase { m, ..llama },
+            RopeCase { m, nh: 4, nkv: 4, hd: 16, rope_dim: 16, cols: 200, bias: true, ..base },
+        ] {
+            seed += 1;
+            let what = format!("rope m={m} heads {}/{} x {} rot {} bias {}", c.nh, c.nkv, c.hd, c.rope_dim, c.bias);
+            let outs = rope_case(&dev, &c, seed).unwrap_or_else(|| panic!("{what}: refused"));
+            for ((fused, unfused), part) in outs.iter().zip(["q", "k cache", "v cache"]) {
+                agree(&format!("{what} {part}"), fused, unfused);
+            }
+            // The token past the table has NaN in its rotated q dims only.
+            if m >= 2 {
+                let (q, _) = &outs[0];
+                let head = &q[c.nh * c.hd..][..c.hd];
+                assert!(head[..c.rope_dim].iter().all(|v| v.is_nan()), "{what}: position past the table");
+                assert!(head[c.rope_dim..].iter().all(|v| v.is_finite()), "{what}: pass-through dims");
+            }
+        }
+    }
+    // What it must refuse (the caller then takes the unfused path).
+    for c in [
+        RopeCase { style: RopeStyle::Neox, ..base },
+        RopeCase { qk_norm: true, ..base },
+        RopeCase { nh: 4, nkv: 2, hd: 24, rope_dim: 24, cols: 96, ..base },
+    ] {
+        assert!(
+            rope_case(&dev, &c, 99).is_none(),
+            "style {:?} qk_norm {} hd {}: should refuse",
+            c.style,
+            c.qk_norm,
+            c.hd
+        );
     }
 }
 

@@ -91,10 +91,34 @@ pub(crate) enum Mode {
     NormSwiglu = 3,
     /// `out += x · Wᵀ` on the bf16 residual stream.
     Residual = 4,
+    /// `Norm` for the packed q|k|v weight, with the bias, RoPE and the q / paged K/V writes
+    /// of `qkv_rope_write` in the epilogue ([`GemvRope`]; `out` unused).
+    NormRope = 5,
+}
+
+/// The `NormRope` epilogue's operands, laid out as gemv.cu's `GemvRope` (passed by value);
+/// zeros for the other modes.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct GemvRope {
+    pub q_out: sys::CUdeviceptr,
+    pub k_cache: sys::CUdeviceptr,
+    pub v_cache: sys::CUdeviceptr,
+    pub bias: sys::CUdeviceptr,
+    pub positions: sys::CUdeviceptr,
+    pub slots: sys::CUdeviceptr,
+    pub cos_sin: sys::CUdeviceptr,
+    pub n_slots: u64,
+    pub n_heads: u32,
+    pub n_kv: u32,
+    pub head_dim: u32,
+    pub half_rot: u32,
+    pub max_pos: u32,
+    pub pad: u32,
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [Mode::Bf16, Mode::F32, Mode::Norm, Mode::NormSwiglu, Mode::Residual];
+    const ALL: [Mode; 6] = [Mode::Bf16, Mode::F32, Mode::Norm, Mode::NormSwiglu, Mode::Residual, Mode::NormRope];
 
     fn kernel_name(self) -> &'static str {
         match self {
@@ -103,12 +127,13 @@ impl Mode {
             Mode::Norm => "norm",
             Mode::NormSwiglu => "swiglu",
             Mode::Residual => "residual",
+            Mode::NormRope => "rope",
         }
     }
 
     /// Whether x is normalised into shared memory (the ring then carries W only).
     fn normalises(self) -> bool {
-        matches!(self, Mode::Norm | Mode::NormSwiglu)
+        matches!(self, Mode::Norm | Mode::NormSwiglu | Mode::NormRope)
     }
 
     fn slots(self) -> usize {
@@ -229,7 +254,7 @@ fn norm_warps(cols: usize) -> Option<usize> {
 }
 
 /// One GEMV launch: the mode and its operands. `gamma` / `eps` are the norm's (normalising
-/// modes; ignored otherwise).
+/// modes; ignored otherwise), `rope` the `NormRope` epilogue's (zeros otherwise).
 pub(crate) struct GemvCall<'a> {
     pub mode: Mode,
     pub x: &'a Buf<bf16>,
@@ -239,6 +264,7 @@ pub(crate) struct GemvCall<'a> {
     pub cols: usize,
     pub gamma: Option<&'a Buf<bf16>>,
     pub eps: f32,
+    pub rope: GemvRope,
 }
 
 impl Device {
@@ -258,7 +284,8 @@ impl Device {
     ) -> Result<(), KernelError> {
         let mode = if out_f32 { Mode::F32 } else { Mode::Bf16 };
         let (op, _g) = out.device_ptr_mut(&self.stream);
-        self.gemv_launch(op, &GemvCall { mode, x, m, w, rows, cols, gamma: None, eps: 0.0 })
+        let call = GemvCall { mode, x, m, w, rows, cols, gamma: None, eps: 0.0, rope: GemvRope::default() };
+        self.gemv_launch(op, &call)
     }
 
     /// Launches `call` writing to `out` (a device pointer the caller holds the buffer of,
@@ -266,7 +293,7 @@ impl Device {
     /// shape; the caller checked the buffers' lengths.
     pub(crate) fn gemv_launch(&self, out: sys::CUdeviceptr, call: &GemvCall<'_>) -> Result<(), KernelError> {
         const OP: &str = "cuda_gemv";
-        let GemvCall { mode, x, m, w, rows, cols, gamma, eps } = *call;
+        let GemvCall { mode, x, m, w, rows, cols, gamma, eps, rope } = *call;
         let shape_err = || KernelError::Shape { op: OP, detail: format!("m={m} {rows}x{cols} ({mode:?})") };
         if !shape_fits(m, rows, cols) || (mode == Mode::NormSwiglu && !rows.is_multiple_of(2)) {
             return Err(shape_err());
@@ -322,6 +349,7 @@ impl Device {
         let mut ci = i32::try_from(cols).map_err(|_| shape_err())?;
         let mut early = i32::from(pdl == 2) | (i32::from(g.contiguous) << 1);
         let mut eps = eps;
+        let mut rope = rope;
         let grid = u32::try_from(grid).map_err(|_| shape_err())?;
 
         let s = &self.stream;
@@ -330,7 +358,7 @@ impl Device {
         // The normalising modes read gamma; the others get x's pointer, never read.
         let (gp, _g4) = gamma.unwrap_or(x).inner.device_ptr(s);
         let (mut op, mut xp, mut wp, mut gp) = (out, xp, wp, gp);
-        let mut params: [*mut c_void; 9] = [
+        let mut params: [*mut c_void; 10] = [
             (&mut op as *mut sys::CUdeviceptr).cast(),
             (&mut xp as *mut sys::CUdeviceptr).cast(),
             (&mut wp as *mut sys::CUdeviceptr).cast(),
@@ -340,6 +368,7 @@ impl Device {
             (&mut early as *mut i32).cast(),
             (&mut gp as *mut sys::CUdeviceptr).cast(),
             (&mut eps as *mut f32).cast(),
+            (&mut rope as *mut GemvRope).cast(),
         ];
         // SAFETY: a zeroed attribute is valid plain data; id and value are set together.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -359,7 +388,8 @@ impl Device {
         };
         s.context().bind_to_thread().map_err(dev_err(OP))?;
         // SAFETY: `params` points at live locals whose types match the kernel's parameters
-        // (void*, const bf16*, const bf16*, int, int, int, int, const bf16*, float); the
+        // (void*, const bf16*, const bf16*, int, int, int, int, const bf16*, float, GemvRope
+        // by value, repr(C) as in the .cu; its pointers checked by matmul_rms_norm_rope); the
         // caller checked out / x / w (and gamma) against the shape, and cols % 8 == 0 keeps
         // every 16-byte copy aligned and in bounds; the shared memory is within the limit
         // set at load (max_warps, or the opt-in maximum for the normalising modes, whose

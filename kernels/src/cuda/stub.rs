@@ -8,6 +8,7 @@ use std::marker::PhantomData;
 use super::arch::Arch;
 use super::module_cache::{ModuleCache, ModuleReport};
 use super::paged::{DecodePlan, PagedBatch};
+use super::qkv_args::QkvPrep;
 use super::Elem;
 use crate::cpu::attention::PagedKv;
 use crate::cpu::rope::{RopeParams, RopeStyle};
@@ -250,6 +251,25 @@ impl Device {
         match self.never {}
     }
     pub fn fused_norm_gemv_applies(&self, m: usize, rows: usize, cols: usize) -> bool {
+        match self.never {}
+    }
+    pub fn fused_rope_gemv_applies(&self, p: &QkvPrep, cols: usize) -> bool {
+        match self.never {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_rms_norm_rope(
+        &self,
+        q_out: &mut Buf<bf16>,
+        k_cache: &mut Buf<bf16>,
+        v_cache: &mut Buf<bf16>,
+        cache: &PagedKv,
+        p: &QkvPrep,
+        x: &Buf<bf16>,
+        gamma: &Buf<bf16>,
+        eps: f32,
+        w: &Buf<bf16>,
+        cols: usize,
+    ) -> Result<(), KernelError> {
         match self.never {}
     }
     #[allow(clippy::too_many_arguments)]

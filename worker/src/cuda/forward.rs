@@ -11,9 +11,10 @@
 //! models. Logits come out of the LM head GEMM in f32.
 //!
 //! Steps of at most [`FUSED_MAX_ROWS`] tokens (small decode batches) fold the small steps
-//! into the GEMVs instead (`gemv_fused.rs` in the kernels): norm + qkv, attention, o +
-//! residual add, norm + gate|up + SwiGLU, down + residual add; the unfused path's
-//! roundings, three kernels fewer per layer.
+//! into the GEMVs instead (`gemv_fused.rs` in the kernels): norm + qkv (for Llama-style
+//! models also RoPE and the K/V write: no `qkv_rope_write`), attention, o + residual add,
+//! norm + gate|up + SwiGLU, down + residual add; the unfused path's roundings, three or four
+//! kernels fewer per layer.
 //!
 //! Tensor parallel (see `tp.rs`): every shape here is this rank's (its heads, KV heads and
 //! FFN slice), and the o and down GEMMs' partial sums are all-reduced over NCCL before the
@@ -299,6 +300,9 @@ struct Core {
     /// Whether steps of at most 8 tokens run the fused GEMVs (norms, SwiGLU and residual
     /// adds inside the projections; `TESSERA_FUSED_GEMV=0` turns them off for A/B runs).
     fused_gemv: bool,
+    /// Whether fused steps also fold RoPE and the K/V write into the qkv GEMV where the
+    /// model allows (`TESSERA_FUSED_ROPE=0` turns it off for A/B runs).
+    fused_rope: bool,
     /// Positions per split-KV chunk of decode attention (`TESSERA_DECODE_SPLIT_LEN`, for
     /// tuning runs); `None`: the kernel's automatic split.
     decode_split_len: Option<usize>,
@@ -413,6 +417,7 @@ impl CudaModel {
                 part: part.clone(),
                 allreduce,
                 fused_gemv: std::env::var("TESSERA_FUSED_GEMV").as_deref() != Ok("0"),
+                fused_rope: std::env::var("TESSERA_FUSED_ROPE").as_deref() != Ok("0"),
                 decode_split_len: std::env::var("TESSERA_DECODE_SPLIT_LEN").ok().and_then(|v| v.parse().ok()),
             },
             model_config,
@@ -692,18 +697,25 @@ fn run_layers(
     // is fused with the next norm instead.
     let fused = core.fused(t);
     for (li, l) in w.layers.iter().enumerate() {
-        if fused {
-            dev.matmul_rms_norm(&mut s.qkv, &s.x, &l.attn_norm, eps, t, &l.qkv, qd + 2 * kvd, h)?;
-        } else {
-            if li == 0 {
-                dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
-            } else {
-                dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.attn_norm, t, eps)?;
-            }
-            dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
-        }
         let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
-        dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
+        if fused && core.fused_rope && dev.fused_rope_gemv_applies(&prep, h) {
+            // Norm, projection, bias, RoPE and the K/V write in one kernel (Llama-style).
+            let (q, k, v) = (&mut s.q, &mut kv.k[li], &mut kv.v[li]);
+            dev.matmul_rms_norm_rope(q, k, v, &cache, &prep, &s.x, &l.attn_norm, eps, &l.qkv, h)?;
+        } else {
+            if fused {
+                dev.matmul_rms_norm(&mut s.qkv, &s.x, &l.attn_norm, eps, t, &l.qkv, qd + 2 * kvd, h)?;
+            } else {
+                if li == 0 {
+                    dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
+                } else {
+                    dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.attn_norm, t, eps)?;
+                }
+                dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
+            }
+            let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
+            dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
+        }
         let batch = PagedBatch {
             cache,
             k_cache: &kv.k[li],
