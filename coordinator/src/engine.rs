@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tessera_proto::coordinator as cpb;
 use tessera_proto::worker as pb;
@@ -293,7 +293,8 @@ impl Engine {
                     self.emit(u, by_id.get(&u.seq_id).copied(), errors.get(&u.seq_id).copied());
                 }
                 cpu += t1.elapsed();
-                self.metrics.step_done(t0.elapsed(), cpu);
+                let worker = Duration::from_micros(u64::from(reply.forward_us) + u64::from(reply.sample_us));
+                self.metrics.step_done(t0.elapsed(), cpu, worker);
             }
             Err(e) => self.fail_replica(e),
         }

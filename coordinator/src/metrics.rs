@@ -33,6 +33,7 @@ pub struct CoordinatorMetrics {
     batch_size: Arc<Histogram>,
     step_duration: Arc<Histogram>,
     step_cpu: Arc<Histogram>,
+    step_worker: Arc<Histogram>,
 }
 
 impl CoordinatorMetrics {
@@ -77,6 +78,12 @@ impl CoordinatorMetrics {
             step_cpu: r.histogram(
                 "tessera:step_cpu_seconds",
                 "Coordinator time of one step (schedule, build, postprocess), without the workers.",
+                buckets::STEP_SECONDS,
+            ),
+            step_worker: r.histogram(
+                "tessera:step_worker_seconds",
+                "Time the worker reports for one step (forward pass and sampling); the step's \
+                 duration less this and its coordinator time is spent between the processes.",
                 buckets::STEP_SECONDS,
             ),
             registry: r,
@@ -169,10 +176,12 @@ impl ReplicaMetrics {
         }
     }
 
-    /// A step completed: its wall time and the coordinator's share of it.
-    pub fn step_done(&self, wall: Duration, cpu: Duration) {
+    /// A step completed: its wall time, the coordinator's share of it and the time the
+    /// worker reported for it.
+    pub fn step_done(&self, wall: Duration, cpu: Duration, worker: Duration) {
         self.shared.step_duration.observe_duration(wall);
         self.shared.step_cpu.observe_duration(cpu);
+        self.shared.step_worker.observe_duration(worker);
     }
 }
 
@@ -234,5 +243,24 @@ mod tests {
         assert_eq!(m.iteration_tokens.count(), 2);
         assert_eq!(m.iteration_tokens.sum(), 24.0);
         assert_eq!(m.batch_size.sum(), 3.0);
+    }
+
+    /// A step's wall time, coordinator time and worker time land in their own histograms,
+    /// so what the processes spend between them can be read off /metrics.
+    #[test]
+    fn step_times_are_split_by_who_spent_them() {
+        let m = CoordinatorMetrics::new();
+        let r = m.replica(0);
+        r.step_done(Duration::from_micros(4500), Duration::from_micros(40), Duration::from_micros(4100));
+        r.step_done(Duration::from_micros(4600), Duration::from_micros(60), Duration::from_micros(4200));
+        let text = m.render();
+        let close = |key: &str, want: f64| {
+            let got = sample(&text, key);
+            assert!((got - want).abs() < 1e-9, "{key}: {got}, want {want}");
+        };
+        close("tessera:step_duration_seconds_sum", 0.0091);
+        close("tessera:step_cpu_seconds_sum", 0.0001);
+        close("tessera:step_worker_seconds_sum", 0.0083);
+        close("tessera:step_worker_seconds_count", 2.0);
     }
 }

@@ -52,6 +52,7 @@ EXPECTED_METRICS = {
         "tessera:batch_size",
         "tessera:step_duration_seconds",
         "tessera:step_cpu_seconds",
+        "tessera:step_worker_seconds",
     ],
     "worker": [
         "tessera:worker_step_duration_seconds",
