@@ -48,6 +48,25 @@ pub struct SeqRun {
     /// The tokens are (re)prefill, known at admission, rather than a decode of the token
     /// sampled in the previous step.
     pub is_prompt: bool,
+    /// A lookahead decode: `tokens` is empty and the one token run is the one the worker
+    /// samples for this sequence in the step before (still executing when this was built).
+    pub from_previous: bool,
+}
+
+impl SeqRun {
+    /// Tokens this run computes.
+    pub fn len(&self) -> usize {
+        if self.from_previous {
+            1
+        } else {
+            self.tokens.len()
+        }
+    }
+
+    /// True for a run of no tokens (never scheduled).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A step for the workers. Apply in this order: `finished`, `new_seqs`, `appends`, then
@@ -70,7 +89,7 @@ pub struct ScheduledBatch {
 impl ScheduledBatch {
     /// Tokens run in this step (what the token budget limits).
     pub fn num_tokens(&self) -> usize {
-        self.runs.iter().map(|r| r.tokens.len()).sum()
+        self.runs.iter().map(SeqRun::len).sum()
     }
 
     /// Runs that sample a token; the worker's reply has one output per run, in this order.

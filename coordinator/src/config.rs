@@ -24,6 +24,12 @@ pub struct SchedulerConfig {
     /// Batches executing at once (over disjoint sequences). 1 for one worker; a pipeline
     /// of P stages keeps P in flight so every stage has work.
     pub max_in_flight: usize,
+    /// Decode lookahead (a replica of one worker): while a step runs, the next one may
+    /// already decode its sampling sequences once more, on the token the worker is
+    /// sampling for them now (`SeqRun::from_previous`), so the worker starts it as soon as
+    /// it finishes the first instead of waiting for the coordinator's round trip. Needs
+    /// `max_in_flight >= 2`.
+    pub lookahead: bool,
 }
 
 impl SchedulerConfig {
@@ -40,6 +46,7 @@ impl SchedulerConfig {
             max_model_len,
             long_prefill_threshold: 0,
             max_in_flight: 1,
+            lookahead: false,
         }
     }
 

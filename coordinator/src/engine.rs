@@ -244,7 +244,10 @@ impl Engine {
         // Keep the pipeline full: up to one step per stage in flight (1 otherwise);
         // the scheduler never puts a sequence in two of them.
         let mut send_failed = None;
-        while self.in_flight.len() < link.depth() {
+        // One step per pipeline stage; a replica of one worker keeps a second step queued
+        // when the scheduler can fill it with lookahead decodes.
+        let depth = link.depth().max(self.sched.config().max_in_flight);
+        while self.in_flight.len() < depth {
             let Some(batch) = self.sched.schedule() else { break };
             self.metrics.scheduled(&batch);
             seq_trace::on_scheduled(&mut self.clients, &batch);
@@ -530,6 +533,7 @@ fn step_request(sched: &Scheduler, clients: &HashMap<u64, ClientState>, batch: &
                 tokens: r.tokens.clone(),
                 first_pos: r.first_pos as u32,
                 sample: r.sample,
+                from_previous: r.from_previous,
             })
             .collect(),
     }

@@ -233,7 +233,14 @@ mod tests {
         }
         r.forget(3);
         let new = |seq_id| NewSeq { seq_id, block_table: vec![0], prior_output: Vec::new() };
-        let run = |seq_id, n| SeqRun { seq_id, tokens: vec![1; n], first_pos: 0, sample: true, is_prompt: true };
+        let run = |seq_id, n| SeqRun {
+            seq_id,
+            tokens: vec![1; n],
+            first_pos: 0,
+            sample: true,
+            is_prompt: true,
+            from_previous: false,
+        };
         let batch =
             ScheduledBatch { new_seqs: vec![new(1), new(2)], runs: vec![run(1, 5), run(2, 7)], ..Default::default() };
         r.scheduled(&batch);

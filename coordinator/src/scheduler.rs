@@ -21,12 +21,18 @@
 //!   the longest cached prefix. Nothing is admitted in a step that preempted, and
 //!   admission never preempts.
 //! - At most `max_in_flight` batches execute at once (1 unless the replica is a pipeline,
-//!   whose stages each work on a different batch): `schedule` returns `None` while that
-//!   many await `postprocess`, and never picks a sequence whose previous batch is still
-//!   executing (its next token is unknown and its blocks are being written), nor preempts
-//!   one. `postprocess` consumes batches in the order they were scheduled. KV counts as
+//!   whose stages each work on a different batch, or 2 with decode lookahead): `schedule`
+//!   returns `None` while that many await `postprocess`, and never picks a sequence whose
+//!   previous batch is still executing (its next token is unknown and its blocks are being
+//!   written) except for a lookahead decode (below), nor preempts one. `postprocess` consumes batches in the order they were scheduled. KV counts as
 //!   computed, and full blocks enter the prefix cache, only in `postprocess`, after the
 //!   step really ran.
+//! - Decode lookahead (`lookahead`, a replica of one worker, `max_in_flight` 2): a
+//!   sequence executing the run that samples its next token may also get the run after it
+//!   in the next batch, on that token (the worker fills it in), if its KV slot can be had
+//!   without preempting and the token cannot be its last (`max_tokens`, `max_model_len`).
+//!   So the worker holds the next step when it finishes one. When the executing step
+//!   ends the sequence (a stop id, an abort), the lookahead's token is dropped.
 //! - Stop conditions (EOS/stop ids unless `ignore_eos`, `max_tokens`, `max_model_len`)
 //!   are decided in `postprocess`.
 //! - `abort` frees a sequence's blocks at once, unless it is in the batch executing now:
@@ -119,7 +125,7 @@ impl Scheduler {
         seq.prefill_len = 0;
         seq.worker_known = false;
         seq.blocks_sent = 0;
-        seq.in_flight = false;
+        seq.in_flight = 0;
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
         Ok(())
@@ -137,8 +143,15 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         // Budget kept for the decodes not visited yet; never more than `budget`, because
         // decodes <= max_num_seqs <= max_num_batched_tokens and prefills leave it alone.
-        let mut reserved =
-            self.running.iter().filter(|id| self.seqs.get(id).is_some_and(|s| s.is_decoding() && !s.in_flight)).count();
+        let lookahead = self.cfg.lookahead;
+        let max_model_len = self.cfg.max_model_len;
+        let ahead_ok = |s: &Sequence| lookahead && s.lookahead_ok(max_model_len);
+        let mut reserved = self
+            .running
+            .iter()
+            .filter(|id| self.seqs.get(id).is_some_and(|s| (s.is_decoding() && s.in_flight == 0) || ahead_ok(s)))
+            .count();
+        let mut ahead: Vec<u64> = Vec::new();
         let mut picked: Vec<(u64, usize)> = Vec::new();
         let mut preempted = false;
 
@@ -149,7 +162,20 @@ impl Scheduler {
                 self.running.remove(i);
                 continue;
             };
-            if seq.in_flight {
+            if seq.in_flight > 0 {
+                // Executing: at most a lookahead decode on the token being sampled, if its
+                // slot can be had without preempting anyone.
+                if ahead_ok(seq) {
+                    reserved = reserved.saturating_sub(1);
+                    let target = seq.len() + 1;
+                    if budget > 0
+                        && self.seqs.get_mut(&id).is_some_and(|s| self.blocks.grow(&mut s.block_table, target).is_ok())
+                    {
+                        picked.push((id, 1));
+                        ahead.push(id);
+                        budget -= 1;
+                    }
+                }
                 i += 1;
                 continue;
             }
@@ -176,7 +202,8 @@ impl Scheduler {
                 }
                 // The newest running sequence not executing now (an executing one's
                 // blocks are being written).
-                let Some(at) = self.running.iter().rposition(|v| self.seqs.get(v).is_some_and(|s| !s.in_flight)) else {
+                let Some(at) = self.running.iter().rposition(|v| self.seqs.get(v).is_some_and(|s| s.in_flight == 0))
+                else {
                     break false;
                 };
                 let victim = self.running.remove(at);
@@ -204,7 +231,7 @@ impl Scheduler {
         if picked.is_empty() {
             return None;
         }
-        Some(self.build_batch(picked))
+        Some(self.build_batch(picked, &ahead))
     }
 
     /// Admits waiting sequences FIFO while budget, sequence cap and blocks allow.
@@ -250,8 +277,9 @@ impl Scheduler {
         }
     }
 
-    /// Turns the picked `(sequence, tokens)` into the step's deltas and marks it in flight.
-    fn build_batch(&mut self, picked: Vec<(u64, usize)>) -> ScheduledBatch {
+    /// Turns the picked `(sequence, tokens)` into the step's deltas and marks it in flight;
+    /// the sequences in `ahead` run a lookahead decode.
+    fn build_batch(&mut self, picked: Vec<(u64, usize)>, ahead: &[u64]) -> ScheduledBatch {
         let mut batch = ScheduledBatch {
             step_id: self.next_step,
             finished: std::mem::take(&mut self.released),
@@ -272,13 +300,26 @@ impl Scheduler {
                 batch.appends.push(BlockAppend { seq_id: id, block_ids: table[seq.blocks_sent..].to_vec() });
             }
             seq.blocks_sent = table.len();
-            seq.in_flight = true;
+            seq.in_flight += 1;
+            if ahead.contains(&id) {
+                // Position len(): the token the executing batch is sampling now.
+                batch.runs.push(SeqRun {
+                    seq_id: id,
+                    tokens: Vec::new(),
+                    first_pos: seq.len(),
+                    sample: true,
+                    is_prompt: false,
+                    from_previous: true,
+                });
+                continue;
+            }
             batch.runs.push(SeqRun {
                 seq_id: id,
                 tokens: seq.tokens()[first_pos..first_pos + n].to_vec(),
                 first_pos,
                 sample: first_pos + n == seq.len(),
                 is_prompt: first_pos < seq.prefill_len,
+                from_previous: false,
             });
         }
         self.in_flight.push_back(picked);

@@ -75,6 +75,11 @@ impl SeqTrace {
         if let Some(q) = self.queue.take() {
             otel::end(&q, None);
         }
+        // A lookahead decode is scheduled while the sequence's previous step still runs:
+        // that step's span ends here.
+        if let Some((_, cx)) = self.step.take() {
+            otel::end(&cx, None);
+        }
         let attributes = vec![
             KeyValue::new("tessera.step_id", step_id as i64),
             KeyValue::new("tessera.step.kind", kind),
@@ -173,7 +178,7 @@ pub fn on_scheduled(clients: &mut HashMap<u64, ClientState>, batch: &ScheduledBa
     for r in &batch.runs {
         if let Some(c) = clients.get_mut(&r.seq_id) {
             let kind = if r.is_prompt { "prefill" } else { "decode" };
-            c.trace.scheduled(batch.step_id, kind, r.tokens.len(), batch);
+            c.trace.scheduled(batch.step_id, kind, r.len(), batch);
         }
     }
 }

@@ -108,8 +108,8 @@ pub struct Sequence {
     pub(crate) worker_known: bool,
     /// Leading entries of `block_table` the worker has been sent.
     pub(crate) blocks_sent: usize,
-    /// Part of the batch currently executing.
-    pub(crate) in_flight: bool,
+    /// Executing batches this sequence is part of (2 with a lookahead decode in flight).
+    pub(crate) in_flight: u8,
 }
 
 impl Sequence {
@@ -131,7 +131,7 @@ impl Sequence {
             prefill_len: 0,
             worker_known: false,
             blocks_sent: 0,
-            in_flight: false,
+            in_flight: 0,
         }
     }
 
@@ -179,6 +179,18 @@ impl Sequence {
     /// Whether the next run of this sequence is a single decode token.
     pub fn is_decoding(&self) -> bool {
         self.status == SeqStatus::Running && self.num_computed >= self.prefill_len && self.remaining() == 1
+    }
+
+    /// Whether a lookahead decode may follow the one executing batch of this running
+    /// sequence: that batch runs its decode (which samples the next token), and neither
+    /// that token nor the lookahead's can end it by length.
+    pub(crate) fn lookahead_ok(&self, max_model_len: usize) -> bool {
+        self.status == SeqStatus::Running
+            && self.in_flight == 1
+            && self.remaining() == 1
+            && self.num_computed >= self.prefill_len
+            && self.output().len() + 2 <= self.stop.max_tokens
+            && self.len() + 2 <= max_model_len
     }
 
     /// Whether the sequence has ended.

@@ -19,7 +19,14 @@ fn step(step_id: u64, finished: &[u64], runs: &[(u64, usize, bool)]) -> Schedule
         finished: finished.to_vec(),
         runs: runs
             .iter()
-            .map(|&(seq_id, n, is_prompt)| SeqRun { seq_id, tokens: vec![7; n], first_pos: 0, sample: true, is_prompt })
+            .map(|&(seq_id, n, is_prompt)| SeqRun {
+                seq_id,
+                tokens: vec![7; n],
+                first_pos: 0,
+                sample: true,
+                is_prompt,
+                from_previous: false,
+            })
             .collect(),
         ..ScheduledBatch::default()
     }

@@ -32,7 +32,7 @@ fn run(sim: Sim) {
         .collect();
     let mut specs: HashMap<u64, (Vec<u32>, StopCriteria)> = HashMap::new();
     let mut aborted = Vec::new();
-    let (mut next_id, mut steps) = (0u64, 0u64);
+    let (mut next_id, mut steps, mut lookaheads) = (0u64, 0u64, 0u64);
     // Batches scheduled and run by the fake worker whose outputs are not consumed yet.
     let mut pending: std::collections::VecDeque<(Vec<u64>, Vec<tessera_coordinator::StepOutput>)> =
         std::collections::VecDeque::new();
@@ -83,7 +83,15 @@ fn run(sim: Sim) {
                 assert!(ran || s.get(id).is_some_and(|q| q.num_preemptions > 0), "decode {id} stalled");
             }
             for (ids, _) in &pending {
-                assert!(batch.runs.iter().all(|r| !ids.contains(&r.seq_id)), "a sequence in two executing batches");
+                assert!(
+                    batch.runs.iter().all(|r| r.from_previous || !ids.contains(&r.seq_id)),
+                    "a sequence in two executing batches"
+                );
+            }
+            for r in batch.runs.iter().filter(|r| r.from_previous) {
+                assert!(cfg.lookahead, "lookahead run without lookahead");
+                assert!(pending.back().is_some_and(|(ids, _)| ids.contains(&r.seq_id)), "lookahead after its decode");
+                lookaheads += 1;
             }
             let out = w.run(&s, batch);
             if rng.chance(1, 40) {
@@ -126,6 +134,7 @@ fn run(sim: Sim) {
     assert!(stats.prefix_hit_tokens > 0, "the workload hit the prefix cache: {stats:?}");
     assert!(!aborted.is_empty());
     assert!(next_token(&[1, 2]) != next_token(&[2, 1]), "the fake model depends on order");
+    assert_eq!(lookaheads > 0, cfg.lookahead, "lookahead decodes ran iff enabled ({lookaheads})");
 }
 
 fn cfg(
@@ -157,7 +166,18 @@ fn cfg_in_flight(
         max_model_len: max_len,
         long_prefill_threshold: chunk,
         max_in_flight: in_flight,
+        lookahead: false,
     }
+}
+
+/// A replica of one worker with decode lookahead: while a batch executes, the next holds
+/// the lookahead decodes of its sequences (on tokens the fake worker fills in). Every
+/// sequence still generates exactly its reference tokens; aborts, stops and preemption
+/// with a lookahead in flight leak nothing.
+#[test]
+fn random_workload_with_lookahead_decodes() {
+    let cfg = SchedulerConfig { lookahead: true, ..cfg_in_flight(4, 40, 32, 8, 96, 0, 2) };
+    run(Sim { cfg, num_seqs: 400, seed: 13 });
 }
 
 #[test]

@@ -41,6 +41,25 @@ pub struct Run {
     pub first_pos: usize,
     /// Sample after the last token.
     pub sample: bool,
+    /// `tokens` is empty: the run's one token is the one this executor sampled for the
+    /// sequence in the previous step (a lookahead decode, sent before that token was back).
+    pub from_previous: bool,
+}
+
+impl Run {
+    /// Tokens this run computes (a lookahead decode's one token is filled in by `step`).
+    pub fn len(&self) -> usize {
+        if self.from_previous {
+            1
+        } else {
+            self.tokens.len()
+        }
+    }
+
+    /// True for a run of no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A step's input: deltas, then the batch.
@@ -68,6 +87,8 @@ struct SeqState {
     sampler: Sampler,
     /// Every token run so far (prompt and generated), counted by the penalties.
     history: Vec<u32>,
+    /// The token sampled in this sequence's latest sampling run (lookahead decodes run it).
+    last_sampled: Option<u32>,
 }
 
 /// A loaded model with its KV memory and live sequences.
@@ -112,7 +133,7 @@ impl Executor {
 
     /// Runs one step. A bad step (unknown sequence, bad ids) is an error and changes no
     /// sequence's state beyond the deltas already applied.
-    pub fn step(&mut self, input: StepInput) -> Result<StepOutput, WorkerError> {
+    pub fn step(&mut self, mut input: StepInput) -> Result<StepOutput, WorkerError> {
         for id in &input.finished {
             self.seqs.remove(id);
             self.grammar.remove(id);
@@ -128,7 +149,8 @@ impl Executor {
             }
             let mut sampler = Sampler::new(s.params)?;
             sampler.resume_at(s.num_generated);
-            self.seqs.insert(s.seq_id, SeqState { block_table: s.block_table, sampler, history: s.cached_tokens });
+            let st = SeqState { block_table: s.block_table, sampler, history: s.cached_tokens, last_sampled: None };
+            self.seqs.insert(s.seq_id, st);
         }
         for (id, blocks) in input.appends {
             let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
@@ -136,6 +158,14 @@ impl Executor {
         }
         if input.runs.is_empty() {
             return Ok(StepOutput::default());
+        }
+        // Lookahead decodes run the token sampled for them in the previous step.
+        for r in input.runs.iter_mut().filter(|r| r.from_previous) {
+            let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
+            let t = st.last_sampled.ok_or_else(|| {
+                WorkerError::InvalidBatch(format!("sequence {}: a lookahead run but no token sampled before", r.seq_id))
+            })?;
+            r.tokens = vec![t];
         }
         let gpu = matches!(self.backend, Backend::Cuda(..));
         // A pipeline stage before the last runs its layers and passes the activations on;
@@ -258,6 +288,7 @@ impl Executor {
                 }
                 (None, None) => return Err(WorkerError::InvalidBatch("no logits were computed".into())),
             };
+            st.last_sampled = Some(s.token);
             if let Some(g) = if self.grammar.is_empty() { None } else { self.grammar.get_mut(&r.seq_id) } {
                 if let SeqGrammar::Active(m) = g {
                     if let Err(e) = m.commit(s.token) {

@@ -19,7 +19,7 @@ use tessera_telemetry::metrics_buckets as buckets;
 use tessera_telemetry::{Counter, Histogram, Registry};
 
 use crate::collective::{Collective, CollectiveError};
-use crate::executor::StepInput;
+use crate::executor::{Run, StepInput};
 
 /// Nanoseconds spent in one group's collective calls since the last `take`.
 #[derive(Debug, Default)]
@@ -106,7 +106,7 @@ pub enum StepPhase {
 impl StepPhase {
     /// `None` for a step with no runs (deltas only).
     pub fn of(input: &StepInput) -> Option<StepPhase> {
-        let decodes = input.runs.iter().filter(|r| r.tokens.len() == 1 && r.first_pos > 0).count();
+        let decodes = input.runs.iter().filter(|r| r.len() == 1 && r.first_pos > 0).count();
         match (input.runs.len(), decodes) {
             (0, _) => None,
             (n, d) if d == n => Some(StepPhase::Decode),
@@ -185,7 +185,7 @@ impl WorkerMetrics {
     /// its collectives took (groups that were used).
     pub fn timed_step<R>(&self, input: StepInput, run: impl FnOnce(StepInput) -> R) -> R {
         let phase = StepPhase::of(&input);
-        let tokens: usize = input.runs.iter().map(|r| r.tokens.len()).sum();
+        let tokens: usize = input.runs.iter().map(Run::len).sum();
         self.tp_clock.take();
         self.pp_clock.take();
         let t0 = Instant::now();
@@ -220,10 +220,9 @@ impl WorkerMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::Run;
 
     fn run(tokens: usize, first_pos: usize) -> Run {
-        Run { seq_id: 1, tokens: vec![7; tokens], first_pos, sample: true }
+        Run { seq_id: 1, tokens: vec![7; tokens], first_pos, sample: true, from_previous: false }
     }
 
     #[test]

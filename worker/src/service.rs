@@ -443,7 +443,13 @@ fn step_input(req: pb::StepRequest) -> StepInput {
         runs: req
             .runs
             .into_iter()
-            .map(|r| Run { seq_id: r.seq_id, tokens: r.tokens, first_pos: r.first_pos as usize, sample: r.sample })
+            .map(|r| Run {
+                seq_id: r.seq_id,
+                tokens: r.tokens,
+                first_pos: r.first_pos as usize,
+                sample: r.sample,
+                from_previous: r.from_previous,
+            })
             .collect(),
     }
 }

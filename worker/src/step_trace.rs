@@ -57,7 +57,7 @@ impl StepTracer {
             step_id: req.step_id,
             start: SystemTime::now(),
             batch_sequences: req.runs.len(),
-            batch_tokens: req.runs.iter().map(|r| r.tokens.len()).sum(),
+            batch_tokens: req.runs.iter().map(run_len).sum(),
             runs,
         })
     }
@@ -85,7 +85,7 @@ impl StepTracer {
             let Some(t) = self.seqs.get_mut(&r.seq_id) else { continue };
             let kind = if t.decoding { "decode" } else { "prefill" };
             t.decoding |= r.sample;
-            runs.push((t.parent.clone(), kind, r.tokens.len(), r.first_pos));
+            runs.push((t.parent.clone(), kind, run_len(r), r.first_pos));
         }
         runs
     }
@@ -148,7 +148,13 @@ mod tests {
             finished: finished.to_vec(),
             runs: runs
                 .iter()
-                .map(|&(seq_id, n, sample)| pb::SeqRun { seq_id, tokens: vec![1; n], first_pos: 0, sample })
+                .map(|&(seq_id, n, sample)| pb::SeqRun {
+                    seq_id,
+                    tokens: vec![1; n],
+                    first_pos: 0,
+                    sample,
+                    from_previous: false,
+                })
                 .collect(),
             ..Default::default()
         }
@@ -187,5 +193,14 @@ mod tests {
         let mut t = StepTracer::default();
         assert!(t.begin(&step(1, &[(1, TP)], &[], &[(1, 4, true)])).is_none());
         assert!(t.is_empty());
+    }
+}
+
+/// Tokens a run computes: a lookahead decode's one token is not in the request.
+fn run_len(r: &pb::SeqRun) -> usize {
+    if r.from_previous {
+        1
+    } else {
+        r.tokens.len()
     }
 }

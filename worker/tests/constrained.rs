@@ -90,8 +90,8 @@ fn constrained_output_follows_the_grammar_and_the_neighbour_is_unchanged() {
                 seq(2, SamplingParams::greedy(), vec![4, 5, 6, 7], 0),
             ],
             runs: vec![
-                Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true },
-                Run { seq_id: 2, tokens: free_prompt.clone(), first_pos: 0, sample: true },
+                Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false },
+                Run { seq_id: 2, tokens: free_prompt.clone(), first_pos: 0, sample: true, from_previous: false },
             ],
             ..Default::default()
         })
@@ -106,12 +106,14 @@ fn constrained_output_follows_the_grammar_and_the_neighbour_is_unchanged() {
                         tokens: vec![*got.last().unwrap()],
                         first_pos: prompt.len() + step - 1,
                         sample: true,
+                        from_previous: false,
                     },
                     Run {
                         seq_id: 2,
                         tokens: vec![*free.last().unwrap()],
                         first_pos: free_prompt.len() + step - 1,
                         sample: true,
+                        from_previous: false,
                     },
                 ],
                 ..Default::default()
@@ -136,14 +138,20 @@ fn a_readmitted_sequence_replays_its_output_into_the_grammar() {
     let mut got = Vec::new();
     let mut step = StepInput {
         new_sequences: vec![seq(1, c.clone(), vec![0, 1, 2], 0)],
-        runs: vec![Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true }],
+        runs: vec![Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false }],
         ..Default::default()
     };
     for i in 0..3 {
         let out = ex.step(step).expect("step");
         got.push(out.sampled[0].1.token);
         step = StepInput {
-            runs: vec![Run { seq_id: 1, tokens: vec![got[i]], first_pos: prompt.len() + i, sample: true }],
+            runs: vec![Run {
+                seq_id: 1,
+                tokens: vec![got[i]],
+                first_pos: prompt.len() + i,
+                sample: true,
+                from_previous: false,
+            }],
             ..Default::default()
         };
     }
@@ -154,7 +162,7 @@ fn a_readmitted_sequence_replays_its_output_into_the_grammar() {
         .step(StepInput {
             finished: vec![1],
             new_sequences: vec![seq(2, c, vec![3, 4, 5], 3)],
-            runs: vec![Run { seq_id: 2, tokens: history, first_pos: 0, sample: true }],
+            runs: vec![Run { seq_id: 2, tokens: history, first_pos: 0, sample: true, from_previous: false }],
             ..Default::default()
         })
         .expect("re-admission");
@@ -173,8 +181,8 @@ fn a_failing_grammar_ends_only_its_own_sequence() {
                 seq(2, SamplingParams::greedy(), vec![1], 0),
             ],
             runs: vec![
-                Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true },
-                Run { seq_id: 2, tokens: prompt.clone(), first_pos: 0, sample: true },
+                Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false },
+                Run { seq_id: 2, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false },
             ],
             ..Default::default()
         })
@@ -193,7 +201,7 @@ fn without_grammars_constraints_are_left_to_the_sampling_rank() {
     let out = ex
         .step(StepInput {
             new_sequences: vec![seq(1, constrained(Constraint::Lark("start: missing_rule".into())), vec![0], 0)],
-            runs: vec![Run { seq_id: 1, tokens: prompt, first_pos: 0, sample: true }],
+            runs: vec![Run { seq_id: 1, tokens: prompt, first_pos: 0, sample: true, from_previous: false }],
             ..Default::default()
         })
         .expect("step");

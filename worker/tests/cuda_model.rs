@@ -265,7 +265,7 @@ fn executor_samples_on_the_gpu() {
     let out = ex
         .step(StepInput {
             new_sequences: vec![new(1, greedy.clone(), 0)],
-            runs: vec![Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true }],
+            runs: vec![Run { seq_id: 1, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false }],
             ..Default::default()
         })
         .expect("step");
@@ -303,7 +303,7 @@ fn executor_samples_on_the_gpu() {
         for (k, id) in [10u64, 11, 12].into_iter().enumerate() {
             let (tokens, first_pos) =
                 if step == 0 { (prompt.clone(), 0) } else { (vec![last[k]], prompt.len() + step - 1) };
-            input.runs.push(Run { seq_id: id, tokens, first_pos, sample: true });
+            input.runs.push(Run { seq_id: id, tokens, first_pos, sample: true, from_previous: false });
         }
         let out = ex.step(input).expect("sampling step");
         for (k, (_, s)) in out.sampled.iter().enumerate() {

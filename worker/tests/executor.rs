@@ -52,8 +52,8 @@ fn steps_with_deltas_reproduce_greedy_decoding() {
         .step(StepInput {
             new_sequences: vec![new_seq(1, vec![5, 0], vec![]), new_seq(2, vec![3, 6], vec![])],
             runs: vec![
-                Run { seq_id: 1, tokens: a.clone(), first_pos: 0, sample: true },
-                Run { seq_id: 2, tokens: b.clone(), first_pos: 0, sample: true },
+                Run { seq_id: 1, tokens: a.clone(), first_pos: 0, sample: true, from_previous: false },
+                Run { seq_id: 2, tokens: b.clone(), first_pos: 0, sample: true, from_previous: false },
             ],
             ..Default::default()
         })
@@ -74,12 +74,14 @@ fn steps_with_deltas_reproduce_greedy_decoding() {
                         tokens: vec![*got_a.last().unwrap()],
                         first_pos: a.len() + step - 1,
                         sample: true,
+                        from_previous: false,
                     },
                     Run {
                         seq_id: 2,
                         tokens: vec![*got_b.last().unwrap()],
                         first_pos: b.len() + step - 1,
                         sample: true,
+                        from_previous: false,
                     },
                 ],
                 ..Default::default()
@@ -94,6 +96,38 @@ fn steps_with_deltas_reproduce_greedy_decoding() {
     assert_eq!(ex.live_sequences(), 0);
 }
 
+/// Lookahead decodes (the coordinator sent the step before the previous token came back):
+/// a run marked `from_previous` with no tokens runs the token this executor sampled for the
+/// sequence last, so decoding that way reproduces greedy decoding; one with nothing
+/// sampled before is refused.
+#[test]
+fn lookahead_runs_take_the_token_sampled_before() {
+    let m = model();
+    let a = synthetic::tokens(TINY.vocab, 7, 3);
+    let want = greedy_alone(&m, &a, 5);
+    let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
+    let early = ex.step(StepInput {
+        new_sequences: vec![new_seq(1, vec![5, 0, 7], vec![])],
+        runs: vec![Run { seq_id: 1, tokens: Vec::new(), first_pos: 0, sample: true, from_previous: true }],
+        ..Default::default()
+    });
+    assert!(early.is_err(), "no token sampled yet");
+    let out = ex
+        .step(StepInput {
+            runs: vec![Run { seq_id: 1, tokens: a.clone(), first_pos: 0, sample: true, from_previous: false }],
+            ..Default::default()
+        })
+        .expect("prompt");
+    let mut got = vec![out.sampled[0].1.token];
+    for step in 1..5 {
+        let run =
+            Run { seq_id: 1, tokens: Vec::new(), first_pos: a.len() + step - 1, sample: true, from_previous: true };
+        let out = ex.step(StepInput { runs: vec![run], ..Default::default() }).expect("lookahead step");
+        got.push(out.sampled[0].1.token);
+    }
+    assert_eq!(got, want);
+}
+
 #[test]
 fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
     let m = model();
@@ -103,7 +137,7 @@ fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
     // Sequence 1 computes the first 8 positions (blocks 2 and 4).
     ex.step(StepInput {
         new_sequences: vec![new_seq(1, vec![2, 4], vec![])],
-        runs: vec![Run { seq_id: 1, tokens: prompt[..8].to_vec(), first_pos: 0, sample: false }],
+        runs: vec![Run { seq_id: 1, tokens: prompt[..8].to_vec(), first_pos: 0, sample: false, from_previous: false }],
         ..Default::default()
     })
     .expect("first");
@@ -111,7 +145,13 @@ fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
     let out = ex
         .step(StepInput {
             new_sequences: vec![new_seq(2, vec![2, 4, 6], prompt[..8].to_vec())],
-            runs: vec![Run { seq_id: 2, tokens: prompt[8..].to_vec(), first_pos: 8, sample: true }],
+            runs: vec![Run {
+                seq_id: 2,
+                tokens: prompt[8..].to_vec(),
+                first_pos: 8,
+                sample: true,
+                from_previous: false,
+            }],
             ..Default::default()
         })
         .expect("second");
@@ -121,7 +161,7 @@ fn a_prefix_cache_hit_starts_from_the_shared_blocks() {
 #[test]
 fn malformed_steps_are_errors_and_leave_others_working() {
     let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
-    let run = |id, first_pos| Run { seq_id: id, tokens: vec![1, 2], first_pos, sample: true };
+    let run = |id, first_pos| Run { seq_id: id, tokens: vec![1, 2], first_pos, sample: true, from_previous: false };
     assert!(ex.step(StepInput { runs: vec![run(9, 0)], ..Default::default() }).is_err(), "unknown sequence");
     ex.step(StepInput { new_sequences: vec![new_seq(1, vec![0, 1], vec![])], ..Default::default() }).expect("new");
     assert!(

@@ -1,7 +1,7 @@
 //! Read-only views of the scheduler: the full-table view of a batch, counters for
 //! metrics, and the consistency check the tests run after every step.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::Scheduler;
 use crate::batch::{ChunkView, ScheduledBatch, SeqRun};
@@ -122,7 +122,7 @@ impl Scheduler {
             let seq = self.seqs.get(&id).ok_or(format!("queued sequence {id} is not live"))?;
             // An executing sequence may have been aborted meanwhile: the batch's
             // postprocess frees it.
-            let aborted_in_flight = seq.in_flight && seq.status == SeqStatus::Finished(FinishReason::Aborted);
+            let aborted_in_flight = seq.in_flight > 0 && seq.status == SeqStatus::Finished(FinishReason::Aborted);
             let ok = if want_running {
                 (seq.status == SeqStatus::Running || aborted_in_flight)
                     && seq.num_computed < seq.len()
@@ -144,17 +144,24 @@ impl Scheduler {
                 self.running.len()
             ));
         }
-        // Exactly the sequences of the executing batches are flagged, each in one batch.
-        let mut executing = HashSet::new();
+        // Each sequence counts the executing batches it is in: one, or two with a lookahead
+        // decode, never twice in one batch.
+        let mut executing: HashMap<u64, u8> = HashMap::new();
         for batch in &self.in_flight {
+            let mut here = HashSet::new();
             for &(id, _) in batch {
-                if !executing.insert(id) {
-                    return Err(format!("sequence {id} is in two executing batches"));
+                if !here.insert(id) {
+                    return Err(format!("sequence {id} is twice in one executing batch"));
                 }
+                *executing.entry(id).or_default() += 1;
             }
         }
-        if let Some((id, _)) = self.seqs.iter().find(|(id, s)| s.in_flight != executing.contains(id)) {
-            return Err(format!("sequence {id}'s in-flight flag disagrees with the executing batches"));
+        let limit = if self.cfg.lookahead { 2 } else { 1 };
+        if let Some((id, _)) = self.seqs.iter().find(|(id, s)| {
+            let n = executing.get(id).copied().unwrap_or(0);
+            s.in_flight != n || n > limit
+        }) {
+            return Err(format!("sequence {id}'s in-flight count disagrees with the executing batches"));
         }
         let tables: Vec<&[u32]> =
             self.running.iter().filter_map(|id| self.seqs.get(id)).map(|s| &s.block_table[..]).collect();

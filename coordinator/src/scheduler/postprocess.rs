@@ -2,6 +2,11 @@
 //! computed, newly full blocks enter the prefix cache, stop conditions are applied and
 //! finished sequences release their blocks. Also the ways a sequence ends early: `abort`
 //! (client gone) and `fail_all` (replica lost).
+//!
+//! A sequence that ends while its lookahead decode still executes (scheduler.rs) is freed at
+//! once all the same: that batch writes only the KV slot after its last token, in a block
+//! no other sequence can be given before a later batch, which the workers run after it; its
+//! token is dropped when the batch comes back (the sequence is gone by then).
 
 use super::Scheduler;
 use crate::sequence::{FinishReason, SeqStatus};
@@ -39,8 +44,9 @@ impl Scheduler {
         let mut cursor = 0;
         let mut ended = false;
         for (id, n) in flight {
+            // Gone: ended by the batch before (a lookahead decode's token is dropped).
             let Some(seq) = self.seqs.get_mut(&id) else { continue };
-            seq.in_flight = false;
+            seq.in_flight = seq.in_flight.saturating_sub(1);
             if seq.status == SeqStatus::Finished(FinishReason::Aborted) {
                 cursor += usize::from(out.get(cursor).is_some_and(|o| o.seq_id == id));
                 self.finish(id);
@@ -92,7 +98,7 @@ impl Scheduler {
     /// `postprocess` if it is in the executing batch. Returns whether it was live.
     pub fn abort(&mut self, id: u64) -> bool {
         let Some(seq) = self.seqs.get_mut(&id) else { return false };
-        if seq.in_flight {
+        if seq.in_flight > 0 {
             seq.status = SeqStatus::Finished(FinishReason::Aborted);
             return true;
         }

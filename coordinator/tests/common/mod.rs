@@ -98,6 +98,7 @@ pub fn config(
         max_model_len,
         long_prefill_threshold: 0,
         max_in_flight: 1,
+        lookahead: false,
     }
 }
 
@@ -114,6 +115,8 @@ pub struct FakeWorker {
     /// `[num_blocks * block_size]`: the (token, position) written in each slot.
     kv: Vec<Option<(u32, usize)>>,
     pub mirror: TableMirror,
+    /// Each sequence's latest sampled token, which a lookahead decode runs.
+    last: HashMap<u64, u32>,
 }
 
 impl FakeWorker {
@@ -122,6 +125,7 @@ impl FakeWorker {
             block_size: cfg.block_size,
             kv: vec![None; cfg.num_blocks * cfg.block_size],
             mirror: TableMirror::new(),
+            last: HashMap::new(),
         }
     }
 
@@ -131,12 +135,25 @@ impl FakeWorker {
         self.mirror.apply(batch).expect("deltas apply");
         let chunks = sched.chunks(batch);
         assert_eq!(chunks.len(), batch.runs.len(), "full view covers every run");
-        for (run, chunk) in batch.runs.iter().zip(&chunks) {
+        // A lookahead decode runs the token this worker sampled for it last.
+        let tokens: Vec<Vec<u32>> = batch
+            .runs
+            .iter()
+            .map(|r| {
+                if r.from_previous {
+                    assert!(r.tokens.is_empty() && r.sample, "a lookahead run is one sampled token");
+                    vec![*self.last.get(&r.seq_id).expect("a lookahead run follows a sampling run")]
+                } else {
+                    r.tokens.clone()
+                }
+            })
+            .collect();
+        for ((run, chunk), run_tokens) in batch.runs.iter().zip(&chunks).zip(&tokens) {
             let table = self.mirror.table(run.seq_id).expect("run of a known sequence");
             assert_eq!(table, chunk.block_table, "delta-built table == full table of seq {}", run.seq_id);
             assert_eq!((chunk.tokens, chunk.first_pos, chunk.sample), (&run.tokens[..], run.first_pos, run.sample));
-            assert!(table.len() * bs >= run.first_pos + run.tokens.len(), "table covers the run");
-            for (j, &t) in run.tokens.iter().enumerate() {
+            assert!(table.len() * bs >= run.first_pos + run_tokens.len(), "table covers the run");
+            for (j, &t) in run_tokens.iter().enumerate() {
                 let p = run.first_pos + j;
                 let b = table[p / bs];
                 assert_eq!(sched.block_manager().ref_count(b), Some(1), "seq {} writes shared block {b}", run.seq_id);
@@ -144,16 +161,18 @@ impl FakeWorker {
             }
         }
         let mut out = Vec::new();
-        for run in batch.runs.iter().filter(|r| r.sample) {
+        for (run, run_tokens) in batch.runs.iter().zip(&tokens).filter(|(r, _)| r.sample) {
             let table = self.mirror.table(run.seq_id).expect("known");
-            let end = run.first_pos + run.tokens.len();
+            let end = run.first_pos + run_tokens.len();
             let context: Vec<u32> = (0..end)
                 .map(|p| match self.kv[table[p / bs] as usize * bs + p % bs] {
                     Some((t, pos)) if pos == p => t,
                     other => panic!("seq {} position {p}: KV slot holds {other:?}", run.seq_id),
                 })
                 .collect();
-            out.push(StepOutput { seq_id: run.seq_id, token: next_token(&context) });
+            let token = next_token(&context);
+            self.last.insert(run.seq_id, token);
+            out.push(StepOutput { seq_id: run.seq_id, token });
         }
         out
     }
