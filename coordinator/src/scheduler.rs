@@ -30,7 +30,9 @@
 //! - Decode lookahead (`lookahead`, a replica of one worker, `max_in_flight` 2): a
 //!   sequence executing the run that samples its next token may also get the run after it
 //!   in the next batch, on that token (the worker fills it in), if its KV slot can be had
-//!   without preempting and the token cannot be its last (`max_tokens`, `max_model_len`).
+//!   without preempting and the token cannot be its last (`max_tokens`, `max_model_len`);
+//!   only while the pool has a free block per running sequence and nothing was preempted
+//!   earlier in the step, since an executing sequence cannot be preempted.
 //!   So the worker holds the next step when it finishes one. When the executing step
 //!   ends the sequence (a stop id, an abort), the lookahead's token is dropped.
 //! - Stop conditions (EOS/stop ids unless `ignore_eos`, `max_tokens`, `max_model_len`)
@@ -143,7 +145,10 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         // Budget kept for the decodes not visited yet; never more than `budget`, because
         // decodes <= max_num_seqs <= max_num_batched_tokens and prefills leave it alone.
-        let lookahead = self.cfg.lookahead;
+        // Lookahead only while the pool has a free block per running sequence: its slots
+        // cannot be preempted until their step returns, so under KV pressure they would push
+        // the preemptions onto the older sequences.
+        let lookahead = self.cfg.lookahead && self.blocks.num_available() >= self.running.len();
         let max_model_len = self.cfg.max_model_len;
         let ahead_ok = |s: &Sequence| lookahead && s.lookahead_ok(max_model_len);
         let mut reserved = self
@@ -165,7 +170,7 @@ impl Scheduler {
             if seq.in_flight > 0 {
                 // Executing: at most a lookahead decode on the token being sampled, if its
                 // slot can be had without preempting anyone.
-                if ahead_ok(seq) {
+                if ahead_ok(seq) && !preempted {
                     reserved = reserved.saturating_sub(1);
                     let target = seq.len() + 1;
                     if budget > 0

@@ -351,3 +351,57 @@ fn fail_all_ends_everything_and_frees_every_block() {
     let b = step(&mut s, &mut w, &mut got).unwrap();
     assert!(b.finished.is_empty() && b.new_seqs.len() == 1);
 }
+
+/// Decode lookahead: while a decode executes, the next batch runs the sequence once more on
+/// the token being sampled (`from_previous`, position `len()`), and the tokens still equal
+/// the sequence's run alone; with fewer free blocks than running sequences it is skipped
+/// (an executing sequence cannot be preempted, so its slots would crowd out the others).
+#[test]
+fn lookahead_decodes_follow_the_executing_step_unless_blocks_are_short() {
+    let run_two = |num_blocks: usize| {
+        let cfg = tessera_coordinator::SchedulerConfig {
+            lookahead: true,
+            max_in_flight: 2,
+            ..config(4, num_blocks, 64, 8, 64)
+        };
+        let mut s = Scheduler::new(cfg.clone()).unwrap();
+        let mut w = FakeWorker::new(&cfg);
+        let mut rng = Rng::new(23);
+        let prompts = [rng.tokens(6, 50), rng.tokens(5, 50)];
+        for (id, p) in prompts.iter().enumerate() {
+            s.add(seq(id as u64, p.clone(), 8)).unwrap();
+        }
+        let mut got = Collected::default();
+        let (mut lookaheads, mut short_steps, mut pending) = (0, 0, std::collections::VecDeque::new());
+        for _ in 0..200 {
+            if pending.len() < 2 {
+                let short = s.block_manager().num_available() < s.num_running();
+                if let Some(b) = s.schedule() {
+                    let ahead = b.runs.iter().filter(|r| r.from_previous).count();
+                    assert!(!short || ahead == 0, "a lookahead with fewer free blocks than running sequences");
+                    short_steps += usize::from(short);
+                    lookaheads += ahead;
+                    for r in b.runs.iter().filter(|r| r.from_previous) {
+                        assert_eq!(r.first_pos, s.get(r.seq_id).unwrap().len(), "the pending token's position");
+                    }
+                    pending.push_back(w.run(&s, &b));
+                    continue;
+                }
+            }
+            let Some(out) = pending.pop_front() else { break };
+            got.record(&s.postprocess(&out));
+            s.check_invariants().unwrap();
+        }
+        for (id, p) in prompts.iter().enumerate() {
+            let want = reference(p, &StopCriteria::new(8, Vec::new()), 64);
+            assert_eq!(got.tokens[&(id as u64)], want.0, "seq {id}");
+        }
+        assert_eq!(s.num_used_blocks(), 0);
+        (lookaheads, short_steps)
+    };
+    assert!(run_two(32).0 > 0, "a roomy pool runs lookaheads");
+    // Two sequences of up to 14 positions need 4 blocks each: 7 blocks leave fewer free
+    // blocks than running sequences once both have grown.
+    let (_, short_steps) = run_two(7);
+    assert!(short_steps > 0, "the tight pool was short of blocks at some step");
+}
