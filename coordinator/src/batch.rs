@@ -54,18 +54,9 @@ pub struct SeqRun {
 }
 
 impl SeqRun {
-    /// Tokens this run computes.
-    pub fn len(&self) -> usize {
-        if self.from_previous {
-            1
-        } else {
-            self.tokens.len()
-        }
-    }
-
-    /// True for a run of no tokens (never scheduled).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Tokens this run computes (a lookahead decode's one is not in `tokens`).
+    pub fn num_tokens(&self) -> usize {
+        tessera_proto::run_tokens(self.tokens.len(), self.from_previous)
     }
 }
 
@@ -89,7 +80,7 @@ pub struct ScheduledBatch {
 impl ScheduledBatch {
     /// Tokens run in this step (what the token budget limits).
     pub fn num_tokens(&self) -> usize {
-        self.runs.iter().map(SeqRun::len).sum()
+        self.runs.iter().map(SeqRun::num_tokens).sum()
     }
 
     /// Runs that sample a token; the worker's reply has one output per run, in this order.

@@ -24,7 +24,8 @@
 //!   whose stages each work on a different batch, or 2 with decode lookahead): `schedule`
 //!   returns `None` while that many await `postprocess`, and never picks a sequence whose
 //!   previous batch is still executing (its next token is unknown and its blocks are being
-//!   written) except for a lookahead decode (below), nor preempts one. `postprocess` consumes batches in the order they were scheduled. KV counts as
+//!   written) except for a lookahead decode (below), nor preempts one. `postprocess`
+//!   consumes batches in the order they were scheduled. KV counts as
 //!   computed, and full blocks enter the prefix cache, only in `postprocess`, after the
 //!   step really ran.
 //! - Decode lookahead (`lookahead`, a replica of one worker, `max_in_flight` 2): a
@@ -156,7 +157,6 @@ impl Scheduler {
             .iter()
             .filter(|id| self.seqs.get(id).is_some_and(|s| (s.is_decoding() && s.in_flight == 0) || ahead_ok(s)))
             .count();
-        let mut ahead: Vec<u64> = Vec::new();
         let mut picked: Vec<(u64, usize)> = Vec::new();
         let mut preempted = false;
 
@@ -177,7 +177,6 @@ impl Scheduler {
                         && self.seqs.get_mut(&id).is_some_and(|s| self.blocks.grow(&mut s.block_table, target).is_ok())
                     {
                         picked.push((id, 1));
-                        ahead.push(id);
                         budget -= 1;
                     }
                 }
@@ -236,7 +235,7 @@ impl Scheduler {
         if picked.is_empty() {
             return None;
         }
-        Some(self.build_batch(picked, &ahead))
+        Some(self.build_batch(picked))
     }
 
     /// Admits waiting sequences FIFO while budget, sequence cap and blocks allow.
@@ -283,8 +282,8 @@ impl Scheduler {
     }
 
     /// Turns the picked `(sequence, tokens)` into the step's deltas and marks it in flight;
-    /// the sequences in `ahead` run a lookahead decode.
-    fn build_batch(&mut self, picked: Vec<(u64, usize)>, ahead: &[u64]) -> ScheduledBatch {
+    /// a sequence already executing in another batch runs a lookahead decode.
+    fn build_batch(&mut self, picked: Vec<(u64, usize)>) -> ScheduledBatch {
         let mut batch = ScheduledBatch {
             step_id: self.next_step,
             finished: std::mem::take(&mut self.released),
@@ -305,8 +304,9 @@ impl Scheduler {
                 batch.appends.push(BlockAppend { seq_id: id, block_ids: table[seq.blocks_sent..].to_vec() });
             }
             seq.blocks_sent = table.len();
+            let lookahead = seq.in_flight > 0;
             seq.in_flight += 1;
-            if ahead.contains(&id) {
+            if lookahead {
                 // Position len(): the token the executing batch is sampling now.
                 batch.runs.push(SeqRun {
                     seq_id: id,

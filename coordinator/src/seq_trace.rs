@@ -178,7 +178,7 @@ pub fn on_scheduled(clients: &mut HashMap<u64, ClientState>, batch: &ScheduledBa
     for r in &batch.runs {
         if let Some(c) = clients.get_mut(&r.seq_id) {
             let kind = if r.is_prompt { "prefill" } else { "decode" };
-            c.trace.scheduled(batch.step_id, kind, r.len(), batch);
+            c.trace.scheduled(batch.step_id, kind, r.num_tokens(), batch);
         }
     }
 }

@@ -21,3 +21,21 @@ pub mod tessera {
 pub use tessera::coordinator::v1 as coordinator;
 /// The worker service and its step stream.
 pub use tessera::worker::v1 as worker;
+
+/// Tokens a step run computes: its `tokens`, or for a lookahead decode (`from_previous`,
+/// sent with no tokens) the one token the worker sampled for it in the step before. The
+/// wire run and the coordinator's and worker's own run types all count this way.
+pub fn run_tokens(tokens: usize, from_previous: bool) -> usize {
+    if from_previous {
+        1
+    } else {
+        tokens
+    }
+}
+
+impl worker::SeqRun {
+    /// Tokens this run computes ([`run_tokens`]).
+    pub fn num_tokens(&self) -> usize {
+        run_tokens(self.tokens.len(), self.from_previous)
+    }
+}

@@ -47,18 +47,9 @@ pub struct Run {
 }
 
 impl Run {
-    /// Tokens this run computes (a lookahead decode's one token is filled in by `step`).
-    pub fn len(&self) -> usize {
-        if self.from_previous {
-            1
-        } else {
-            self.tokens.len()
-        }
-    }
-
-    /// True for a run of no tokens.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Tokens this run computes (a lookahead decode's one is filled in by `step`).
+    pub fn num_tokens(&self) -> usize {
+        tessera_proto::run_tokens(self.tokens.len(), self.from_previous)
     }
 }
 

@@ -106,7 +106,7 @@ pub enum StepPhase {
 impl StepPhase {
     /// `None` for a step with no runs (deltas only).
     pub fn of(input: &StepInput) -> Option<StepPhase> {
-        let decodes = input.runs.iter().filter(|r| r.len() == 1 && r.first_pos > 0).count();
+        let decodes = input.runs.iter().filter(|r| r.num_tokens() == 1 && r.first_pos > 0).count();
         match (input.runs.len(), decodes) {
             (0, _) => None,
             (n, d) if d == n => Some(StepPhase::Decode),
@@ -185,7 +185,7 @@ impl WorkerMetrics {
     /// its collectives took (groups that were used).
     pub fn timed_step<R>(&self, input: StepInput, run: impl FnOnce(StepInput) -> R) -> R {
         let phase = StepPhase::of(&input);
-        let tokens: usize = input.runs.iter().map(Run::len).sum();
+        let tokens: usize = input.runs.iter().map(Run::num_tokens).sum();
         self.tp_clock.take();
         self.pp_clock.take();
         let t0 = Instant::now();

@@ -57,7 +57,7 @@ impl StepTracer {
             step_id: req.step_id,
             start: SystemTime::now(),
             batch_sequences: req.runs.len(),
-            batch_tokens: req.runs.iter().map(run_len).sum(),
+            batch_tokens: req.runs.iter().map(pb::SeqRun::num_tokens).sum(),
             runs,
         })
     }
@@ -85,7 +85,7 @@ impl StepTracer {
             let Some(t) = self.seqs.get_mut(&r.seq_id) else { continue };
             let kind = if t.decoding { "decode" } else { "prefill" };
             t.decoding |= r.sample;
-            runs.push((t.parent.clone(), kind, run_len(r), r.first_pos));
+            runs.push((t.parent.clone(), kind, r.num_tokens(), r.first_pos));
         }
         runs
     }
@@ -193,14 +193,5 @@ mod tests {
         let mut t = StepTracer::default();
         assert!(t.begin(&step(1, &[(1, TP)], &[], &[(1, 4, true)])).is_none());
         assert!(t.is_empty());
-    }
-}
-
-/// Tokens a run computes: a lookahead decode's one token is not in the request.
-fn run_len(r: &pb::SeqRun) -> usize {
-    if r.from_previous {
-        1
-    } else {
-        r.tokens.len()
     }
 }
