@@ -255,8 +255,9 @@ fn scalar_and_avx2_agree() {
     };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for ty in ALL {
-        for &cols in cols_for(ty) {
-            let (rows, n) = (37, 5);
+        // n = 5 and 70: whole token groups of 4 and a ragged one; 2 and 3: one short group.
+        for (&cols, &n) in cols_for(ty).iter().flat_map(|c| [2usize, 3, 5, 70].iter().map(move |n| (c, n))) {
+            let rows = 37;
             let data = random_weight(ty, rows, cols, &mut rng);
             let x = random_x(n, cols, &mut rng);
             let w = Weight::new(ty, rows, cols, &data).unwrap();

@@ -56,6 +56,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 #[path = "simd_avx2_k.rs"]
 mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+#[path = "simd_q8_tile.rs"]
+mod q8_tile;
 #[path = "matmul_scalar.rs"]
 mod scalar;
 #[cfg(target_arch = "x86_64")]

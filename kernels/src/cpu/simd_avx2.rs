@@ -5,16 +5,18 @@
 //! only the order of the f32 additions differs). Per 32-value block: unpack the weight quants to
 //! 32 bytes, `maddubs` (u8 × i8 → pairs summed in i16, which cannot saturate here:
 //! |pair| <= 2·15·127 for nibbles, 2·128·127 for Q8_0), `madd` with ones (→ 8 × i32),
-//! convert and FMA with `d_w · d_x`. For several tokens, micro-kernels of 2 rows × 2 or 4
-//! tokens share unpacked blocks and activation loads.
+//! convert and FMA with `d_w · d_x`. One token takes `q8_kernel!` a row at a time; several
+//! take the token-group kernel of `simd_q8_tile.rs`, which unpacks each weight block once
+//! for up to 4 tokens here (8 with AVX-512VL's registers, `simd_vnni.rs`).
 //!
 //! Every function here needs AVX2, FMA and F16C; `matmul.rs` only hands them out through
 //! a constructed `Isa`, which checked the CPU.
 
 use std::arch::x86_64::*;
 
+use super::q8_tile::q8_tile_kernel;
 use super::ActsF32;
-use crate::quant::q8::ActsQ8;
+use crate::quant::q8::{ActsQ8, TOKEN_GROUP};
 
 /// Horizontal sum of 8 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -32,6 +34,13 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
 pub(crate) unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// The two f16 at `p[0..4]` as f32 lanes 0 and 1 (lanes 2 and 3 zero).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn f16_lanes(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)))
 }
 
 /// The f16 at `p[0..2]` as f32. Written in asm because with intrinsics the compiler
@@ -76,7 +85,7 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
 /// the FMA latency when R·N = 1). `$unpack(blk)` gives (32 quant bytes, d, offset
 /// coefficient); the block adds `coef · s_x` when `$offset`; `$mul(w, x)` gives the i32
 /// lanes of the block's integer dot; `$feat` the target features it is compiled for.
-/// (The kernels are called with K = 1, see `tiled!`; K stays a parameter for experiments.)
+/// (`tiled!` calls it for one token, R = N = K = 1; the parameters stay for experiments.)
 macro_rules! q8_kernel {
     ($feat:literal, $name:ident, $bytes:expr, $offset:expr, |$blk:ident| $unpack:block, |$wv:ident, $xv:ident| $mul:block) => {
         /// `w`: `R` rows of `row_bytes` from `w`; writes `out[r * stride + t]` for token `t0 + t`.
@@ -142,7 +151,7 @@ pub(crate) use q8_kernel;
 /// target-feature list and `$dot` its u8 × i8 block dot product (32 bytes to 8 i32 lanes).
 /// The AVX2 and AVX512-VNNI paths differ only in those two.
 macro_rules! q8_family {
-    ($features:literal, $dot:ident) => {
+    ($features:literal, $dot:ident, $tile_tokens:literal) => {
         // Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
         q8_kernel!(
             $features,
@@ -180,9 +189,36 @@ macro_rules! q8_family {
             },
             |w, x| { $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
         );
-        tiled!(row_q4_0, q4_0_rn, 18);
-        tiled!(row_q4_1, q4_1_rn, 20);
-        tiled!(row_q8_0, q8_0_rn, 34);
+        q8_tile_kernel!(
+            $features,
+            q4_0_tile,
+            18,
+            true,
+            |blk| { (nibbles(blk.add(2)), f16_lanes(blk)) },
+            |dm| { _mm_mul_ps(_mm_set1_ps(-8.0), _mm_broadcastss_ps(dm)) },
+            |w, x| { $dot(w, x) }
+        );
+        q8_tile_kernel!(
+            $features,
+            q4_1_tile,
+            20,
+            true,
+            |blk| { (nibbles(blk.add(4)), f16_lanes(blk)) },
+            |dm| { _mm_permute_ps(dm, 0b0101_0101) },
+            |w, x| { $dot(w, x) }
+        );
+        q8_tile_kernel!(
+            $features,
+            q8_0_tile,
+            34,
+            false,
+            |blk| { (_mm256_loadu_si256(blk.add(2) as *const __m256i), f16_lanes(blk)) },
+            |dm| { dm },
+            |w, x| { $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
+        );
+        tiled!(row_q4_0, q4_0_rn, q4_0_tile, 18, $tile_tokens);
+        tiled!(row_q4_1, q4_1_rn, q4_1_tile, 20, $tile_tokens);
+        tiled!(row_q8_0, q8_0_rn, q8_0_tile, 34, $tile_tokens);
     };
 }
 pub(crate) use q8_family;
@@ -208,21 +244,24 @@ pub(crate) fn check_q8(
             && a.d.len() >= (t0 + tn) * nb
             && a.s.len() >= (t0 + tn) * nb
             && (rows == 0 || tn == 0 || out.len() >= (rows - 1) * stride + tn)
+            && (tn <= 1
+                || (t0 % TOKEN_GROUP == 0
+                    && a.d4.len() >= (t0 + tn).div_ceil(TOKEN_GROUP) * nb * TOKEN_GROUP
+                    && a.s4.len() == a.d4.len()))
     );
     rows
 }
 
 /// Tiles rows × tokens into micro-kernel calls: one row at a time for a single token
 /// (decode: reading several rows at once defeats the hardware prefetcher and halves
-/// the speed of streaming weights from DRAM), two rows × two or four tokens otherwise.
-// Every variant uses one accumulator set (K = 1), so a token's result is bit-identical
-// whatever tile it lands in: batch invariance (a sequence's tokens do not depend on what
-// else is in the batch) rests on this. K = 1 is also the order of the scalar kernels and
-// of ggml's x86 `vec_dot` (one FMA chain per lane over the row's blocks), which the CPU
-// engine reproduces bit for bit. (K = 2 had been chosen to hide FMA latency at decode;
-// `tessera bench` showed no decode difference beyond this 2-core machine's ±10% noise.)
+/// the speed of streaming weights from DRAM), one row × `$tile_tokens` tokens otherwise
+/// (`simd_q8_tile.rs`; a second row per tile measured slower on Zen 4).
+// Every variant keeps one FMA chain per lane and (row, token), so a token's result is
+// bit-identical whatever tile it lands in: batch invariance (a sequence's tokens do not
+// depend on what else is in the batch) rests on this. It is also the order of the scalar
+// kernels and of ggml's x86 `vec_dot`, which the CPU engine reproduces bit for bit.
 macro_rules! tiled {
-    ($pub_name:ident, $rn:ident, $bytes:expr) => {
+    ($pub_name:ident, $rn:ident, $tile:ident, $bytes:expr, $tile_tokens:literal) => {
         pub(crate) unsafe fn $pub_name(
             w: &[u8],
             row_bytes: usize,
@@ -234,48 +273,31 @@ macro_rules! tiled {
         ) {
             let rows = check_q8(w, row_bytes, $bytes, a, t0, tn, out, stride);
             let (wp, op) = (w.as_ptr(), out.as_mut_ptr());
+            if tn == 1 {
+                for r in 0..rows {
+                    $rn::<1, 1, 1>(wp.add(r * row_bytes), row_bytes, a, t0, op.add(r * stride), stride);
+                }
+                return;
+            }
             let mut t = 0;
             while t < tn {
-                let nt = (tn - t).min(4);
-                let mut r = 0;
-                macro_rules! call {
-                    ($r:literal, $n:literal, $k:literal) => {
-                        $rn::<$r, $n, $k>(wp.add(r * row_bytes), row_bytes, a, t0 + t, op.add(r * stride + t), stride)
+                let nt = (tn - t).min($tile_tokens);
+                macro_rules! rows_of {
+                    ($n:literal) => {
+                        for r in 0..rows {
+                            $tile::<1, $n>(wp.add(r * row_bytes), row_bytes, a, t0 + t, op.add(r * stride + t), stride);
+                        }
                     };
                 }
                 match nt {
-                    1 => {
-                        while r < rows {
-                            call!(1, 1, 1);
-                            r += 1;
-                        }
-                    }
-                    2 => {
-                        while r + 2 <= rows {
-                            call!(2, 2, 1);
-                            r += 2;
-                        }
-                        while r < rows {
-                            call!(1, 2, 1);
-                            r += 1;
-                        }
-                    }
-                    3 => {
-                        while r < rows {
-                            call!(1, 3, 1);
-                            r += 1;
-                        }
-                    }
-                    _ => {
-                        while r + 2 <= rows {
-                            call!(2, 4, 1);
-                            r += 2;
-                        }
-                        while r < rows {
-                            call!(1, 4, 1);
-                            r += 1;
-                        }
-                    }
+                    1 => rows_of!(1),
+                    2 => rows_of!(2),
+                    3 => rows_of!(3),
+                    4 => rows_of!(4),
+                    5 => rows_of!(5),
+                    6 => rows_of!(6),
+                    7 => rows_of!(7),
+                    _ => rows_of!(8),
                 }
                 t += nt;
             }
@@ -285,7 +307,9 @@ macro_rules! tiled {
 
 pub(crate) use tiled;
 
-q8_family!("avx2,fma,f16c", dot_u8i8);
+// Tiles of one row × 4 tokens: AVX2's 16 registers hold the four accumulators and the
+// four tokens' activations (two rows × 4 spilled: 107 vs 193 GFLOP/s, Q4_1 n = 64).
+q8_family!("avx2,fma,f16c", dot_u8i8, 4);
 
 /// Expands a one-row kernel generic over the token count (1..=4) into a one-row function
 /// over any number of tokens.

@@ -29,7 +29,16 @@ pub struct ActsQ8 {
     /// `d * sum(q)` per block, with the f32 `d`, (n, cols / 32); rounded to f16 if
     /// [`Q8_SCALES_F16`].
     pub s: Vec<f32>,
+    /// `d` and `s` again, block-major for groups of [`TOKEN_GROUP`] tokens:
+    /// `(n / 4 rounded up, cols / 32, 4)`, entry `[g][b][l]` = token `4 g + l`'s value of
+    /// block `b` (0 past the last token). The multi-token matmul kernels load a block's
+    /// four scales as one vector. Empty for one token.
+    pub d4: Vec<f32>,
+    pub s4: Vec<f32>,
 }
+
+/// Tokens per group of [`ActsQ8::d4`] / [`ActsQ8::s4`].
+pub const TOKEN_GROUP: usize = 4;
 
 /// Activations in 256-value super-blocks; `n` rows of `cols` values.
 #[derive(Debug, Clone, Default)]
@@ -165,12 +174,30 @@ fn split_rows<A: Send, B: Send>(
         .for_each(|(((x, qs), a), b)| f(x, qs, a, b));
 }
 
+/// `v` = `(n, nb)` as `(n / TOKEN_GROUP rounded up, nb, TOKEN_GROUP)`, zero-padded.
+fn group_major(v: &[f32], nb: usize) -> Vec<f32> {
+    if nb == 0 {
+        return Vec::new();
+    }
+    let n = v.len() / nb;
+    let groups = n.div_ceil(TOKEN_GROUP);
+    let mut out = vec![0.0; groups * nb * TOKEN_GROUP];
+    for (t, row) in v.chunks_exact(nb).enumerate() {
+        let (g, l) = (t / TOKEN_GROUP, t % TOKEN_GROUP);
+        for (b, &x) in row.iter().enumerate() {
+            out[(g * nb + b) * TOKEN_GROUP + l] = x;
+        }
+    }
+    out
+}
+
 impl ActsQ8 {
     /// Quantises `x` = (n, cols); `cols` must be a multiple of 32 and `x.len()` of `cols`
     /// (the matmul checks both before calling).
     pub fn quantize(x: &[f32], cols: usize) -> Self {
         let nb = x.len() / 32;
-        let mut acts = ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb] };
+        let mut acts =
+            ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb], d4: Vec::new(), s4: Vec::new() };
         let avx2 = has_avx2();
         split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 32), (&mut acts.s, cols / 32), |x, qs, d, s| {
             #[cfg(target_arch = "x86_64")]
@@ -181,6 +208,11 @@ impl ActsQ8 {
             let _ = avx2;
             quantize_q8_body(x, qs, d, s)
         });
+        // One token takes the one-row kernel, which reads `d` and `s`.
+        if x.len() > cols {
+            acts.d4 = group_major(&acts.d, cols / 32);
+            acts.s4 = group_major(&acts.s, cols / 32);
+        }
         acts
     }
 
