@@ -24,7 +24,7 @@ pub struct SchedulerConfig {
     /// Batches executing at once (over disjoint sequences). 1 for one worker; a pipeline
     /// of P stages keeps P in flight so every stage has work.
     pub max_in_flight: usize,
-    /// Decode lookahead (a replica of one worker): while a step runs, the next one may
+    /// Decode lookahead (a replica without pipeline stages): while a step runs, the next one may
     /// already decode its sampling sequences once more, on the token the worker is
     /// sampling for them now (`SeqRun::from_previous`), so the worker starts it as soon as
     /// it finishes the first instead of waiting for the coordinator's round trip. Needs

@@ -244,7 +244,7 @@ impl Engine {
         // Keep the pipeline full: up to one step per stage in flight (1 otherwise);
         // the scheduler never puts a sequence in two of them.
         let mut send_failed = None;
-        // One step per pipeline stage; a replica of one worker keeps a second step queued
+        // One step per pipeline stage; a replica without stages keeps a second step queued
         // when the scheduler can fill it with lookahead decodes.
         let depth = link.depth().max(self.sched.config().max_in_flight);
         while self.in_flight.len() < depth {

@@ -32,7 +32,15 @@ pub struct ClientState {
 }
 
 impl ClientState {
-    pub fn new(events: EventTx, sampling: pb::SamplingParams, prompt_tokens: usize) -> Self {
+    /// A request without a seed gets one here, once: every tensor rank of a replica
+    /// samples it from the same random stream (they must agree, `ReplicaLink::recv`),
+    /// and so does a replica the sequence moves to.
+    pub fn new(events: EventTx, mut sampling: pb::SamplingParams, prompt_tokens: usize) -> Self {
+        sampling.seed.get_or_insert_with(|| {
+            use std::hash::{BuildHasher, Hasher};
+            // std's RandomState is keyed from OS randomness, distinct per instance.
+            std::collections::hash_map::RandomState::new().build_hasher().finish()
+        });
         ClientState {
             events,
             sampling,

@@ -3,7 +3,9 @@
 //! at once (each rank's load blocks until its peers have connected to it), then opens the
 //! step streams. A step goes to every worker; they exchange activations among themselves
 //! (tensor-parallel gathers, pipeline sends) and the leader, the last stage's tensor rank
-//! 0, returns the sampled tokens. Any rank's failure fails the step.
+//! 0, returns the sampled tokens. Any rank's failure fails the step, and so does a tensor
+//! rank of the last stage that sampled differently from the leader (each rank runs its own
+//! sampled token in a lookahead decode, so they must agree).
 
 use std::time::Duration;
 
@@ -124,6 +126,13 @@ impl ReplicaLink {
         let leader = self.leader;
         let all = async {
             let mut replies = try_join_all(self.links.iter_mut().map(|l| l.recv(want))).await?;
+            // The last stage's tensor ranks (the leader and the ranks after it) sample on
+            // their own; each runs its own token in a lookahead decode, so they must agree.
+            for other in &replies[leader + 1..] {
+                if let Err(detail) = same_samples(&replies[leader], other) {
+                    return Err(LinkError::RanksDisagree { addr: addr.clone(), step: want, detail });
+                }
+            }
             Ok(replies.swap_remove(leader))
         };
         tokio::time::timeout(after, all).await.map_err(|_| LinkError::StepTimeout { addr, step: want, after })?
@@ -132,5 +141,54 @@ impl ReplicaLink {
     /// Steps a replica keeps in flight: one per pipeline stage.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+}
+
+/// Whether two ranks' replies to one step sampled the same token for the same sequences
+/// and failed the same sequences; what differs first, if not.
+fn same_samples(leader: &pb::StepReply, other: &pb::StepReply) -> Result<(), String> {
+    let ids = |r: &pb::StepReply| r.sampled.iter().map(|s| (s.seq_id, s.token)).collect::<Vec<_>>();
+    let (a, b) = (ids(leader), ids(other));
+    if let Some(((sa, ta), (_, tb))) = a.iter().zip(&b).find(|(x, y)| x != y) {
+        return Err(format!("sequence {sa}: token {ta} vs {tb}"));
+    }
+    if a.len() != b.len() {
+        return Err(format!("{} vs {} sampled sequences", a.len(), b.len()));
+    }
+    let failed = |r: &pb::StepReply| r.seq_errors.iter().map(|e| e.seq_id).collect::<Vec<_>>();
+    if failed(leader) != failed(other) {
+        return Err(format!("failed sequences {:?} vs {:?}", failed(leader), failed(other)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(samples: &[(u64, u32)], failed: &[u64]) -> pb::StepReply {
+        pb::StepReply {
+            step_id: 1,
+            sampled: samples
+                .iter()
+                .map(|&(seq_id, token)| pb::Sampled { seq_id, token, ..Default::default() })
+                .collect(),
+            seq_errors: failed.iter().map(|&seq_id| pb::SequenceError { seq_id, message: "x".into() }).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ranks_agree_only_on_equal_tokens_and_failures() {
+        let a = reply(&[(1, 10), (2, 20)], &[3]);
+        assert_eq!(same_samples(&a, &reply(&[(1, 10), (2, 20)], &[3])), Ok(()));
+        // Timings and log-probabilities may differ; tokens may not.
+        let mut timed = reply(&[(1, 10), (2, 20)], &[3]);
+        timed.forward_us = 99;
+        assert_eq!(same_samples(&a, &timed), Ok(()));
+        let e = same_samples(&a, &reply(&[(1, 10), (2, 21)], &[3])).unwrap_err();
+        assert!(e.contains("sequence 2: token 20 vs 21"), "{e}");
+        assert!(same_samples(&a, &reply(&[(1, 10)], &[3])).is_err());
+        assert!(same_samples(&a, &reply(&[(1, 10), (2, 20)], &[])).is_err());
     }
 }

@@ -28,7 +28,7 @@
 //!   consumes batches in the order they were scheduled. KV counts as
 //!   computed, and full blocks enter the prefix cache, only in `postprocess`, after the
 //!   step really ran.
-//! - Decode lookahead (`lookahead`, a replica of one worker, `max_in_flight` 2): a
+//! - Decode lookahead (`lookahead`, a replica without pipeline stages, `max_in_flight` 2): a
 //!   sequence executing the run that samples its next token may also get the run after it
 //!   in the next batch, on that token (the worker fills it in), if its KV slot can be had
 //!   without preempting and the token cannot be its last (`max_tokens`, `max_model_len`);

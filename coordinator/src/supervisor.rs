@@ -85,9 +85,11 @@ pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration)
         max_in_flight: spec.placement.pp,
         ..spec.sched.clone()
     };
-    // Lookahead decodes need the worker that samples to be the one that runs the next
-    // step: a replica of one worker. Its second batch in flight is the lookahead.
-    let lookahead = cfg.lookahead && spec.placement.tp * spec.placement.pp == 1;
+    // Lookahead decodes need the workers that sample to be the ones that run the next
+    // step: no pipeline (its first stage never sees the token). Every tensor rank samples
+    // the same token from the same gathered logits (`ReplicaLink::recv` checks that they
+    // agree). The second batch in flight is the lookahead.
+    let lookahead = cfg.lookahead && spec.placement.pp == 1;
     let cfg = SchedulerConfig { lookahead, max_in_flight: if lookahead { 2 } else { cfg.max_in_flight }, ..cfg };
     Ok(Formed { link, sched: Scheduler::new(cfg)?, info })
 }

@@ -26,6 +26,10 @@ pub enum LinkError {
     StepTimeout { addr: String, step: u64, after: std::time::Duration },
     #[error("worker {addr}: reply for step {got}, expected {want}")]
     OutOfOrder { addr: String, got: u64, want: u64 },
+    /// Two tensor ranks of the last stage sampled different tokens (their next lookahead
+    /// decodes would compute different sequences).
+    #[error("replica of {addr}: step {step}: tensor ranks sampled different tokens ({detail})")]
+    RanksDisagree { addr: String, step: u64, detail: String },
     /// The supervisor took the replica's workers away (e.g. a worker's registration
     /// lease expired: it is hung or cut off even if its stream is still open).
     #[error("replica of {addr}: {reason}")]

@@ -1,8 +1,9 @@
 """Tensor and pipeline parallel serving on CPU workers joined by the TCP collective: a
 replica sharded over TP=3, PP=2 and TP=3 x PP=2 worker processes (`tessera serve --tp N
 --pp M`) answers exactly as one worker does, greedy token for token, alone and under 16
-concurrent sessions. (Every rank computes whole output features, see
-worker/src/parallel.rs, so the logits are bit-identical, not merely close.)"""
+concurrent sessions, and samples (seeded, grammar-constrained) as one worker does.
+(Every rank computes whole output features, see worker/src/parallel.rs, so the logits are
+bit-identical, not merely close.)"""
 import json
 import os
 import signal
@@ -43,6 +44,26 @@ def test_sharded_replica_equals_one_worker_alone_and_under_16_sessions(request, 
         together = list(pool.map(lambda p: _run(client, p), PROMPTS))
     differ = [(p, r, t) for p, r, t in zip(PROMPTS, reference, together) if r != t]
     assert not differ, f"{which}: {len(differ)} of 16 differ from one worker under load, e.g. {differ[:2]}"
+
+
+def _sampled(client, i):
+    """A seeded, sampled answer; every other one constrained to a JSON object."""
+    extra = {"response_format": {"type": "json_object"}} if i % 2 else {}
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[i], max_tokens=24, temperature=0.9, seed=i,
+                                  extra_body=extra)
+    return r.choices[0].text
+
+
+def test_tensor_ranks_sample_alike_with_lookahead(tp3_cluster, cluster):
+    """Each tensor rank runs its own sampled token in a lookahead decode (the coordinator
+    fails the replica if the ranks' tokens ever differ), so seeded sampling and grammar-
+    constrained sequences must come out of TP=3 as they do from one worker."""
+    want = [_sampled(cluster.client(), i) for i in range(8)]
+    client = tp3_cluster.client()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: _sampled(client, i), range(8)))
+    differ = [(i, w, g) for i, (w, g) in enumerate(zip(want, got)) if w != g]
+    assert not differ, f"{len(differ)} of 8 differ from one worker, e.g. {differ[:2]}"
 
 
 def _stream_then_signal(cluster, sig, rank):

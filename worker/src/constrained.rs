@@ -9,8 +9,9 @@
 //! sequence generated before. A grammar that fails ends its own sequence with an error
 //! (`StepOutput::errors`), never the step.
 //!
-//! Only the rank that samples for the replica (the last stage's tensor rank 0) keeps
-//! matchers: the service gives only that executor a [`Grammars`].
+//! The ranks that sample (every tensor rank of the last pipeline stage) keep matchers:
+//! the service gives only their executors a [`Grammars`]. All of them mask alike, so
+//! they sample the same token, which each runs in its own lookahead decode.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;

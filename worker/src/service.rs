@@ -288,11 +288,12 @@ fn load(
     if backend.num_blocks() == 0 {
         return Err(Status::invalid_argument("the KV memory budget holds no block"));
     }
-    // The replica's leader (the last stage's tensor rank 0) samples for it: only it keeps
-    // grammar matchers for constrained sequences.
-    let leader = sharded.is_none_or(|s| s.tp_rank == 0 && s.pp_rank + 1 >= s.pp_size.max(1));
+    // Every tensor rank of the last stage samples (the leader's tokens are the replica's),
+    // and all of them keep grammar matchers for constrained sequences, so they all sample
+    // the same token: a lookahead decode runs each rank's own last sampled token.
+    let samples = sharded.is_none_or(|s| s.pp_rank + 1 >= s.pp_size.max(1));
     let mut exec = Executor::new(backend);
-    if leader {
+    if samples {
         let grammars = Arc::new(Grammars::for_model(path));
         // Built in the background now rather than on the first constrained step's mask
         // thread (a few hundred milliseconds that step would otherwise wait).
