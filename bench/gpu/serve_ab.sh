@@ -5,6 +5,7 @@
 # Usage (device machine, after run.sh has unpacked the binaries):
 #   CONC="1 16" DURATION=15 bash bench/gpu/serve_ab.sh MODEL "label=ENV=V ..." "label2=..."
 # e.g. bash bench/gpu/serve_ab.sh /tmp/smollm2.gguf "off=TESSERA_LOOKAHEAD=0" "on=X=1"
+# SERVE_ARGS adds arguments to every `tessera serve` (e.g. "--tp 2").
 set -uo pipefail
 MODEL=$1
 shift
@@ -13,8 +14,8 @@ H=--header
 for cfg in "$@"; do
     label=${cfg%%=*}
     vars=${cfg#*=}
-    # shellcheck disable=SC2086  # vars is a list of NAME=VALUE words
-    env $vars "$BIN/tessera" serve --device cuda --model "$MODEL" --port 8127 >"/tmp/serve-ab-$label.log" 2>&1 &
+    # shellcheck disable=SC2086  # vars is a list of NAME=VALUE words, SERVE_ARGS of arguments
+    env $vars "$BIN/tessera" serve --device cuda --model "$MODEL" --port 8127 ${SERVE_ARGS:-} >"/tmp/serve-ab-$label.log" 2>&1 &
     p=$!
     for _ in $(seq 240); do curl -sf localhost:8127/ready >/dev/null && break; sleep 0.5; done
     for c in ${CONC:-1 16}; do
