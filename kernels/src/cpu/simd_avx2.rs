@@ -79,6 +79,14 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 }
 
+/// Σ over 32 lanes of i8 × i8 (Q8_0 weights), as 8 i32 lanes: w's sign moves onto x,
+/// |w| · sign(w)·x (|-128| = 128 as u8).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_i8i8(w: __m256i, x: __m256i) -> __m256i {
+    dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+}
+
 /// One kernel body per weight type: a micro-kernel over `R` rows × `N` tokens that
 /// unpacks each weight block once for all `N` tokens and loads each activation block
 /// once for all `R` rows, with `K` accumulator sets taking alternate blocks (K = 2 hides
@@ -148,10 +156,11 @@ macro_rules! q8_kernel {
 pub(crate) use q8_kernel;
 
 /// The Q4_0, Q4_1 and Q8_0 micro-kernels for one instruction set: `$features` is its
-/// target-feature list and `$dot` its u8 × i8 block dot product (32 bytes to 8 i32 lanes).
+/// target-feature list, `$dot` its u8 × i8 block dot product (32 bytes to 8 i32 lanes)
+/// and `$dot_i8` / `$dot_i8_tile` its i8 × i8 ones (Q8_0) for one token and for tiles.
 /// The AVX2 and AVX512-VNNI paths differ only in those two.
 macro_rules! q8_family {
-    ($features:literal, $dot:ident, $tile_tokens:literal) => {
+    ($features:literal, $dot:ident, $dot_i8:ident, $dot_i8_tile:ident, $tile_tokens:literal) => {
         // Q4_0: unsigned nibbles q in 0..16, value d·(q - 8): the -8 goes to the s_x term.
         q8_kernel!(
             $features,
@@ -187,7 +196,7 @@ macro_rules! q8_family {
                 let d = f16_load(blk);
                 (_mm256_loadu_si256(blk.add(2) as *const __m256i), d, 0.0)
             },
-            |w, x| { $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
+            |w, x| { $dot_i8(w, x) }
         );
         q8_tile_kernel!(
             $features,
@@ -214,7 +223,7 @@ macro_rules! q8_family {
             false,
             |blk| { (_mm256_loadu_si256(blk.add(2) as *const __m256i), f16_lanes(blk)) },
             |dm| { dm },
-            |w, x| { $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
+            |w, x| { $dot_i8_tile(w, x) }
         );
         tiled!(row_q4_0, q4_0_rn, q4_0_tile, 18, $tile_tokens);
         tiled!(row_q4_1, q4_1_rn, q4_1_tile, 20, $tile_tokens);
@@ -309,7 +318,7 @@ pub(crate) use tiled;
 
 // Tiles of one row × 4 tokens: AVX2's 16 registers hold the four accumulators and the
 // four tokens' activations (two rows × 4 spilled: 107 vs 193 GFLOP/s, Q4_1 n = 64).
-q8_family!("avx2,fma,f16c", dot_u8i8, 4);
+q8_family!("avx2,fma,f16c", dot_u8i8, dot_i8i8, dot_i8i8, 4);
 
 /// Expands a one-row kernel generic over the token count (1..=4) into a one-row function
 /// over any number of tokens.
