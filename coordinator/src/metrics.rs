@@ -28,6 +28,7 @@ pub struct CoordinatorMetrics {
     prefix_queries: Arc<Family<Counter>>,
     prefix_hits: Arc<Family<Counter>>,
     preemptions: Arc<Family<Counter>>,
+    lookahead: Arc<Family<Counter>>,
     queue_time: Arc<Histogram>,
     iteration_tokens: Arc<Histogram>,
     batch_size: Arc<Histogram>,
@@ -59,6 +60,11 @@ impl CoordinatorMetrics {
                 replica,
             ),
             preemptions: r.counter_family("tessera:num_preemptions", "Sequences preempted (recompute).", replica),
+            lookahead: r.counter_family(
+                "tessera:lookahead_decodes",
+                "Decode runs scheduled ahead, on the token the workers were still sampling.",
+                replica,
+            ),
             queue_time: r.histogram(
                 "tessera:request_queue_time_seconds",
                 "Time from submission to the first scheduling of a request.",
@@ -101,6 +107,7 @@ impl CoordinatorMetrics {
             prefix_queries: self.prefix_queries.get(l),
             prefix_hits: self.prefix_hits.get(l),
             preemptions: self.preemptions.get(l),
+            lookahead: self.lookahead.get(l),
             shared: self.clone(),
             last: SchedulerStats::default(),
             queued: HashMap::new(),
@@ -122,6 +129,7 @@ pub struct ReplicaMetrics {
     prefix_queries: Arc<Counter>,
     prefix_hits: Arc<Counter>,
     preemptions: Arc<Counter>,
+    lookahead: Arc<Counter>,
     /// The scheduler counters last published.
     last: SchedulerStats,
     /// Sequences submitted and not scheduled yet, with their submission time.
@@ -160,11 +168,13 @@ impl ReplicaMetrics {
         self.queued.clear();
     }
 
-    /// A batch was scheduled: its size, and the queue time of the sequences it starts.
+    /// A batch was scheduled: its size, its lookahead decodes, and the queue time of the
+    /// sequences it starts.
     pub fn scheduled(&mut self, batch: &ScheduledBatch) {
         let m = &self.shared;
         m.iteration_tokens.observe(batch.num_tokens() as f64);
         m.batch_size.observe(batch.runs.len() as f64);
+        self.lookahead.add(batch.runs.iter().filter(|r| r.from_previous).count() as u64);
         if self.queued.is_empty() {
             return;
         }
@@ -250,6 +260,24 @@ mod tests {
         assert_eq!(m.iteration_tokens.count(), 2);
         assert_eq!(m.iteration_tokens.sum(), 24.0);
         assert_eq!(m.batch_size.sum(), 3.0);
+    }
+
+    /// Lookahead decodes are counted per replica, other runs not.
+    #[test]
+    fn lookahead_decodes_are_counted() {
+        let m = CoordinatorMetrics::new();
+        let mut r = m.replica(2);
+        let run = |seq_id, from_previous| SeqRun {
+            seq_id,
+            tokens: if from_previous { Vec::new() } else { vec![1] },
+            first_pos: 9,
+            sample: true,
+            is_prompt: false,
+            from_previous,
+        };
+        r.scheduled(&ScheduledBatch { runs: vec![run(1, true), run(2, false), run(3, true)], ..Default::default() });
+        r.scheduled(&ScheduledBatch { runs: vec![run(2, true)], ..Default::default() });
+        assert_eq!(sample(&m.render(), "tessera:lookahead_decodes_total{replica=\"2\"}"), 3.0);
     }
 
     /// A step's wall time, coordinator time and worker time land in their own histograms,

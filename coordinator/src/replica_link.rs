@@ -3,9 +3,9 @@
 //! at once (each rank's load blocks until its peers have connected to it), then opens the
 //! step streams. A step goes to every worker; they exchange activations among themselves
 //! (tensor-parallel gathers, pipeline sends) and the leader, the last stage's tensor rank
-//! 0, returns the sampled tokens. Any rank's failure fails the step, and so does a tensor
-//! rank of the last stage that sampled differently from the leader (each rank runs its own
-//! sampled token in a lookahead decode, so they must agree).
+//! 0, returns the sampled tokens. Any rank's failure fails the step, and so, with decode
+//! lookahead, does a tensor rank of the last stage that sampled differently from the leader
+//! (each rank runs its own sampled token in a lookahead decode, so they must agree).
 
 use std::time::Duration;
 
@@ -33,6 +33,8 @@ pub struct ReplicaLink {
     step_timeout: Duration,
     /// Pipeline stages (steps kept in flight).
     depth: usize,
+    /// Whether the last stage's tensor ranks must have sampled alike (lookahead decodes).
+    check_ranks: bool,
 }
 
 /// Default per-step deadline: far above any real step (a long CPU prefill takes seconds).
@@ -86,12 +88,21 @@ impl ReplicaLink {
         let leader = (pp - 1) * tp;
         let mut info = loaded[leader].clone();
         info.num_blocks = loaded.iter().map(|i| i.num_blocks).min().unwrap_or(0);
-        Ok((ReplicaLink { links, leader, step_timeout: DEFAULT_STEP_TIMEOUT, depth: pp }, info))
+        info.ranks_sample_alike = loaded.iter().all(|i| i.ranks_sample_alike);
+        let link = ReplicaLink { links, leader, step_timeout: DEFAULT_STEP_TIMEOUT, depth: pp, check_ranks: false };
+        Ok((link, info))
     }
 
     /// A replica of one worker, already connected.
     pub fn single(link: WorkerLink) -> Self {
-        ReplicaLink { links: vec![link], leader: 0, step_timeout: DEFAULT_STEP_TIMEOUT, depth: 1 }
+        ReplicaLink { links: vec![link], leader: 0, step_timeout: DEFAULT_STEP_TIMEOUT, depth: 1, check_ranks: false }
+    }
+
+    /// Makes every step check that the last stage's tensor ranks sampled alike (a
+    /// tensor-parallel replica with lookahead decodes, which run each rank's own token).
+    pub fn with_rank_check(mut self, on: bool) -> Self {
+        self.check_ranks = on;
+        self
     }
 
     /// Sets the per-step deadline.
@@ -123,12 +134,15 @@ impl ReplicaLink {
     pub async fn recv(&mut self, want: u64) -> Result<pb::StepReply, LinkError> {
         let after = self.step_timeout;
         let addr = self.links[self.leader].addr().to_string();
-        let leader = self.leader;
+        let (leader, check) = (self.leader, self.check_ranks);
         let all = async {
             let mut replies = try_join_all(self.links.iter_mut().map(|l| l.recv(want))).await?;
             // The last stage's tensor ranks (the leader and the ranks after it) sample on
-            // their own; each runs its own token in a lookahead decode, so they must agree.
-            for other in &replies[leader + 1..] {
+            // their own; with lookahead each runs its own token, so they must agree. (A
+            // rank whose grammar compiler failed where the leader's did not fails the
+            // replica here: its next lookahead would compute another sequence.)
+            let others = if check { &replies[leader + 1..] } else { &[] };
+            for other in others {
                 if let Err(detail) = same_samples(&replies[leader], other) {
                     return Err(LinkError::RanksDisagree { addr: addr.clone(), step: want, detail });
                 }

@@ -87,9 +87,12 @@ pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration)
     };
     // Lookahead decodes need the workers that sample to be the ones that run the next
     // step: no pipeline (its first stage never sees the token). Every tensor rank samples
-    // the same token from the same gathered logits (`ReplicaLink::recv` checks that they
-    // agree). The second batch in flight is the lookahead.
-    let lookahead = cfg.lookahead && spec.placement.pp == 1;
+    // the same token from the same gathered logits, when its workers say so
+    // (`ranks_sample_alike`; `ReplicaLink::recv` then checks every step that they agree).
+    // The second batch in flight is the lookahead.
+    let tp = spec.placement.tp;
+    let lookahead = cfg.lookahead && spec.placement.pp == 1 && (tp == 1 || info.ranks_sample_alike);
+    let link = link.with_rank_check(lookahead && tp > 1);
     let cfg = SchedulerConfig { lookahead, max_in_flight: if lookahead { 2 } else { cfg.max_in_flight }, ..cfg };
     Ok(Formed { link, sched: Scheduler::new(cfg)?, info })
 }

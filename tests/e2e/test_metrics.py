@@ -53,6 +53,7 @@ EXPECTED_METRICS = {
         "tessera:step_duration_seconds",
         "tessera:step_cpu_seconds",
         "tessera:step_worker_seconds",
+        "tessera:lookahead_decodes_total",
     ],
     "worker": [
         "tessera:worker_step_duration_seconds",

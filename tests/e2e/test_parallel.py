@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from support import MODEL_NAME, greedy_text, worker_pids
+from support import MODEL_NAME, admin_addresses, greedy_text, parse_metrics, scrape, worker_pids
 
 PROMPTS = [f"Write one sentence about {s}." for s in
            ["the ocean", "a red bicycle", "quantum computers", "volcanoes", "jazz music", "honey bees",
@@ -64,6 +64,10 @@ def test_tensor_ranks_sample_alike_with_lookahead(tp3_cluster, cluster):
         got = list(pool.map(lambda i: _sampled(client, i), range(8)))
     differ = [(i, w, g) for i, (w, g) in enumerate(zip(want, got)) if w != g]
     assert not differ, f"{len(differ)} of 8 differ from one worker, e.g. {differ[:2]}"
+    # The replica did run lookahead decodes (it is not merely the old serial loop).
+    coordinator = admin_addresses(tp3_cluster)["coordinator"][-1]
+    m = parse_metrics(scrape(f"http://{coordinator}/metrics"))
+    assert sum(v for k, v in m.items() if k.startswith("tessera:lookahead_decodes_total")) > 0, m
 
 
 def _stream_then_signal(cluster, sig, rank):

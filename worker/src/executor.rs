@@ -89,7 +89,7 @@ pub struct Executor {
     /// Grammar state of the constrained sequences (apart from `seqs`, so a step can move
     /// it to the mask thread while the batch borrows the block tables).
     grammar: HashMap<u64, SeqGrammar>,
-    /// The grammar compiler; only on the rank that samples for the replica.
+    /// The grammar compiler; only on the ranks that sample (the last pipeline stage's).
     grammars: Option<Arc<Grammars>>,
 }
 
@@ -98,8 +98,9 @@ impl Executor {
         Executor { backend, seqs: HashMap::new(), grammar: HashMap::new(), grammars: None }
     }
 
-    /// This executor samples for its replica and enforces constraints with `g`. Without
-    /// it constraints are ignored (the other ranks of a replica, whose samples are unused).
+    /// This executor samples and enforces constraints with `g` (every tensor rank of the
+    /// last pipeline stage: they must sample alike). Without it constraints are ignored
+    /// (ranks before the last stage, which sample nothing).
     pub fn with_grammars(mut self, g: Arc<Grammars>) -> Self {
         self.grammars = Some(g);
         self
@@ -133,7 +134,7 @@ impl Executor {
             if self.seqs.contains_key(&s.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
             }
-            // Only the rank that samples for the replica enforces constraints.
+            // Only the ranks that sample enforce constraints.
             if let (Some(c), Some(_)) = (&s.params.constraint, &self.grammars) {
                 let replay = usize::try_from(s.num_generated).unwrap_or(usize::MAX);
                 self.grammar.insert(s.seq_id, SeqGrammar::Pending { constraint: c.clone(), replay });

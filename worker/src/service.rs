@@ -179,6 +179,8 @@ impl WorkerService {
                 DeviceChoice::Hip(_) => "hip".into(),
             },
             device_name: format!("cpu ({} threads)", rayon::current_num_threads()),
+            // Every sampling rank keeps grammar matchers (see `load_model`).
+            ranks_sample_alike: true,
             ..Default::default()
         };
         match self.device {
