@@ -294,7 +294,7 @@ macro_rules! tiled {
                 macro_rules! rows_of {
                     ($n:literal) => {
                         for r in 0..rows {
-                            $tile::<1, $n>(wp.add(r * row_bytes), row_bytes, a, t0 + t, op.add(r * stride + t), stride);
+                            $tile::<$n>(wp.add(r * row_bytes), a, t0 + t, op.add(r * stride + t));
                         }
                     };
                 }
