@@ -87,69 +87,33 @@ unsafe fn dot_i8i8(w: __m256i, x: __m256i) -> __m256i {
     dot_u8i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
 }
 
-/// One kernel body per weight type: a micro-kernel over `R` rows × `N` tokens that
-/// unpacks each weight block once for all `N` tokens and loads each activation block
-/// once for all `R` rows, with `K` accumulator sets taking alternate blocks (K = 2 hides
-/// the FMA latency when R·N = 1). `$unpack(blk)` gives (32 quant bytes, d, offset
-/// coefficient); the block adds `coef · s_x` when `$offset`; `$mul(w, x)` gives the i32
-/// lanes of the block's integer dot; `$feat` the target features it is compiled for.
-/// (`tiled!` calls it for one token, R = N = K = 1; the parameters stay for experiments.)
+/// One kernel body per weight type: one row against one token's activations, one FMA
+/// chain per lane over the row's blocks (ggml's order). `$unpack(blk)` gives (32 quant
+/// bytes, d, offset coefficient); the block adds `coef · s_x` when `$offset`; `$mul(w, x)`
+/// gives the i32 lanes of the block's integer dot; `$feat` the target features it is
+/// compiled for. Several tokens take `simd_q8_tile.rs` instead. (Interleaving two rows or
+/// two accumulator sets measured slower or no faster at decode; see `tiled!`.)
 macro_rules! q8_kernel {
     ($feat:literal, $name:ident, $bytes:expr, $offset:expr, |$blk:ident| $unpack:block, |$wv:ident, $xv:ident| $mul:block) => {
-        /// `w`: `R` rows of `row_bytes` from `w`; writes `out[r * stride + t]` for token `t0 + t`.
+        /// The row at `w` against token `t`; returns its output.
         #[target_feature(enable = $feat)]
-        unsafe fn $name<const R: usize, const N: usize, const K: usize>(
-            w: *const u8,
-            row_bytes: usize,
-            a: &ActsQ8,
-            t0: usize,
-            out: *mut f32,
-            stride: usize,
-        ) {
+        unsafe fn $name(w: *const u8, a: &ActsQ8, t: usize) -> f32 {
             let nb = a.row_blocks();
-            let (cols, xq, xd, xs) =
-                (a.cols, a.qs.as_ptr().add(t0 * a.cols), a.d.as_ptr().add(t0 * nb), a.s.as_ptr().add(t0 * nb));
-            let mut acc = [[[_mm256_setzero_ps(); N]; R]; K];
-            let mut accm = [[[0.0f32; N]; R]; K];
-            let mut b0 = 0;
-            while b0 < nb {
-                for k in 0..K {
-                    let b = b0 + k;
-                    if b >= nb {
-                        break;
-                    }
-                    let mut wv = [_mm256_setzero_si256(); R];
-                    let (mut wd, mut wm) = ([0.0f32; R], [0.0f32; R]);
-                    for r in 0..R {
-                        let $blk = w.add(r * row_bytes + b * $bytes);
-                        (wv[r], wd[r], wm[r]) = $unpack;
-                    }
-                    for t in 0..N {
-                        let $xv = _mm256_loadu_si256(xq.add(t * cols + b * 32) as *const __m256i);
-                        let (dx, sx) = (*xd.add(t * nb + b), *xs.add(t * nb + b));
-                        for r in 0..R {
-                            let $wv = wv[r];
-                            let p: __m256i = $mul;
-                            let scale = _mm256_set1_ps(wd[r] * dx);
-                            acc[k][r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[k][r][t]);
-                            if $offset {
-                                accm[k][r][t] = wm[r].mul_add(sx, accm[k][r][t]);
-                            }
-                        }
-                    }
-                }
-                b0 += K;
-            }
-            for r in 0..R {
-                for t in 0..N {
-                    let (mut v, mut m) = (acc[0][r][t], accm[0][r][t]);
-                    for k in 1..K {
-                        v = _mm256_add_ps(v, acc[k][r][t]);
-                        m += accm[k][r][t];
-                    }
-                    *out.add(r * stride + t) = hsum(v) + m;
+            let (xq, xd, xs) = (a.qs.as_ptr().add(t * a.cols), a.d.as_ptr().add(t * nb), a.s.as_ptr().add(t * nb));
+            let mut acc = _mm256_setzero_ps();
+            let mut accm = 0.0f32;
+            for b in 0..nb {
+                let $blk = w.add(b * $bytes);
+                let (wv, wd, wm): (__m256i, f32, f32) = $unpack;
+                let $xv = _mm256_loadu_si256(xq.add(b * 32) as *const __m256i);
+                let $wv = wv;
+                let p: __m256i = $mul;
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(wd * *xd.add(b)), acc);
+                if $offset {
+                    accm = wm.mul_add(*xs.add(b), accm);
                 }
             }
+            hsum(acc) + accm
         }
     };
 }
@@ -284,7 +248,7 @@ macro_rules! tiled {
             let (wp, op) = (w.as_ptr(), out.as_mut_ptr());
             if tn == 1 {
                 for r in 0..rows {
-                    $rn::<1, 1, 1>(wp.add(r * row_bytes), row_bytes, a, t0, op.add(r * stride), stride);
+                    *op.add(r * stride) = $rn(wp.add(r * row_bytes), a, t0);
                 }
                 return;
             }
