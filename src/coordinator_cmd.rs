@@ -203,8 +203,8 @@ async fn form_replicas(
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
             max_waiting: args.max_waiting,
-            // Replicas of one worker overlap the coordinator's round trip with the next
-            // step (`TESSERA_LOOKAHEAD=0`: off, for A/B runs).
+            // Replicas without pipeline stages overlap the coordinator's round trip with
+            // the next step (`TESSERA_LOOKAHEAD=0`: off, for A/B runs).
             lookahead: std::env::var("TESSERA_LOOKAHEAD").as_deref() != Ok("0"),
             ..SchedulerConfig::new(args.block_size as usize, 1, 1)
         },

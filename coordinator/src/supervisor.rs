@@ -76,24 +76,23 @@ pub enum FormError {
 pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration) -> Result<Formed, FormError> {
     let load = LoadSpec { group, ..spec.load.clone() };
     let (link, info) = ReplicaLink::connect(addrs, &spec.placement, &load, wait, spec.tls.as_ref()).await?;
-    let link = link.with_step_timeout(spec.step_timeout);
+    // Lookahead decodes need the workers that sample to be the ones that run the next
+    // step: no pipeline (its first stage never sees the token). Every tensor rank samples
+    // the same token from the same gathered logits, when its workers say so
+    // (`ranks_sample_alike`; `ReplicaLink::recv` then checks every step that they agree).
+    // The second batch in flight is the lookahead; a pipeline keeps one per stage.
+    let (tp, pp) = (spec.placement.tp, spec.placement.pp);
+    let lookahead = spec.sched.lookahead && pp == 1 && (tp == 1 || info.ranks_sample_alike);
+    let link = link.with_step_timeout(spec.step_timeout).with_rank_check(lookahead && tp > 1);
     let model_len = info.max_model_len as usize;
     let cfg = SchedulerConfig {
         block_size: info.block_size as usize,
         num_blocks: info.num_blocks as usize,
         max_model_len: spec.max_model_len.map_or(model_len, |m| m.min(model_len)),
-        max_in_flight: spec.placement.pp,
+        max_in_flight: if lookahead { 2 } else { pp },
+        lookahead,
         ..spec.sched.clone()
     };
-    // Lookahead decodes need the workers that sample to be the ones that run the next
-    // step: no pipeline (its first stage never sees the token). Every tensor rank samples
-    // the same token from the same gathered logits, when its workers say so
-    // (`ranks_sample_alike`; `ReplicaLink::recv` then checks every step that they agree).
-    // The second batch in flight is the lookahead.
-    let tp = spec.placement.tp;
-    let lookahead = cfg.lookahead && spec.placement.pp == 1 && (tp == 1 || info.ranks_sample_alike);
-    let link = link.with_rank_check(lookahead && tp > 1);
-    let cfg = SchedulerConfig { lookahead, max_in_flight: if lookahead { 2 } else { cfg.max_in_flight }, ..cfg };
     Ok(Formed { link, sched: Scheduler::new(cfg)?, info })
 }
 
