@@ -101,14 +101,11 @@ __device__ __forceinline__ u64 global_timer_ns() {
 // `self` = regions.p[rank]. The array is only ever indexed by unrolled constants: a run-time
 // index would copy it to local memory.
 // `residual`: null (the sums go to `buf`) or [n] bf16 the sums are added to (buf unchanged).
-// `pf`, `pf_bytes`: the next GEMV's weights, prefetched into L2 while the blocks wait (common.cuh).
 // Grid: the same number of blocks (<= ONESHOT_MAX_BLOCKS) on every rank, every call.
 extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u64 n, u32 rank, u32 world,
                                                                     u64 cap_bytes, u64 timeout_ns, char* self,
-                                                                    const OneshotRegions regions, bf16* residual,
-                                                                    const void* pf, u64 pf_bytes) {
+                                                                    const OneshotRegions regions, bf16* residual) {
     const u32 b = blockIdx.x, tid = threadIdx.x;
-    l2_prefetch_share(pf, pf_bytes);
     u32* epochs = (u32*)(self + ONESHOT_EPOCHS_OFFSET);
 
     __shared__ u32 s_epoch;

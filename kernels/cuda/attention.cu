@@ -725,8 +725,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,             \
         const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
         u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
-        float scale_log2, const void* __restrict__ pf, u64 pf_bytes) {                                              \
-        l2_prefetch_share(pf, pf_bytes);                                                                            \
+        float scale_log2) {                                                                                         \
         decode_body<HD>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks, ctx_lens,   \
                         num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits, min_split,           \
                         scale_log2);                                                                                \

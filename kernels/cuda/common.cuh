@@ -73,26 +73,3 @@ __device__ __forceinline__ void rope_rotate(float a, float b, float2 c, float& r
     ra = a * c.x - b * c.y;
     rb = a * c.y + b * c.x;
 }
-
-#ifndef TESSERA_HIP
-// L2 prefetch for a latency-bound kernel (decode attention, the one-shot all-reduce) that
-// leaves HBM bandwidth idle: it asks the L2 to fetch the head of the weight matrix the next
-// kernel streams, so that GEMV finds those lines in L2 instead of waiting on HBM. Thread 0 of
-// each CTA issues its CTA's share of [pf, pf + bytes) (16-byte pieces, ~equal shares over the
-// whole grid) as bulk prefetches; they are hints, never waited for, and change no result.
-// `pf` 16-byte aligned, `bytes` a multiple of 16 (the launchers round down); 0 bytes: nothing.
-#define L2_PREFETCH_PIECE (1u << 20)
-__device__ __forceinline__ void l2_prefetch_share(const void* pf, u64 bytes) {
-    if (bytes == 0 || threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
-    const u64 ctas = (u64)gridDim.x * gridDim.y * gridDim.z;
-    const u64 id = ((u64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const u64 units = bytes / 16, share = (units + ctas - 1) / ctas;
-    const u64 first = id * share;
-    if (first >= units) return;
-    const u64 end = min(first + share, units) * 16;
-    for (u64 at = first * 16; at < end; at += L2_PREFETCH_PIECE) {
-        const u32 len = (u32)min((u64)L2_PREFETCH_PIECE, end - at);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((const char*)pf + at), "r"(len) : "memory");
-    }
-}
-#endif

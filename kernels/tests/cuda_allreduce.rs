@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::gpu::{rand_bf16, rng};
 use half::bf16;
-use tessera_kernels::cuda::{Buf, Device, IpcAllReduce, L2Prefetch, NcclComm, NcclId};
+use tessera_kernels::cuda::{Buf, Device, IpcAllReduce, NcclComm, NcclId};
 use tessera_kernels::KernelError;
 
 const WORLD: usize = 2;
@@ -226,19 +226,15 @@ fn check_all(dev: &Device, comm: &NcclComm, ar: &mut IpcAllReduce) {
     eprintln!("rank {rank}: sizes 1 .. {largest} bit-exact");
 
     // 1b. With the residual add: residual = bf16(residual + sum) bit for bit (the sum
-    // rounded first, as an all-reduce then an add rounds it), buf left as it was; sizes
-    // 9 and 32,768 also carry an L2 prefetch hint (1 MiB of a 2 MiB "weight"), which must
-    // change nothing.
-    let weight = dev.upload(&input(99, rank, 1 << 20)).unwrap();
+    // rounded first, as an all-reduce then an add rounds it), buf left as it was.
     for (k, &n) in [1usize, 9, 4099, 32_768].iter().enumerate() {
-        let prefetch = (k % 2 == 1).then(|| L2Prefetch::head(&weight, 1 << 20));
         let seed = 50 + k as u64;
         let mine = input(seed, rank, n);
         let res0 = input(seed + 100, 0, n); // the same residual stream on every rank
         let sum = reference(seed, world, n);
         let want: Vec<bf16> = sum.iter().zip(&res0).map(|(s, r)| bf16::from_f32(s.to_f32() + r.to_f32())).collect();
         let (mut buf, mut res) = (dev.upload(&mine).unwrap(), dev.upload(&res0).unwrap());
-        dev.all_reduce_sum_small_add(ar, &mut buf, &mut res, prefetch).unwrap();
+        dev.all_reduce_sum_small_add(ar, &mut buf, &mut res).unwrap();
         assert_bits(&format!("add n={n} rank {rank}"), &dev.download(&res).unwrap(), &want, &res0);
         let after = dev.download(&buf).unwrap();
         assert!(after.iter().zip(&mine).all(|(a, m)| a.to_bits() == m.to_bits()), "add n={n}: buf was changed");
@@ -339,7 +335,7 @@ fn check_all(dev: &Device, comm: &NcclComm, ar: &mut IpcAllReduce) {
         let mine = input(seed, rank, n);
         let res0 = input(seed + 100, 0, n);
         let (mut buf, mut res) = (dev.upload(&mine).unwrap(), dev.upload(&res0).unwrap());
-        dev.tp_all_reduce_add(comm, Some(ar), &mut buf, &mut res, None).unwrap();
+        dev.tp_all_reduce_add(comm, Some(ar), &mut buf, &mut res).unwrap();
         let got = dev.download(&res).unwrap();
         for (i, ((g, s), r)) in got.iter().zip(reference(seed, world, n)).zip(&res0).enumerate() {
             let (g, w) = (g.to_f32(), s.to_f32() + r.to_f32());

@@ -41,7 +41,7 @@ use half::bf16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 use tessera_kernels::cpu::attention::{self as cpu, PagedKv, SeqSlice};
-use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, L2Prefetch, PagedBatch};
+use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -302,18 +302,7 @@ fn decode_matches_cpu() {
         let max_ctx = case.seqs.iter().map(|&(f, n)| f + n).max().unwrap();
         let n = s.q.len();
         let mut ws = dev.decode_workspace(case.seqs.len(), case.n_heads, case.hd, 128).unwrap();
-        // The L2 prefetch hint (a 3 MiB "weight" whose head the CTAs prefetch) changes
-        // nothing: the same bits as the run without it.
-        let weight = dev.upload(&rand_bf16(&mut r, (3 << 19) + 8, -1.0, 1.0)).unwrap();
-        let mut auto_bits = None;
-        let variants = [
-            ("auto", None, true, None),
-            ("split 64", Some(64), true, None),
-            ("one split", None, false, None),
-            ("auto, L2 prefetch", None, true, Some(L2Prefetch::head(&weight, 2 << 20))),
-            ("one split, L2 prefetch of all", None, false, Some(L2Prefetch::head(&weight, usize::MAX))),
-        ];
-        for (label, split, use_ws, prefetch) in variants {
+        for (label, split, use_ws) in [("auto", None, true), ("split 64", Some(64), true), ("one split", None, false)] {
             let mut out = poisoned(&dev, n);
             let plan = dev
                 .paged_decode_attention(
@@ -325,17 +314,10 @@ fn decode_matches_cpu() {
                     max_ctx,
                     split,
                     use_ws.then_some(&mut ws),
-                    prefetch,
                 )
                 .unwrap();
             let what = format!("decode {} [{label}: {} splits of {}]", case.name(), plan.n_splits, plan.split_len);
-            let got = dev.download(&out).unwrap();
-            assert_close(&what, &got, &want);
-            match label {
-                "auto" => auto_bits = Some(got),
-                "auto, L2 prefetch" => assert!(auto_bits.as_deref() == Some(&got[..]), "{what}: differs from auto"),
-                _ => {}
-            }
+            assert_close(&what, &dev.download(&out).unwrap(), &want);
         }
     }
 }
@@ -350,16 +332,14 @@ fn decode_with_understated_max_context_is_still_right() {
     let want = case.reference(&s);
     let mut ws = dev.decode_workspace(2, 32, 128, 16).unwrap();
     let mut out = poisoned(&dev, s.q.len());
-    let plan = dev
-        .paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, Some(100), Some(&mut ws), None)
-        .unwrap();
+    let plan =
+        dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, Some(100), Some(&mut ws)).unwrap();
     assert_eq!(plan.n_splits, 3);
     assert_close("decode, max_context 300 for a 1000-position context", &dev.download(&out).unwrap(), &want);
     // The automatic plan sizes the grid for 300 positions; each sequence then divides its
     // own context among those splits.
     let mut out = poisoned(&dev, s.q.len());
-    let plan =
-        dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, None, Some(&mut ws), None).unwrap();
+    let plan = dev.paged_decode_attention(&mut out, &s.q_d, &s.batch(), 32, 0.09, 300, None, Some(&mut ws)).unwrap();
     assert!(plan.n_splits > 1, "{plan:?}");
     let what = format!("decode, max_context 300 for a 1000-position context [auto: {} splits]", plan.n_splits);
     assert_close(&what, &dev.download(&out).unwrap(), &want);
@@ -399,7 +379,6 @@ fn decode_with_graph_sized_max_context() {
                             8192,
                             split,
                             Some(&mut ws),
-                            None,
                         )
                         .unwrap();
                     if lens.len() < 4 {
@@ -574,7 +553,7 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
     // splits start past the contexts.
     for (split, max_ctx) in [(None, 41), (Some(16), 41), (None, 8192), (Some(16), 8192)] {
         let mut out = poisoned(&dev, s.q.len());
-        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, max_ctx, split, Some(&mut ws), None).unwrap();
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, max_ctx, split, Some(&mut ws)).unwrap();
         let got = dev.download(&out).unwrap();
         assert_close("decode next to bad rows", &got[..row], &want[..row]);
         assert!(got[row..2 * row].iter().all(|v| v.is_nan()), "unmapped block must give NaN");
@@ -583,17 +562,17 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
     // Shapes are checked on the host.
     let mut out = poisoned(&dev, s.q.len() - 1);
     assert!(matches!(
-        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, None, None, None),
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, 41, None, None),
         Err(KernelError::Shape { .. })
     ));
     let mut out = poisoned(&dev, s.q.len());
     assert!(matches!(
-        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 6, 0.125, 41, None, None, None),
+        dev.paged_decode_attention(&mut out, &s.q_d, &batch, 6, 0.125, 41, None, None),
         Err(KernelError::Shape { .. })
     ));
     let hd96 = PagedBatch { cache: PagedKv { head_dim: 96, ..s.cache }, ..s.batch() };
     assert!(matches!(
-        dev.paged_decode_attention(&mut out, &s.q_d, &hd96, 8, 0.125, 41, None, None, None),
+        dev.paged_decode_attention(&mut out, &s.q_d, &hd96, 8, 0.125, 41, None, None),
         Err(KernelError::Unsupported { .. })
     ));
 }
@@ -715,7 +694,7 @@ impl DecodeBench<'_> {
         for &(label, split, use_ws) in variants {
             let mut call = |i: usize, out: &mut Buf<bf16>| {
                 let ws = if use_ws { Some(&mut *self.ws) } else { None };
-                dev.paged_decode_attention(out, &q, &b(i), n_heads, scale, self.max_context, split, ws, None)
+                dev.paged_decode_attention(out, &q, &b(i), n_heads, scale, self.max_context, split, ws)
             };
             let p = call(0, &mut out).unwrap();
             let ms = median_ms(dev, 5, reps, |i| call(i, &mut out).map(drop));

@@ -11,10 +11,9 @@
 //! outside the cache for bad ones: they produce NaN rows instead (see the .cu file).
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
-use super::l2_prefetch::L2Prefetch;
 use super::paged::{
     decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS, MIN_SPLIT_TOKENS, PF_ROWS,
 };
@@ -261,9 +260,6 @@ impl Device {
     /// splits, each CTA covers a whole context. The splits of a sequence are merged by the
     /// last of its CTAs to finish: one kernel launch either way. Returns the plan used.
     ///
-    /// `prefetch`: weights (the o projection's) the kernel's CTAs ask the L2 to fetch while
-    /// it runs; no effect on the output.
-    ///
     /// Runs on tensor cores: `q.k` is the exact bf16 products summed in f32; each softmax
     /// weight multiplies V as two bf16 terms (about 16 significant bits), so the output is
     /// that of f32 weights up to its own bf16 rounding.
@@ -278,7 +274,6 @@ impl Device {
         max_context: usize,
         split_len: Option<usize>,
         workspace: Option<&mut DecodeWorkspace>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<DecodePlan, KernelError> {
         const OP: &str = "cuda_paged_decode_attention";
         let g = check_batch(OP, batch, n_heads, scale, DECODE_MAX_GROUP)?;
@@ -360,15 +355,6 @@ impl Device {
             .arg(&n_splits)
             .arg(&min_split)
             .arg(&scale_log2);
-        let (pf_ptr, _pf_guard) = match prefetch {
-            Some(p) if p.bytes() > 0 => {
-                let (ptr, g) = p.buf.inner.device_ptr(&self.stream);
-                (ptr, Some(g))
-            }
-            _ => (0, None),
-        };
-        let pf_bytes = prefetch.map_or(0, |p| p.bytes() as u64);
-        b.arg(&pf_ptr).arg(&pf_bytes);
         // SAFETY: argument order matches the kernel; q/out/table/cache lengths were
         // checked; partials and counters are touched only with n_splits > 1, where the
         // workspace holds num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaFunction, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
@@ -31,7 +31,6 @@ use super::ipc_record::{
     data_capacity, decode_slots, encode_slots, process_nonce, region_bytes, PeerRecord, IPC_HANDLE_BYTES,
     ONESHOT_MAX_BLOCKS, ONESHOT_MAX_WORLD,
 };
-use super::l2_prefetch::L2Prefetch;
 use super::module_cache::ModuleCache;
 use super::nccl::NcclComm;
 use super::{nvrtc, sources};
@@ -380,22 +379,19 @@ impl Device {
     /// (capturable in a CUDA graph). f32 accumulation in rank order: every rank gets the
     /// same bits. Every rank must call it with the same length, like NCCL's all-reduce.
     pub fn all_reduce_sum_small(&self, ar: &IpcAllReduce, buf: &mut Buf<bf16>) -> Result<(), KernelError> {
-        self.oneshot(ar, buf, None, None)
+        self.oneshot(ar, buf, None)
     }
 
     /// As [`Device::all_reduce_sum_small`], but the group's sum is added to `residual`
     /// (`residual = bf16(residual + bf16(sum))`, as the all-reduce followed by
-    /// [`Device::add_residual`] rounds it) and `buf` is left as it was. `prefetch`: the
-    /// weights of the GEMV that follows, for the kernel's blocks to ask the L2 for while
-    /// they wait on their peers (no effect on the result).
+    /// [`Device::add_residual`] rounds it) and `buf` is left as it was.
     pub fn all_reduce_sum_small_add(
         &self,
         ar: &IpcAllReduce,
         buf: &mut Buf<bf16>,
         residual: &mut Buf<bf16>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<(), KernelError> {
-        self.oneshot(ar, buf, Some(residual), prefetch)
+        self.oneshot(ar, buf, Some(residual))
     }
 
     fn oneshot(
@@ -403,7 +399,6 @@ impl Device {
         ar: &IpcAllReduce,
         buf: &mut Buf<bf16>,
         residual: Option<&mut Buf<bf16>>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<(), KernelError> {
         const OP: &str = "oneshot_all_reduce_bf16";
         if ar.ctx.ordinal() != self.ordinal() {
@@ -448,15 +443,6 @@ impl Device {
         let mut b = s.launch_builder(func);
         b.arg(&mut buf.inner).arg(&n64).arg(&rank).arg(&world).arg(&cap).arg(&timeout).arg(&local).arg(&regions);
         b.arg(&res_ptr);
-        let (pf_ptr, _pf_guard) = match prefetch {
-            Some(p) if p.bytes() > 0 => {
-                let (ptr, g) = p.buf.inner.device_ptr(s);
-                (ptr, Some(g))
-            }
-            _ => (0, None),
-        };
-        let pf_bytes = prefetch.map_or(0, |p| p.bytes() as u64);
-        b.arg(&pf_ptr).arg(&pf_bytes);
         // SAFETY: argument types and order match the kernel; `buf` (and `residual`) hold n
         // values, each region holds DATA_OFFSET + 2 * cap bytes with cap >= 2 n (checked
         // above), and every rank's regions stay mapped while `ar` lives.
@@ -481,17 +467,15 @@ impl Device {
     /// The tensor-parallel all-reduce with the residual add: `residual += sum over the
     /// group of buf`, one-shot (one kernel) where [`Device::tp_all_reduce`] would take it,
     /// else NCCL in place then [`Device::add_residual`]; the same bits either way.
-    /// `prefetch` is used by the one-shot kernel only.
     pub fn tp_all_reduce_add(
         &self,
         comm: &NcclComm,
         ar: Option<&IpcAllReduce>,
         buf: &mut Buf<bf16>,
         residual: &mut Buf<bf16>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<(), KernelError> {
         match ar {
-            Some(ar) if ar.fits(buf.len()) => self.all_reduce_sum_small_add(ar, buf, residual, prefetch),
+            Some(ar) if ar.fits(buf.len()) => self.all_reduce_sum_small_add(ar, buf, residual),
             _ => {
                 self.all_reduce_sum(comm, buf)?;
                 self.add_residual(residual, buf)

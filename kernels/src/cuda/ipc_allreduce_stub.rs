@@ -6,7 +6,7 @@ use std::convert::Infallible;
 
 use half::bf16;
 
-use super::{Buf, Device, L2Prefetch, NcclComm};
+use super::{Buf, Device, NcclComm};
 use crate::KernelError;
 
 /// Blocks of the kernel's grid (see the `cuda` build's documentation).
@@ -62,7 +62,6 @@ impl Device {
         ar: &IpcAllReduce,
         buf: &mut Buf<bf16>,
         residual: &mut Buf<bf16>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<(), KernelError> {
         match ar.never {}
     }
@@ -72,7 +71,6 @@ impl Device {
         ar: Option<&IpcAllReduce>,
         buf: &mut Buf<bf16>,
         residual: &mut Buf<bf16>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<(), KernelError> {
         Err(KernelError::NotCompiled("cuda"))
     }

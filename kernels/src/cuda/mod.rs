@@ -51,8 +51,6 @@ mod ipc_allreduce;
 #[cfg(not(feature = "cuda"))]
 mod ipc_allreduce_stub;
 pub mod ipc_record;
-// The L2 prefetch hint of decode attention and the one-shot all-reduce (always built).
-mod l2_prefetch;
 mod nccl_id;
 #[cfg(feature = "cuda")]
 mod nccl_p2p;
@@ -86,7 +84,6 @@ pub use graph::Graph;
 pub use ipc_allreduce::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
 #[cfg(not(feature = "cuda"))]
 pub use ipc_allreduce_stub::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
-pub use l2_prefetch::L2Prefetch;
 pub use module_cache::{ImageKind, ModuleCache, ModuleReport};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;

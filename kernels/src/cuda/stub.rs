@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::marker::PhantomData;
 
 use super::arch::Arch;
-use super::l2_prefetch::L2Prefetch;
 use super::module_cache::{ModuleCache, ModuleReport};
 use super::paged::{DecodePlan, PagedBatch};
 use super::qkv_args::QkvPrep;
@@ -416,7 +415,6 @@ impl Device {
         max_context: usize,
         split_len: Option<usize>,
         workspace: Option<&mut DecodeWorkspace>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<DecodePlan, KernelError> {
         match self.never {}
     }

@@ -12,7 +12,7 @@
 //! `TESSERA_ONESHOT_MAX_BYTES=<n>` sets the largest message sent one-shot (default
 //! `ONESHOT_DEFAULT_MAX_BYTES`).
 
-use tessera_kernels::cuda::{bf16, Buf, Device, IpcAllReduce, L2Prefetch, NcclComm, ONESHOT_DEFAULT_MAX_BYTES};
+use tessera_kernels::cuda::{bf16, Buf, Device, IpcAllReduce, NcclComm, ONESHOT_DEFAULT_MAX_BYTES};
 
 use crate::error::WorkerError;
 
@@ -70,15 +70,14 @@ impl TpAllReduce {
     }
 
     /// Sums `buf` over the group into the residual stream (`residual += sum`), one kernel
-    /// on the one-shot path, which also prefetches `prefetch` into L2.
+    /// on the one-shot path.
     pub fn run_add(
         &self,
         dev: &Device,
         comm: &NcclComm,
         buf: &mut Buf<bf16>,
         residual: &mut Buf<bf16>,
-        prefetch: Option<L2Prefetch>,
     ) -> Result<(), WorkerError> {
-        Ok(dev.tp_all_reduce_add(comm, self.oneshot.as_ref(), buf, residual, prefetch)?)
+        Ok(dev.tp_all_reduce_add(comm, self.oneshot.as_ref(), buf, residual)?)
     }
 }

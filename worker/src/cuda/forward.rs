@@ -32,7 +32,7 @@
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, L2Prefetch, PagedBatch};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, PagedBatch};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
@@ -57,9 +57,6 @@ const DECODE_SPLIT_ROWS: usize = 512;
 const FUSED_MAX_ROWS: usize = 4;
 /// Activation sets kept for reuse (one per recent step size).
 const SCRATCH_KEPT: usize = 4;
-/// Default MiB of the next weight matrix prefetched into L2 during a fused step's decode
-/// attention and one-shot all-reduces (the H200's L2 holds 50 MiB).
-const L2_PREFETCH_DEFAULT_MB: usize = 32;
 /// Decode batch sizes with a captured graph; a batch runs in the smallest that holds it.
 const GRAPH_BUCKETS: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256];
 /// The largest decode batch replayed from a graph; larger ones launch kernel by kernel.
@@ -309,21 +306,12 @@ struct Core {
     /// Positions per split-KV chunk of decode attention (`TESSERA_DECODE_SPLIT_LEN`, for
     /// tuning runs); `None`: the kernel's automatic split.
     decode_split_len: Option<usize>,
-    /// Bytes of the next weight matrix that decode attention and the one-shot all-reduce
-    /// prefetch into L2 in fused steps (`TESSERA_L2_PREFETCH_MB`, default
-    /// [`L2_PREFETCH_DEFAULT_MB`]; 0 turns it off).
-    l2_prefetch: usize,
 }
 
 impl Core {
     /// This rank computes a slice of the vocabulary's logits (vocab-parallel head).
     fn vocab_split(&self) -> bool {
         self.part.vocab.len() < self.config.vocab_size
-    }
-
-    /// The L2 prefetch of `next`'s head for a fused step's latency-bound kernel, if on.
-    fn prefetch<'a>(&self, fused: bool, next: &'a Buf<bf16>) -> Option<L2Prefetch<'a>> {
-        (fused && self.l2_prefetch > 0).then(|| L2Prefetch::head(next, self.l2_prefetch))
     }
 
     /// Whether a step of `t` tokens runs the fused GEMVs: at most [`FUSED_MAX_ROWS`], and
@@ -431,11 +419,6 @@ impl CudaModel {
                 fused_gemv: std::env::var("TESSERA_FUSED_GEMV").as_deref() != Ok("0"),
                 fused_rope: std::env::var("TESSERA_FUSED_ROPE").as_deref() != Ok("0"),
                 decode_split_len: std::env::var("TESSERA_DECODE_SPLIT_LEN").ok().and_then(|v| v.parse().ok()),
-                l2_prefetch: std::env::var("TESSERA_L2_PREFETCH_MB")
-                    .ok()
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .unwrap_or(L2_PREFETCH_DEFAULT_MB)
-                    << 20,
             },
             model_config,
             kv,
@@ -743,10 +726,9 @@ fn run_layers(
         };
         match &idx.cu_q {
             None => {
-                let (ws, split) = (Some(&mut *decode_ws), core.decode_split_len);
-                let pf = core.prefetch(fused, &l.o);
-                let ctx = idx.max_context;
-                dev.paged_decode_attention(&mut s.attn, &s.q, &batch, c.num_heads, scale, ctx, split, ws, pf)?;
+                let ws = Some(&mut *decode_ws);
+                let split = core.decode_split_len;
+                dev.paged_decode_attention(&mut s.attn, &s.q, &batch, c.num_heads, scale, idx.max_context, split, ws)?;
             }
             Some(cu_q) => {
                 dev.paged_prefill_attention(&mut s.attn, &s.q, &batch, cu_q, idx.max_q, c.num_heads, scale)?;
@@ -762,11 +744,9 @@ fn run_layers(
             all_reduce(core, &mut s.out)?;
             continue;
         }
-        // Under TP the all-reduce after each projection prefetches the next GEMV's weights.
-        add_projection(core, s, Sublayer::Attention, &l.o, qd, Some(&l.gate_up))?;
+        add_projection(core, s, Sublayer::Attention, &l.o, qd)?;
         dev.matmul_rms_norm_swiglu(&mut s.act, &s.x, &l.ffn_norm, eps, t, &l.gate_up, ffn, h)?;
-        let next = w.layers.get(li + 1).map(|n| &n.qkv);
-        add_projection(core, s, Sublayer::Ffn, &l.down, ffn, next)?;
+        add_projection(core, s, Sublayer::Ffn, &l.down, ffn)?;
     }
     // Completes the residual stream (unfused: the last sublayer's add) and normalises it
     // for the head; a stage before the last passes the completed stream on instead.
@@ -798,7 +778,6 @@ fn add_projection(
     which: Sublayer,
     w: &Buf<bf16>,
     cols: usize,
-    next: Option<&Buf<bf16>>,
 ) -> Result<(), WorkerError> {
     let (dev, h, t) = (&core.dev, core.config.hidden_size, s.t);
     let Scratch { x, out, attn, act, .. } = s;
@@ -810,7 +789,7 @@ fn add_projection(
         None => Ok(dev.matmul_add_residual(x, input, t, w, h, cols)?),
         Some(comm) => {
             dev.matmul(out, input, t, w, h, cols)?;
-            core.allreduce.run_add(dev, comm, out, x, next.and_then(|n| core.prefetch(true, n)))
+            core.allreduce.run_add(dev, comm, out, x)
         }
     }
 }
