@@ -428,7 +428,7 @@ __device__ __forceinline__ u32 dec_split_len(u32 ctx, u32 split_len, u32 n_split
     return (len - 1) / DEC_TILE * DEC_TILE + DEC_TILE;
 }
 
-template <int HD>
+template <int HD, u32 ST>
 __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
                                             float* __restrict__ part_lse, u32* __restrict__ counters,
                                             const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
@@ -439,7 +439,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     constexpr u32 ROW_B = HD * 2;             // bytes of a shared-memory row
     constexpr u32 TILE_B = DEC_TILE * ROW_B;  // one K or V tile
     constexpr u32 STAGE_B = 2 * TILE_B;
-    constexpr u32 WARP_B = DEC_STAGES * STAGE_B;  // one warp's ring
+    constexpr u32 WARP_B = ST * STAGE_B;  // one warp's ring
     constexpr int NKS = HD / 16;              // k16 steps of Q K^T
     constexpr int NDT = HD / 8;               // n8 tiles of O
     constexpr u32 O_STRIDE = HD + 8;          // floats per row of the merge area (fewer bank conflicts)
@@ -527,26 +527,26 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     float m = ATT_NEG_INF, l = 0.f;  // row g's running max (log2 domain) and this lane's sum
 
     {
-        u32 first[DEC_STAGES - 1];
+        u32 first[ST - 1];
 #pragma unroll
-        for (u32 j = 0; j < DEC_STAGES - 1; ++j) first[j] = row_slot(j);
+        for (u32 j = 0; j < ST - 1; ++j) first[j] = row_slot(j);
 #pragma unroll
-        for (u32 j = 0; j < DEC_STAGES - 1; ++j) {
+        for (u32 j = 0; j < ST - 1; ++j) {
             if (j < my_tiles) issue(first[j], j);
             cp_async_commit();
         }
     }
-    u32 next = row_slot(DEC_STAGES - 1);
+    u32 next = row_slot(ST - 1);
     u32 stage = 0;
     for (u32 j = 0; j < my_tiles; ++j) {
-        cp_async_wait<DEC_STAGES - 2>();
+        cp_async_wait<ST - 2>();
         __syncwarp();  // tile j is visible to the warp; tile j - 1's stage is free
-        const u32 jn = j + DEC_STAGES - 1;
-        if (jn < my_tiles) issue(next, stage == 0 ? DEC_STAGES - 1 : stage - 1);
+        const u32 jn = j + ST - 1;
+        if (jn < my_tiles) issue(next, stage == 0 ? ST - 1 : stage - 1);
         cp_async_commit();
         next = row_slot(jn + 1);
         const u32 kb = wbase + stage * STAGE_B, vb = kb + TILE_B;
-        stage = stage + 1 == DEC_STAGES ? 0 : stage + 1;
+        stage = stage + 1 == ST ? 0 : stage + 1;
 
         float s[2][4];
 #pragma unroll
@@ -719,20 +719,31 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
 
 // Head dim 128: a 96 KiB ring (4 warps x 3 stages x 8 KiB of K and V) allows 2 CTAs per SM;
 // head dim 64: 48 KiB, 4 CTAs.
-#define DECODE_KERNEL(HD, MINB)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) paged_decode_hd##HD(                            \
+//
+// The lean kernels (small decode batches, where a warp has a tile or two per split) keep a
+// ring of DEC_LEAN_STAGES = 2 (64 KiB at head dim 128), so that a persistent GEMV CTA (up to
+// ~152 KiB) fits on the same SM, and let their dependents launch at once: the o projection,
+// launched programmatically, becomes resident beside the running attention and queues its
+// first weight copies during it (it waits for the whole grid before reading the output).
+// Same plan, same tile order per warp: the same bits as the default kernels.
+#define DECODE_KERNEL(NAME, HD, ST, MINB, TRIGGER)                                                                  \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) NAME(                                           \
         bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters, \
         const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,             \
         const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
         u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
         float scale_log2) {                                                                                         \
-        decode_body<HD>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks, ctx_lens,   \
-                        num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits, min_split,           \
-                        scale_log2);                                                                                \
+        if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");                              \
+        decode_body<HD, ST>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks,         \
+                            ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits,        \
+                            min_split, scale_log2);                                                                 \
     }
 
-DECODE_KERNEL(64, 4)
-DECODE_KERNEL(128, 2)
+#define DEC_LEAN_STAGES 2
+DECODE_KERNEL(paged_decode_hd64, 64, DEC_STAGES, 4, false)
+DECODE_KERNEL(paged_decode_hd128, 128, DEC_STAGES, 2, false)
+DECODE_KERNEL(paged_decode_lean_hd64, 64, DEC_LEAN_STAGES, 4, true)
+DECODE_KERNEL(paged_decode_lean_hd128, 128, DEC_LEAN_STAGES, 2, true)
 
 #else  // TESSERA_HIP
 

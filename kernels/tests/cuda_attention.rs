@@ -303,23 +303,43 @@ fn decode_matches_cpu() {
         let n = s.q.len();
         let mut ws = dev.decode_workspace(case.seqs.len(), case.n_heads, case.hd, 128).unwrap();
         for (label, split, use_ws) in [("auto", None, true), ("split 64", Some(64), true), ("one split", None, false)] {
-            let mut out = poisoned(&dev, n);
-            let plan = dev
-                .paged_decode_attention(
-                    &mut out,
-                    &s.q_d,
-                    &batch,
-                    case.n_heads,
-                    case.scale,
-                    max_ctx,
-                    split,
-                    use_ws.then_some(&mut ws),
-                )
-                .unwrap();
-            let what = format!("decode {} [{label}: {} splits of {}]", case.name(), plan.n_splits, plan.split_len);
-            assert_close(&what, &dev.download(&out).unwrap(), &want);
+            // The default kernel, then the lean one (shallower ring, early dependents):
+            // both match the reference, and each other bit for bit.
+            let mut first: Option<Vec<bf16>> = None;
+            for (kernel, lean_max) in [("default", 0), ("lean", usize::MAX)] {
+                dev.set_decode_lean_max_seqs(lean_max);
+                let mut out = poisoned(&dev, n);
+                let plan = dev
+                    .paged_decode_attention(
+                        &mut out,
+                        &s.q_d,
+                        &batch,
+                        case.n_heads,
+                        case.scale,
+                        max_ctx,
+                        split,
+                        use_ws.then_some(&mut ws),
+                    )
+                    .unwrap();
+                let what = format!(
+                    "decode {} [{label}, {kernel} kernel: {} splits of {}]",
+                    case.name(),
+                    plan.n_splits,
+                    plan.split_len
+                );
+                let got = dev.download(&out).unwrap();
+                assert_close(&what, &got, &want);
+                match &first {
+                    None => first = Some(got),
+                    Some(f) => assert!(
+                        f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: differs from the default kernel"
+                    ),
+                }
+            }
         }
     }
+    dev.set_decode_lean_max_seqs(4);
 }
 
 #[test]

@@ -10,12 +10,15 @@
 //! device-side indices (slots, block ids, lengths) cannot be, so the kernels never read
 //! outside the cache for bad ones: they produce NaN rows instead (see the .cu file).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
 use super::paged::{
-    decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS, MIN_SPLIT_TOKENS, PF_ROWS,
+    decode_lean_smem_bytes, decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS,
+    MIN_SPLIT_TOKENS, PF_ROWS,
 };
 use crate::cpu::attention::PagedKv;
 use crate::error::check;
@@ -33,6 +36,10 @@ const PF_THREADS: u32 = 128;
 /// Threads of a write_kv block.
 const WRITE_THREADS: u32 = 128;
 
+/// Largest decode batch that takes the lean kernels by default (the fused-GEMV steps'
+/// batches, where each warp has a tile or two per split).
+const DECODE_LEAN_MAX_SEQS: usize = 4;
+
 /// `log2(e)`: scores are exponentiated with `exp2`, so the scale folds this in.
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
@@ -44,6 +51,11 @@ pub(crate) struct AttentionKernels {
     /// Decode CTAs resident per SM, per head dim (the driver's occupancy at the kernel's
     /// registers and shared memory): the split plan aims at one wave of them.
     decode_ctas_per_sm: [usize; 2],
+    /// `paged_decode_lean_hd{64,128}`: the same plan and bits with a shallower ring, so the
+    /// next (programmatically launched) GEMV's CTAs fit beside them; they trigger their
+    /// dependents at once. Taken for batches of at most `lean_max_seqs` sequences.
+    decode_lean: [CudaFunction; 2],
+    lean_max_seqs: AtomicUsize,
     /// `paged_prefill_hd{64,128}`.
     prefill: [CudaFunction; 2],
 }
@@ -72,7 +84,18 @@ impl AttentionKernels {
                 .map_err(dev_err("cuda_attention_occupancy"))?;
             *per_sm = (n as usize).max(1);
         }
-        Ok(AttentionKernels { write_kv: f(m, "write_kv")?, decode, decode_ctas_per_sm, prefill })
+        let decode_lean = [f(m, "paged_decode_lean_hd64")?, f(m, "paged_decode_lean_hd128")?];
+        for (func, hd) in decode_lean.iter().zip(HEAD_DIMS) {
+            smem_limit(func, decode_lean_smem_bytes(hd))?;
+        }
+        Ok(AttentionKernels {
+            write_kv: f(m, "write_kv")?,
+            decode,
+            decode_ctas_per_sm,
+            decode_lean,
+            lean_max_seqs: AtomicUsize::new(DECODE_LEAN_MAX_SEQS),
+            prefill,
+        })
     }
 }
 
@@ -246,6 +269,12 @@ impl Device {
         })
     }
 
+    /// Decode batches of at most `n` sequences take the lean kernels (default
+    /// [`DECODE_LEAN_MAX_SEQS`]; 0: never), for A/B runs. Results are the same bits.
+    pub fn set_decode_lean_max_seqs(&self, n: usize) {
+        self.kernels.attention.lean_max_seqs.store(n, Ordering::Relaxed);
+    }
+
     /// Decode attention: one query per sequence, `q`, `out` `[num_seqs, n_heads, head_dim]`,
     /// the query at position `context_lens[s] - 1` attending to positions
     /// `0..context_lens[s]`; scores `scale * q.k`, softmax and sums in f32.
@@ -262,7 +291,9 @@ impl Device {
     ///
     /// Runs on tensor cores: `q.k` is the exact bf16 products summed in f32; each softmax
     /// weight multiplies V as two bf16 terms (about 16 significant bits), so the output is
-    /// that of f32 weights up to its own bf16 rounding.
+    /// that of f32 weights up to its own bf16 rounding. Batches of at most
+    /// [`Device::set_decode_lean_max_seqs`] sequences run the lean kernel (the same bits),
+    /// which lets the next kernel launch programmatically beside it.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_attention(
         &self,
@@ -301,7 +332,9 @@ impl Device {
         let slots = self.sm_count * self.kernels.attention.decode_ctas_per_sm[g.hd_index];
         let plan = plan_splits(ctas, max_context, split_len, capacity, slots);
 
-        let func = &self.kernels.attention.decode[g.hd_index];
+        let att = &self.kernels.attention;
+        let lean = g.num_seqs <= att.lean_max_seqs.load(Ordering::Relaxed);
+        let func = if lean { &att.decode_lean[g.hd_index] } else { &att.decode[g.hd_index] };
         let u = |what: &str, v: usize| to_u32(OP, what, v);
         let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
         // 0: every sequence derives its split length from its own context (the kernel's rule
@@ -317,7 +350,7 @@ impl Device {
             (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
         let min_split = u("min_split", MIN_SPLIT_TOKENS)?;
         let scale_log2 = scale * LOG2_E;
-        let smem = u("shared memory", decode_smem_bytes(hd))?;
+        let smem = u("shared memory", if lean { decode_lean_smem_bytes(hd) } else { decode_smem_bytes(hd) })?;
         let cfg =
             LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: smem };
         let null = 0u64;

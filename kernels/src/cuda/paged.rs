@@ -16,6 +16,8 @@ pub const HEAD_DIMS: [usize; 2] = [64, 128];
 pub(crate) const DECODE_WARPS: usize = 4;
 pub(crate) const DECODE_TILE: usize = 16;
 pub(crate) const DECODE_STAGES: usize = 3;
+/// Ring depth of the lean decode kernels (DEC_LEAN_STAGES in the .cu).
+pub(crate) const DECODE_LEAN_STAGES: usize = 2;
 /// Fewest positions a split gets from the heuristic (one tile per warp of a CTA): below
 /// this the partial results and the CTA's start-up cost more than the parallelism gives.
 pub(crate) const MIN_SPLIT_TOKENS: usize = DECODE_WARPS * DECODE_TILE;
@@ -93,7 +95,16 @@ pub(crate) fn auto_split_len(ctx: usize, n_splits: usize) -> usize {
 /// Dynamic shared memory of a decode CTA: each warp's ring of [`DECODE_STAGES`] tiles of K
 /// and V, [`DECODE_TILE`] rows of `head_dim` bf16 each (the warps' partial results reuse it).
 pub(crate) fn decode_smem_bytes(head_dim: usize) -> usize {
-    DECODE_WARPS * DECODE_STAGES * 2 * DECODE_TILE * head_dim * 2
+    decode_ring_bytes(head_dim, DECODE_STAGES)
+}
+
+/// The same for the lean decode kernels' ring of [`DECODE_LEAN_STAGES`] tiles.
+pub(crate) fn decode_lean_smem_bytes(head_dim: usize) -> usize {
+    decode_ring_bytes(head_dim, DECODE_LEAN_STAGES)
+}
+
+fn decode_ring_bytes(head_dim: usize, stages: usize) -> usize {
+    DECODE_WARPS * stages * 2 * DECODE_TILE * head_dim * 2
 }
 
 /// Dynamic shared memory of a prefill CTA: two stages of a K and a V tile, `PF_KEYS` rows

@@ -405,6 +405,9 @@ impl Device {
     ) -> Result<DecodeWorkspace, KernelError> {
         match self.never {}
     }
+    pub fn set_decode_lean_max_seqs(&self, n: usize) {
+        match self.never {}
+    }
     pub fn paged_decode_attention(
         &self,
         out: &mut Buf<bf16>,
