@@ -42,8 +42,9 @@
 // rank looks for e). Data buffers alternate by parity: a rank writes data[e & 1] in call e
 // only after its call e - 1 completed, which needed every peer's e - 1 flag, which every
 // peer publishes only after its whole call e - 2 (the last reader of data[e & 1]) finished
-// (stream order: kernels of one stream never overlap; this kernel uses no programmatic
-// dependent launch). So no second barrier is needed.
+// (stream order: this kernel is never launched programmatically, and a kernel after it that
+// starts early waits for its completion before finishing, so call e - 1 has ended before
+// call e starts). So no second barrier is needed.
 //
 // A peer that never arrives (crashed process) would spin the GPU forever: after
 // `timeout_ns` (0: never) the kernel records the waiting block and peer in the error word
@@ -101,11 +102,15 @@ __device__ __forceinline__ u64 global_timer_ns() {
 // `self` = regions.p[rank]. The array is only ever indexed by unrolled constants: a run-time
 // index would copy it to local memory.
 // `residual`: null (the sums go to `buf`) or [n] bf16 the sums are added to (buf unchanged).
+// `early_dependents`: let the next kernel launch at once (a programmatically launched GEMV
+// queues its weight copies beside this one; it waits for this grid before reading results).
 // Grid: the same number of blocks (<= ONESHOT_MAX_BLOCKS) on every rank, every call.
 extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u64 n, u32 rank, u32 world,
                                                                     u64 cap_bytes, u64 timeout_ns, char* self,
-                                                                    const OneshotRegions regions, bf16* residual) {
+                                                                    const OneshotRegions regions, bf16* residual,
+                                                                    u32 early_dependents) {
     const u32 b = blockIdx.x, tid = threadIdx.x;
+    if (early_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     u32* epochs = (u32*)(self + ONESHOT_EPOCHS_OFFSET);
 
     __shared__ u32 s_epoch;

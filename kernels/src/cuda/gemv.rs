@@ -18,9 +18,10 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{self, CUfunction_attribute_enum};
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::device::{dev_err, Buf, Device};
+use super::launch_ex::launch_ex;
 use crate::error::check;
 use crate::KernelError;
 use half::bf16;
@@ -370,33 +371,21 @@ impl Device {
             (&mut eps as *mut f32).cast(),
             (&mut rope as *mut GemvRope).cast(),
         ];
-        // SAFETY: a zeroed attribute is valid plain data; id and value are set together.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: 32 * warps as u32,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem as u32,
-            hStream: s.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(pdl > 0),
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
-        s.context().bind_to_thread().map_err(dev_err(OP))?;
         // SAFETY: `params` points at live locals whose types match the kernel's parameters
         // (void*, const bf16*, const bf16*, int, int, int, int, const bf16*, float, GemvRope
         // by value, repr(C) as in the .cu; its pointers checked by matmul_rms_norm_rope); the
         // caller checked out / x / w (and gamma) against the shape, and cols % 8 == 0 keeps
         // every 16-byte copy aligned and in bounds; the shared memory is within the limit
         // set at load (max_warps, or the opt-in maximum for the normalising modes, whose
-        // extra rows were counted); grid <= tiles as the kernel requires.
-        unsafe { sys::cuLaunchKernelEx(&cfg, k.func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(dev_err(OP))
+        // extra rows were counted); grid <= tiles as the kernel requires; the kernel waits
+        // for its prerequisite before reading x or writing out (and reads only W, which no
+        // kernel writes, before that with early_w).
+        unsafe { launch_ex(OP, s, &k.func, cfg, pdl > 0, &mut params) }
     }
 
     /// Overrides the GEMV's launch settings (tuning and benchmarks): ring `stages` (2, 4 or

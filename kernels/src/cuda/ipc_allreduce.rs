@@ -83,6 +83,9 @@ pub struct IpcAllReduce {
     cap: usize,
     max_bytes: usize,
     timeout_ns: u64,
+    /// Whether the kernel lets the next kernel in the stream launch at its start (see
+    /// [`IpcAllReduce::set_early_dependents`]).
+    early_dependents: bool,
     /// How each peer is reached, for logs.
     route: String,
 }
@@ -120,6 +123,15 @@ impl IpcAllReduce {
     /// Sets the dead-peer timeout of later launches (0: wait forever).
     pub fn set_timeout_ns(&mut self, ns: u64) {
         self.timeout_ns = ns;
+    }
+
+    /// Whether later launches let the next kernel in the stream launch at their start
+    /// (default on): a programmatically launched GEMV then becomes resident beside the
+    /// all-reduce and queues its weight copies while the blocks wait on their peers; it
+    /// still waits for the whole all-reduce before reading its result. Off: the next kernel
+    /// launches when the all-reduce ends.
+    pub fn set_early_dependents(&mut self, on: bool) {
+        self.early_dependents = on;
     }
 
     /// How the peers are reached, e.g. "rank 0 of 2: rank 1 same-process peer access".
@@ -327,6 +339,7 @@ impl Device {
             cap: 0,
             max_bytes: 0,
             timeout_ns: ONESHOT_TIMEOUT_NS,
+            early_dependents: true,
             route: String::new(),
         };
         // A local failure still takes part in the exchange, so the peers learn of it.
@@ -429,6 +442,7 @@ impl Device {
         }
         let (n64, rank, world) = (n as u64, ar.rank as u32, ar.world as u32);
         let (cap, timeout, local, regions) = (ar.cap as u64, ar.timeout_ns, ar.local, Regions(ar.regions));
+        let early = u32::from(ar.early_dependents);
         let cfg =
             LaunchConfig { grid_dim: (ONESHOT_BLOCKS, 1, 1), block_dim: (ONESHOT_THREADS, 1, 1), shared_mem_bytes: 0 };
         let s = &self.stream;
@@ -442,7 +456,7 @@ impl Device {
         };
         let mut b = s.launch_builder(func);
         b.arg(&mut buf.inner).arg(&n64).arg(&rank).arg(&world).arg(&cap).arg(&timeout).arg(&local).arg(&regions);
-        b.arg(&res_ptr);
+        b.arg(&res_ptr).arg(&early);
         // SAFETY: argument types and order match the kernel; `buf` (and `residual`) hold n
         // values, each region holds DATA_OFFSET + 2 * cap bytes with cap >= 2 n (checked
         // above), and every rank's regions stay mapped while `ar` lives.

@@ -41,6 +41,9 @@ impl IpcAllReduce {
     pub fn set_timeout_ns(&mut self, ns: u64) {
         match self.never {}
     }
+    pub fn set_early_dependents(&mut self, on: bool) {
+        match self.never {}
+    }
     pub fn route(&self) -> &str {
         match self.never {}
     }

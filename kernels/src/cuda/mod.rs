@@ -43,6 +43,8 @@ mod graph;
 #[cfg(feature = "cuda")]
 mod init;
 #[cfg(feature = "cuda")]
+mod launch_ex;
+#[cfg(feature = "cuda")]
 mod nccl;
 // One-shot all-reduce over peer memory (small TP messages); `ipc_record` (always built)
 // holds its setup records and region layout.

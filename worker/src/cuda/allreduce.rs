@@ -50,6 +50,9 @@ impl TpAllReduce {
         let (oneshot, note) = match dev.ipc_all_reduce_setup(comm, cap) {
             Ok(mut ar) => {
                 ar.set_max_bytes(threshold);
+                // For A/B runs: TESSERA_ONESHOT_EARLY=0 makes the next kernel wait for the
+                // all-reduce's end before it launches.
+                ar.set_early_dependents(std::env::var("TESSERA_ONESHOT_EARLY").as_deref() != Ok("0"));
                 let note = format!("one-shot all-reduce up to {} bytes, NCCL above ({})", ar.max_bytes(), ar.route());
                 (Some(ar), note)
             }
