@@ -725,8 +725,6 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
 // ~152 KiB) fits on the same SM, and let their dependents launch at once: the o projection,
 // launched programmatically, becomes resident beside the running attention and queues its
 // first weight copies during it (it waits for the whole grid before reading the output).
-// The launcher may launch them programmatically as well (resident beside the qkv GEMV, they
-// wait for it on the GPU: griddepcontrol.wait before any memory access; a no-op otherwise).
 // Same plan, same tile order per warp: the same bits as the default kernels.
 #define DECODE_KERNEL(NAME, HD, ST, MINB, TRIGGER)                                                                  \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) NAME(                                           \
@@ -735,10 +733,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
         u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
         float scale_log2) {                                                                                         \
-        if (TRIGGER) {                                                                                              \
-            asm volatile("griddepcontrol.wait;\n" ::: "memory");                                                    \
-            asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");                                       \
-        }                                                                                                           \
+        if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");                              \
         decode_body<HD, ST>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks,         \
                             ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits,        \
                             min_split, scale_log2);                                                                 \

@@ -306,10 +306,8 @@ fn decode_matches_cpu() {
             // The default kernel, then the lean one (shallower ring, early dependents):
             // both match the reference, and each other bit for bit.
             let mut first: Option<Vec<bf16>> = None;
-            for (kernel, lean_max, pdl) in
-                [("default", 0, false), ("lean", usize::MAX, false), ("lean, PDL", usize::MAX, true)]
-            {
-                dev.set_decode_lean(lean_max, pdl);
+            for (kernel, lean_max) in [("default", 0), ("lean", usize::MAX)] {
+                dev.set_decode_lean_max_seqs(lean_max);
                 let mut out = poisoned(&dev, n);
                 let plan = dev
                     .paged_decode_attention(
@@ -341,7 +339,7 @@ fn decode_matches_cpu() {
             }
         }
     }
-    dev.set_decode_lean(4, true);
+    dev.set_decode_lean_max_seqs(4);
 }
 
 #[test]

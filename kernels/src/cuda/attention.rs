@@ -10,14 +10,12 @@
 //! device-side indices (slots, block ids, lengths) cannot be, so the kernels never read
 //! outside the cache for bad ones: they produce NaN rows instead (see the .cu file).
 
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
-use super::launch_ex::launch_ex;
 use super::paged::{
     decode_lean_smem_bytes, decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS,
     MIN_SPLIT_TOKENS, PF_ROWS,
@@ -58,9 +56,6 @@ pub(crate) struct AttentionKernels {
     /// dependents at once. Taken for batches of at most `lean_max_seqs` sequences.
     decode_lean: [CudaFunction; 2],
     lean_max_seqs: AtomicUsize,
-    /// Whether the lean kernels are launched programmatically, becoming resident beside
-    /// the GEMV before them and waiting for it on the GPU instead of behind it in the queue.
-    lean_pdl: AtomicBool,
     /// `paged_prefill_hd{64,128}`.
     prefill: [CudaFunction; 2],
 }
@@ -99,7 +94,6 @@ impl AttentionKernels {
             decode_ctas_per_sm,
             decode_lean,
             lean_max_seqs: AtomicUsize::new(DECODE_LEAN_MAX_SEQS),
-            lean_pdl: AtomicBool::new(false),
             prefill,
         })
     }
@@ -275,12 +269,10 @@ impl Device {
         })
     }
 
-    /// Decode batches of at most `max_seqs` sequences take the lean kernels (default
-    /// [`DECODE_LEAN_MAX_SEQS`]; 0: never), launched programmatically with `pdl` (default
-    /// off: slower on H200, bench/RESULTS.md); for A/B runs. Results are the same bits.
-    pub fn set_decode_lean(&self, max_seqs: usize, pdl: bool) {
-        self.kernels.attention.lean_max_seqs.store(max_seqs, Ordering::Relaxed);
-        self.kernels.attention.lean_pdl.store(pdl, Ordering::Relaxed);
+    /// Decode batches of at most `n` sequences take the lean kernels (default
+    /// [`DECODE_LEAN_MAX_SEQS`]; 0: never), for A/B runs. Results are the same bits.
+    pub fn set_decode_lean_max_seqs(&self, n: usize) {
+        self.kernels.attention.lean_max_seqs.store(n, Ordering::Relaxed);
     }
 
     /// Decode attention: one query per sequence, `q`, `out` `[num_seqs, n_heads, head_dim]`,
@@ -300,7 +292,7 @@ impl Device {
     /// Runs on tensor cores: `q.k` is the exact bf16 products summed in f32; each softmax
     /// weight multiplies V as two bf16 terms (about 16 significant bits), so the output is
     /// that of f32 weights up to its own bf16 rounding. Batches of at most
-    /// [`Device::set_decode_lean`] sequences run the lean kernel (the same bits),
+    /// [`Device::set_decode_lean_max_seqs`] sequences run the lean kernel (the same bits),
     /// which lets the next kernel launch programmatically beside it.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_attention(
@@ -361,6 +353,7 @@ impl Device {
         let smem = u("shared memory", if lean { decode_lean_smem_bytes(hd) } else { decode_smem_bytes(hd) })?;
         let cfg =
             LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: smem };
+        let null = 0u64;
         let ws = workspace.filter(|_| plan.n_splits > 1);
         if let Some(w) = &ws {
             // Guaranteed by the capacity rule (see DecodeWorkspace::counters); checked so a
@@ -369,59 +362,38 @@ impl Device {
                 format!("workspace holds {} split counters, {ctas} needed", w.counters.len())
             })?;
         }
-        let st = &self.stream;
-        let (mut outp, _g0) = out.inner.device_ptr_mut(st);
-        let (mut po, mut pl, mut pc, _g1) = match ws {
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut out.inner);
+        match ws {
             Some(w) => {
-                let (po, g1) = w.part_o.inner.device_ptr_mut(st);
-                let (pl, g2) = w.part_lse.inner.device_ptr_mut(st);
-                let (pc, g3) = w.counters.inner.device_ptr_mut(st);
-                (po, pl, pc, Some((g1, g2, g3)))
+                b.arg(&mut w.part_o.inner).arg(&mut w.part_lse.inner).arg(&mut w.counters.inner);
             }
-            None => (0, 0, 0, None),
-        };
-        let (mut qp, _g2) = q.inner.device_ptr(st);
-        let (mut kp, _g3) = batch.k_cache.inner.device_ptr(st);
-        let (mut vp, _g4) = batch.v_cache.inner.device_ptr(st);
-        let (mut tp, _g5) = batch.block_tables.inner.device_ptr(st);
-        let (mut cp, _g6) = batch.context_lens.inner.device_ptr(st);
-        let (mut max_blocks, mut num_blocks, mut block_size) = (max_blocks, num_blocks, block_size);
-        let (mut nh, mut nkv, mut group, mut gt) = (nh, nkv, group, gt);
-        let (mut dev_split, mut n_splits, mut min_split, mut scale_log2) = (dev_split, n_splits, min_split, scale_log2);
-        fn p<T>(v: &mut T) -> *mut c_void {
-            (v as *mut T).cast()
+            None => {
+                b.arg(&null).arg(&null).arg(&null);
+            }
         }
-        let mut params = [
-            p(&mut outp),
-            p(&mut po),
-            p(&mut pl),
-            p(&mut pc),
-            p(&mut qp),
-            p(&mut kp),
-            p(&mut vp),
-            p(&mut tp),
-            p(&mut max_blocks),
-            p(&mut cp),
-            p(&mut num_blocks),
-            p(&mut block_size),
-            p(&mut nh),
-            p(&mut nkv),
-            p(&mut group),
-            p(&mut gt),
-            p(&mut dev_split),
-            p(&mut n_splits),
-            p(&mut min_split),
-            p(&mut scale_log2),
-        ];
-        let pdl = lean && att.lean_pdl.load(Ordering::Relaxed);
-        // SAFETY: argument order and types match the kernel (pointers as CUdeviceptr, null
-        // partials without a workspace); q/out/table/cache lengths were checked; partials
-        // and counters are touched only with n_splits > 1, where the workspace holds
-        // num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by it; the kernel
-        // never lets more than n_splits splits of a sequence start before its context) and
-        // a counter per (sequence, kv head chunk). Programmatic launch only for the lean
-        // kernels, which wait for the kernel before them before touching memory.
-        unsafe { launch_ex(OP, st, func, cfg, pdl, &mut params) }?;
+        b.arg(&q.inner)
+            .arg(&batch.k_cache.inner)
+            .arg(&batch.v_cache.inner)
+            .arg(&batch.block_tables.inner)
+            .arg(&max_blocks)
+            .arg(&batch.context_lens.inner)
+            .arg(&num_blocks)
+            .arg(&block_size)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&group)
+            .arg(&gt)
+            .arg(&dev_split)
+            .arg(&n_splits)
+            .arg(&min_split)
+            .arg(&scale_log2);
+        // SAFETY: argument order matches the kernel; q/out/table/cache lengths were
+        // checked; partials and counters are touched only with n_splits > 1, where the
+        // workspace holds num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by
+        // it; the kernel never lets more than n_splits splits of a sequence start before its
+        // context) and a counter per (sequence, kv head chunk).
+        unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
         Ok(plan)
     }
 

@@ -1,6 +1,6 @@
 //! Kernel launch with programmatic dependent launch (PDL): cudarc's launch builder takes
 //! no launch attributes, so kernels that may start before the kernel ahead of them finishes
-//! (the decode GEMVs, the lean decode attention) go through `cuLaunchKernelEx` here. With
+//! (the decode GEMVs) go through `cuLaunchKernelEx` here. With
 //! `pdl` the kernel may launch once every CTA of the previous kernel in the stream has
 //! executed `griddepcontrol.launch_dependents` (or exited); it must execute
 //! `griddepcontrol.wait` before touching anything that kernel writes. Without it this is a

@@ -405,7 +405,7 @@ impl Device {
     ) -> Result<DecodeWorkspace, KernelError> {
         match self.never {}
     }
-    pub fn set_decode_lean(&self, max_seqs: usize, pdl: bool) {
+    pub fn set_decode_lean_max_seqs(&self, n: usize) {
         match self.never {}
     }
     pub fn paged_decode_attention(

@@ -409,10 +409,9 @@ impl CudaModel {
             .unwrap_or((6, 8));
         dev.set_gemv_tuning(stages, warps, true, 2)?;
         // Decode batches up to this many sequences run the lean attention kernel, beside
-        // which the o GEMV starts early, itself launched programmatically with
-        // TESSERA_DECODE_LEAN_PDL=1 (for A/B runs; default: the kernels' choice).
+        // which the o GEMV starts early (for A/B runs; default: the kernels' choice).
         if let Some(n) = std::env::var("TESSERA_DECODE_LEAN_SEQS").ok().and_then(|v| v.parse().ok()) {
-            dev.set_decode_lean(n, std::env::var("TESSERA_DECODE_LEAN_PDL").as_deref() == Ok("1"));
+            dev.set_decode_lean_max_seqs(n);
         }
         Ok(CudaModel {
             core: Core {
