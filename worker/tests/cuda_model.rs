@@ -1,7 +1,8 @@
 //! The CUDA backend end to end (needs a GPU: set `TESSERA_GPU_TESTS=1`; skipped otherwise).
 //!
-//! - SmolLM2-135M (the default model, Q4_1 dequantised to bf16) on the GPU against llama.cpp's
-//!   fixture (teacher-forced top-1, issue 4 asks >= 98%) and against the CPU backend.
+//! - SmolLM2-135M (the default model, Q4_1 dequantised to bf16) on the GPU against llama.cpp
+//!   on the same bf16 weights (teacher-forced top-1, issue 4 asks >= 98%), against llama.cpp
+//!   on the Q4_1 file and against the CPU backend.
 //! - Batching: a mixed step (prefill chunks and decodes of several sequences) gives each
 //!   sequence the logits it gets alone, and chunked prefill equals one-pass prefill.
 //! - With `TESSERA_TORCH_REF=<dir>` (made by bench/gpu/torch_qwen3_ref.py on the device), a
@@ -10,7 +11,7 @@
 
 mod common;
 
-use common::llama_cpp_fixture::{load_cases, log_softmax_at};
+use common::llama_cpp_fixture::{load_cases, load_fixture, log_softmax_at, Case};
 
 use tessera_model::bundle::ModelBundle;
 use tessera_model::weights::ModelFiles;
@@ -46,6 +47,71 @@ fn gpu_all_logits(m: &mut CudaModel, tokens: &[u32], first_block: u32) -> Vec<f3
     m.forward(&[chunk]).expect("gpu forward").data
 }
 
+/// Teacher-forced agreement with one llama.cpp fixture.
+struct Agreement {
+    /// Positions where the GPU's top-1 is llama.cpp's token.
+    with_llama: usize,
+    /// Positions where the GPU's top-1 is the CPU backend's (when it was run).
+    with_cpu: usize,
+    positions: usize,
+    /// Mean |GPU logprob - llama.cpp logprob| over llama.cpp's top-5 at every position.
+    mean_lp_err: f64,
+}
+
+impl Agreement {
+    fn pct(&self, n: usize) -> f64 {
+        100.0 * n as f64 / self.positions as f64
+    }
+}
+
+/// The GPU's logits over each case's prompt + llama.cpp's greedy tokens, against the
+/// fixture's tokens and top-5 logprobs (end-of-generation tokens excluded from the argmax, as
+/// the fixture was made with `ignore_eos`); with `cpu`, also against the CPU backend's top-1.
+fn agreement(gpu: &mut CudaModel, cpu: Option<&LlamaModel>, cases: &[Case], eog: &[u32], vocab: usize) -> Agreement {
+    let (mut with_llama, mut with_cpu, mut positions) = (0usize, 0usize, 0usize);
+    let (mut lp_err, mut n_lp) = (0.0f64, 0usize);
+    for case in cases {
+        let mut input = case.prompt_ids.clone();
+        input.extend_from_slice(&case.tokens[..case.tokens.len() - 1]);
+        let g = gpu_all_logits(gpu, &input, 0);
+        assert!(g.iter().all(|v| v.is_finite()), "{}: non-finite GPU logits", case.name);
+        let c = cpu.map(|cpu| Session::new(cpu, input.len() + 1).feed(&input, true).expect("cpu forward"));
+        let base = case.prompt_ids.len() - 1;
+        let mut case_agree = 0;
+        for (i, &want) in case.tokens.iter().enumerate() {
+            let r = base + i;
+            let mut gr = g[r * vocab..(r + 1) * vocab].to_vec();
+            for &(id, lp) in &case.top5[i] {
+                lp_err += (log_softmax_at(&gr, id) - lp).abs();
+                n_lp += 1;
+            }
+            for &e in eog {
+                gr[e as usize] = f32::NEG_INFINITY;
+            }
+            let top = argmax(&gr);
+            case_agree += usize::from(top == want);
+            if let Some(c) = &c {
+                assert_eq!(g.len(), c.len());
+                let mut cr = c[r * vocab..(r + 1) * vocab].to_vec();
+                for &e in eog {
+                    cr[e as usize] = f32::NEG_INFINITY;
+                }
+                with_cpu += usize::from(top == argmax(&cr));
+            }
+        }
+        eprintln!("{}: GPU top-1 = llama.cpp at {case_agree}/{}", case.name, case.tokens.len());
+        with_llama += case_agree;
+        positions += case.tokens.len();
+    }
+    Agreement { with_llama, with_cpu, positions, mean_lp_err: lp_err / n_lp as f64 }
+}
+
+/// Two references. (1) llama.cpp on the bf16 GGUF that holds exactly the GPU's weights
+/// (model/examples/gguf_bf16.rs made it from the default model; its fixture
+/// smollm2_bf16_greedy.jsonl, KV cache in bf16 as here): the same weights and storage types on
+/// both sides, so this measures the forward pass, and issue 4's >= 98% applies. (2) llama.cpp on the Q4_1 file itself, whose CPU path
+/// also quantises every matmul input to 8 bits (the GPU keeps bf16 activations), and the
+/// CPU backend, which follows that path: close, not equal.
 #[test]
 fn smollm2_on_gpu_agrees_with_llama_cpp_and_the_cpu_backend() {
     if !enabled("smollm2_on_gpu_agrees_with_llama_cpp_and_the_cpu_backend") {
@@ -57,47 +123,31 @@ fn smollm2_on_gpu_agrees_with_llama_cpp_and_the_cpu_backend() {
     let mut gpu = CudaModel::load(&bundle.files, &opts()).expect("load on GPU");
     let cpu = LlamaModel::load(bundle.files.clone()).expect("load on CPU");
     let vocab = cpu.config.vocab_size;
-    let (mut agree_llama, mut agree_cpu, mut total) = (0usize, 0usize, 0usize);
-    let (mut lp_err, mut n_lp) = (0.0f64, 0usize);
-    for case in load_cases() {
-        let mut input = case.prompt_ids.clone();
-        input.extend_from_slice(&case.tokens[..case.tokens.len() - 1]);
-        let g = gpu_all_logits(&mut gpu, &input, 0);
-        let c = Session::new(&cpu, input.len() + 1).feed(&input, true).expect("cpu forward");
-        assert_eq!(g.len(), c.len());
-        assert!(g.iter().all(|v| v.is_finite()), "{}: non-finite GPU logits", case.name);
-        let base = case.prompt_ids.len() - 1;
-        let mut case_agree = 0;
-        for (i, &want) in case.tokens.iter().enumerate() {
-            let r = base + i;
-            let mut gr = g[r * vocab..(r + 1) * vocab].to_vec();
-            let mut cr = c[r * vocab..(r + 1) * vocab].to_vec();
-            for (&(id, lp), _) in case.top5[i].iter().zip(0..) {
-                lp_err += (log_softmax_at(&gr, id) - lp).abs();
-                n_lp += 1;
-            }
-            for &e in &eog {
-                gr[e as usize] = f32::NEG_INFINITY;
-                cr[e as usize] = f32::NEG_INFINITY;
-            }
-            let top = argmax(&gr);
-            case_agree += usize::from(top == want);
-            agree_cpu += usize::from(top == argmax(&cr));
-        }
-        eprintln!("{}: GPU top-1 = llama.cpp at {case_agree}/{}", case.name, case.tokens.len());
-        agree_llama += case_agree;
-        total += case.tokens.len();
-    }
-    let pct = |a: usize| 100.0 * a as f64 / total as f64;
+
+    let same = agreement(&mut gpu, None, &load_fixture("smollm2_bf16_greedy.jsonl"), &eog, vocab);
     eprintln!(
-        "RESULT smollm2 gpu teacher-forced top-1: vs llama.cpp {agree_llama}/{total} = {:.2}%, vs CPU backend {agree_cpu}/{total} = {:.2}%, mean |logprob - llama.cpp| {:.4}",
-        pct(agree_llama),
-        pct(agree_cpu),
-        lp_err / n_lp as f64
+        "RESULT smollm2 gpu teacher-forced top-1 vs llama.cpp on the same bf16 weights: {}/{} = {:.2}%, mean |logprob - llama.cpp| {:.4}",
+        same.with_llama,
+        same.positions,
+        same.pct(same.with_llama),
+        same.mean_lp_err
     );
-    assert!(pct(agree_llama) >= 95.0, "GPU vs llama.cpp top-1 {:.2}%", pct(agree_llama));
-    assert!(pct(agree_cpu) >= 95.0, "GPU vs CPU top-1 {:.2}%", pct(agree_cpu));
-    assert!(lp_err / (n_lp as f64) < 0.15, "mean logprob deviation {:.4}", lp_err / n_lp as f64);
+    let q4 = agreement(&mut gpu, Some(&cpu), &load_cases(), &eog, vocab);
+    eprintln!(
+        "RESULT smollm2 gpu teacher-forced top-1 vs llama.cpp on the Q4_1 file (8-bit activations): {}/{} = {:.2}%, vs CPU backend {}/{} = {:.2}%, mean |logprob - llama.cpp| {:.4}",
+        q4.with_llama,
+        q4.positions,
+        q4.pct(q4.with_llama),
+        q4.with_cpu,
+        q4.positions,
+        q4.pct(q4.with_cpu),
+        q4.mean_lp_err
+    );
+    assert!(same.pct(same.with_llama) >= 98.0, "GPU vs llama.cpp (bf16) top-1 {:.2}%", same.pct(same.with_llama));
+    assert!(same.mean_lp_err < 0.1, "mean logprob deviation (bf16) {:.4}", same.mean_lp_err);
+    assert!(q4.pct(q4.with_llama) >= 95.0, "GPU vs llama.cpp (Q4_1) top-1 {:.2}%", q4.pct(q4.with_llama));
+    assert!(q4.pct(q4.with_cpu) >= 95.0, "GPU vs CPU top-1 {:.2}%", q4.pct(q4.with_cpu));
+    assert!(q4.mean_lp_err < 0.15, "mean logprob deviation (Q4_1) {:.4}", q4.mean_lp_err);
 }
 
 /// Max |a - b| over max |b|.

@@ -13,12 +13,18 @@ pub struct Case {
     pub top5: Vec<Vec<(u32, f64)>>,
 }
 
-/// Every case of the fixture. The test binary may run from another checkout (the GPU
-/// machine): the build's path first, else the repository root it runs in.
+/// Every case of the default fixture (llama.cpp on the default Q4_1 model).
 pub fn load_cases() -> Vec<Case> {
-    let built = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/generation/smollm2_greedy.jsonl");
+    load_fixture("smollm2_greedy.jsonl")
+}
+
+/// Every case of fixture `name` in tests/fixtures/generation/. The test binary may run from
+/// another checkout (the GPU machine): the build's path first, else the repository root it
+/// runs in.
+pub fn load_fixture(name: &str) -> Vec<Case> {
+    let built = format!("{}/../tests/fixtures/generation/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(built)
-        .or_else(|_| std::fs::read_to_string("tests/fixtures/generation/smollm2_greedy.jsonl"))
+        .or_else(|_| std::fs::read_to_string(format!("tests/fixtures/generation/{name}")))
         .expect("fixture file");
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
     text.lines()
