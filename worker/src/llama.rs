@@ -228,6 +228,25 @@ impl LlamaModel {
         kv: &mut KvCache,
         comms: &mut Comms,
     ) -> Result<Logits, WorkerError> {
+        // An unsharded model runs the whole step on a thread of rayon's pool (the caller
+        // waits once per step). Called from outside the pool, every parallel kernel of the
+        // step (dozens per decode step) would instead queue its work into the pool and put
+        // the calling thread to sleep until it is done, a futex round trip each; from
+        // inside, the caller takes its share of the work itself and at most wakes the other
+        // threads (tg64 on 2 threads, 2-core AVX2 machine: 79-83 -> 100-102 tok/s, and the
+        // matmul split threshold could drop, see kernels' matmul.rs). A shard stays outside:
+        // its step blocks in collectives, and a pool thread blocked there while it waits in
+        // a `join` could take up another rank's step of the same process (ranks as threads
+        // in tests) and deadlock on it.
+        if self.shard.tp == 1 && self.shard.stages == 1 {
+            rayon::scope(|_| self.forward_step(chunks, kv, comms))
+        } else {
+            self.forward_step(chunks, kv, comms)
+        }
+    }
+
+    /// [`LlamaModel::forward_sharded`]'s body.
+    fn forward_step(&self, chunks: &[SeqChunk], kv: &mut KvCache, comms: &mut Comms) -> Result<Logits, WorkerError> {
         let c = &self.config;
         crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size)?;
         let sh = &self.shard;

@@ -69,12 +69,19 @@ mod vnni;
 /// (`TOKEN_TILE * cols` bytes) stay in L2 while a chunk of weight rows passes over them.
 pub const TOKEN_TILE: usize = 64;
 
-/// Below this many weight bytes × tokens a call stays on the calling thread. Waking
-/// rayon's sleeping workers costs microseconds per call, so at decode (n = 1) only the
-/// LM head (30 MB for SmolLM2) is worth splitting; every layer matrix (69–553 KB) runs
-/// faster on one thread. Measured on the 2-core dev machine, 2 threads, tg128:
-/// 64 KB 86 tok/s, 256 KB 111, 1 MB 122 (1 thread: 121). Prefill (n >= 2 here) still splits.
-const PAR_MIN_WORK: usize = 1024 * 1024;
+/// Below this many weight bytes × tokens a call stays on the calling thread, when that
+/// thread is one of rayon's (the CPU engine runs an unsharded model's step there, see
+/// `LlamaModel::forward_sharded`): splitting a call then costs a job push and at most a
+/// wake-up of the other threads, and every layer matrix of SmolLM2 (69–553 KB) is worth
+/// splitting even at decode (n = 1). Measured on a 2-core AVX2 machine, 2 threads, `tessera
+/// bench --prompt-tokens 128 --gen-tokens 64`, tg64 in two alternating rounds: 1 MB (only
+/// the LM head split) 100 / 111 tok/s, 256 KB 131 / 135, 64 KB 144 / 160, 16 KB 152 / 158.
+const PAR_MIN_WORK_IN_POOL: usize = 64 * 1024;
+
+/// The same from a thread outside the pool, where each split queues its work and puts the
+/// calling thread to sleep until the pool is done: at decode only the LM head (30 MB for
+/// SmolLM2) is worth it (2-core dev machine, tg128: 64 KB 86 tok/s, 256 KB 111, 1 MB 122).
+const PAR_MIN_WORK_OUTSIDE: usize = 1024 * 1024;
 
 /// Which instruction set the kernels use. Constructed only when the CPU supports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,7 +295,8 @@ impl SharedOut {
 fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &A, kernel: Kernel<A>) {
     let threads = rayon::current_num_threads();
     let work = w.data.len().saturating_mul(n);
-    let serial = threads <= 1 || work < PAR_MIN_WORK;
+    let min_work = if rayon::current_thread_index().is_some() { PAR_MIN_WORK_IN_POOL } else { PAR_MIN_WORK_OUTSIDE };
+    let serial = threads <= 1 || work < min_work;
     let rows = w.rows;
     let rows_per = if serial { rows } else { chunk_rows(rows, row_bytes, n, threads) };
     if n == 1 {
