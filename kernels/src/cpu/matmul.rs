@@ -315,26 +315,28 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
         return;
     }
     // Task `i` owns output columns (weight rows) `i * rows_per ..`: for each tile of
-    // tokens the kernel fills `tile` (`[nrows, TOKEN_TILE]`, the kernels' row-major
-    // layout), which is then transposed into those columns of the tile's `out` rows while
-    // it is still in cache.
+    // tokens the kernel fills `tile` (`[nrows, tile_w]`, the kernels' row-major layout,
+    // `tile_w` = the widest token tile of this call: a batch of 16 decodes does not zero
+    // and stride over 64 columns), which is then transposed into those columns of the
+    // tile's `out` rows while it is still in cache.
     let base = SharedOut(out.as_mut_ptr());
+    let tile_w = TOKEN_TILE.min(n);
     let task = |i: usize| {
         let r0 = i * rows_per;
         let nrows = rows_per.min(rows - r0);
         let wrows = &w.data[r0 * row_bytes..(r0 + nrows) * row_bytes];
-        let mut tile = vec![0.0f32; nrows * TOKEN_TILE];
+        let mut tile = vec![0.0f32; nrows * tile_w];
         for t0 in (0..n).step_by(TOKEN_TILE) {
             let tn = TOKEN_TILE.min(n - t0);
             // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
-            unsafe { kernel(wrows, row_bytes, acts, t0, tn, &mut tile, TOKEN_TILE) };
+            unsafe { kernel(wrows, row_bytes, acts, t0, tn, &mut tile, tile_w) };
             // Token by token: each token's columns are one contiguous run of `out`
             // (sequential stores); the strided reads of `tile` stay in L1/L2.
             for j in 0..tn {
                 // SAFETY: `out` is `[n, rows]` (checked by `matmul_with`), `t0 + j < n` and
                 // `r0 + nrows <= rows`; columns `r0 .. r0 + nrows` belong to this task only.
                 let dst = unsafe { std::slice::from_raw_parts_mut(base.at((t0 + j) * rows + r0), nrows) };
-                for (d, vals) in dst.iter_mut().zip(tile.chunks_exact(TOKEN_TILE)) {
+                for (d, vals) in dst.iter_mut().zip(tile.chunks_exact(tile_w)) {
                     *d = vals[j];
                 }
             }
