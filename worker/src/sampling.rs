@@ -145,7 +145,8 @@ impl SamplingParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// Log-probability of `token` (after bias and penalties, before temperature/truncation).
+    /// Log-probability of `token` (after bias and penalties, before temperature/truncation);
+    /// 0 when the parameters do not ask for logprobs (`SamplingParams::logprobs` is `None`).
     pub logprob: f32,
     /// The `logprobs` most likely tokens with theirs, most likely first, ties by lower id;
     /// empty when not asked for.
@@ -268,8 +269,15 @@ impl Sampler {
             let token = logits.iter().position(|v| !v.is_finite() && *v > 0.0).unwrap_or(0);
             return Err(SamplingError::BadLogit { token, value: max });
         }
-        // log-sum-exp of the processed logits, for the reported logprobs.
-        let lse = f64::from(max) + logits.iter().map(|&l| f64::from((l - max).exp())).sum::<f64>().ln();
+        // log-sum-exp of the processed logits, for the reported logprobs: one `exp` per
+        // vocabulary entry (49k for SmolLM2, about as many as a decode step's attention
+        // spends), so only when the request asked for logprobs.
+        let wanted = self.params.logprobs.is_some();
+        let lse = if wanted {
+            f64::from(max) + logits.iter().map(|&l| f64::from((l - max).exp())).sum::<f64>().ln()
+        } else {
+            0.0
+        };
         let logprob = |t: u32| (f64::from(logits[t as usize]) - lse) as f32;
 
         let token = if self.params.is_greedy() {
@@ -293,7 +301,7 @@ impl Sampler {
             }
             _ => Vec::new(),
         };
-        Ok(Sampled { token, logprob: logprob(token), top })
+        Ok(Sampled { token, logprob: if wanted { logprob(token) } else { 0.0 }, top })
     }
 
     /// Repetition, then presence and frequency penalties, on the tokens of `history`

@@ -341,8 +341,14 @@ fn logprobs_are_log_softmax_before_temperature_and_truncation() {
     for &(t, lp) in &d.top {
         assert!((f64::from(lp) - want[t as usize]).abs() < 1e-5);
     }
-    // Not asked for: no list.
-    assert!(draw(&mut sampler(SamplingParams::greedy()), &logits).top.is_empty());
+    // Not asked for: no list, and no log-sum-exp (the logprob reads 0); the same token.
+    let plain = draw(&mut sampler(SamplingParams::greedy()), &logits);
+    assert!(plain.top.is_empty());
+    assert_eq!((plain.token, plain.logprob), (d.token, 0.0));
+    // logprobs: Some(0) (chat's `logprobs: true` without top_logprobs): the token's own.
+    let own = draw(&mut sampler(SamplingParams { logprobs: Some(0), ..SamplingParams::greedy() }), &logits);
+    assert!(own.top.is_empty());
+    assert!((f64::from(own.logprob) - want[own.token as usize]).abs() < 1e-5);
 }
 
 #[test]
