@@ -104,26 +104,37 @@ pub fn write_kv(
     v: &[f32],
     seq: &SeqSlice,
 ) -> Result<(), KernelError> {
-    const OP: &str = "write_kv";
-    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
-    cache.check_seq(OP, seq, num_blocks)?;
+    write_kv_as("write_kv", cache, k_cache, v_cache, k, v, seq, |dst, src| dst.copy_from_slice(src))
+}
+
+/// [`write_kv`] into a cache of any element type, `store` converting one token's row
+/// (the f16 cache rounds there). Checks the operands as `op`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_kv_as<T>(
+    op: &'static str,
+    cache: &PagedKv,
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    k: &[f32],
+    v: &[f32],
+    seq: &SeqSlice,
+    store: impl Fn(&mut [T], &[f32]),
+) -> Result<(), KernelError> {
+    let num_blocks = cache.check_cache(op, k_cache.len(), v_cache.len())?;
+    cache.check_seq(op, seq, num_blocks)?;
     let stride = cache.token_stride();
-    check(k.len() == v.len() && seq.n_tokens.checked_mul(stride) == Some(k.len()), OP, || {
+    check(k.len() == v.len() && seq.n_tokens.checked_mul(stride) == Some(k.len()), op, || {
         format!("k {} / v {} values, expected {} tokens x {stride}", k.len(), v.len(), seq.n_tokens)
     })?;
     // A copy per token: bandwidth-bound and small next to the matmuls, so serial.
     for (t, (kt, vt)) in k.chunks_exact(stride).zip(v.chunks_exact(stride)).enumerate() {
         let off = cache.slot_offset(seq.block_table, seq.first_pos + t);
-        k_cache[off..off + stride].copy_from_slice(kt);
-        v_cache[off..off + stride].copy_from_slice(vt);
+        store(&mut k_cache[off..off + stride], kt);
+        store(&mut v_cache[off..off + stride], vt);
     }
     Ok(())
 }
 
-/// Causal attention of the chunk's queries over the cache (which must already hold the
-/// chunk's own K/V, see [`write_kv`]). `q`, `out`: `[n_tokens, n_heads * head_dim]`;
-/// scores are `scale * q.k` (usually `1 / sqrt(head_dim)`).
-#[allow(clippy::too_many_arguments)]
 pub fn attention(
     cache: &PagedKv,
     k_cache: &[f32],

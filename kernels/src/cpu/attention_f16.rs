@@ -24,7 +24,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::attention::{PagedKv, SeqSlice};
+use super::attention::{write_kv_as, PagedKv, SeqSlice};
 use super::matmul::Isa;
 use crate::error::check;
 use crate::KernelError;
@@ -50,19 +50,7 @@ pub fn write_kv_f16(
     v: &[f32],
     seq: &SeqSlice,
 ) -> Result<(), KernelError> {
-    const OP: &str = "write_kv_f16";
-    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
-    cache.check_seq(OP, seq, num_blocks)?;
-    let stride = cache.token_stride();
-    check(k.len() == v.len() && seq.n_tokens.checked_mul(stride) == Some(k.len()), OP, || {
-        format!("k {} / v {} values, expected {} tokens x {stride}", k.len(), v.len(), seq.n_tokens)
-    })?;
-    for (t, (kt, vt)) in k.chunks_exact(stride).zip(v.chunks_exact(stride)).enumerate() {
-        let off = cache.slot_offset(seq.block_table, seq.first_pos + t);
-        k_cache[off..off + stride].convert_from_f32_slice(kt);
-        v_cache[off..off + stride].convert_from_f32_slice(vt);
-    }
-    Ok(())
+    write_kv_as("write_kv_f16", cache, k_cache, v_cache, k, v, seq, |dst, src| dst.convert_from_f32_slice(src))
 }
 
 /// The cache offsets of one head's K/V row at positions `0, 1, ..` of a sequence, in
