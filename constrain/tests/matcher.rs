@@ -3,7 +3,6 @@
 //! that an independent check accepts; disallowed tokens are refused; bad and pathological
 //! grammars are refused quickly.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rand_chacha::ChaCha8Rng;
@@ -15,19 +14,9 @@ use tessera_constrain::{
 use tessera_model::gguf::GgufFile;
 use tessera_model::tokenizer::Tokenizer;
 
-fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("TESSERA_MODEL_PATH").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    });
-    match p {
-        Some(p) if p.exists() => Some(p),
-        _ if std::env::var_os("CI").is_some() => panic!("the default model is missing under CI"),
-        _ => {
-            eprintln!("skipping: default model not found (run `tessera fetch-model`)");
-            None
-        }
-    }
-}
+#[path = "../../tests/support/default_model.rs"]
+mod default_model;
+use default_model::default_model as model_path;
 
 struct Fixture {
     tok: Tokenizer,

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use axum::http::StatusCode;
@@ -17,21 +16,9 @@ use serde_json::{json, Value};
 use tessera_gateway::testing::{reply_steps, FakeEngine};
 use tessera_gateway::{app, AppState, Codec, GatewayConfig, ModelCodec};
 
-/// `$TESSERA_MODEL_PATH` (must exist when set), else the cache path, else `None`.
-fn model_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TESSERA_MODEL_PATH") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "TESSERA_MODEL_PATH={} does not exist", p.display());
-        return Some(p);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let p = home.join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    eprintln!("skipping: the default model is not at {} (set TESSERA_MODEL_PATH)", p.display());
-    None
-}
+#[path = "../../tests/support/default_model.rs"]
+mod default_model;
+use default_model::default_model as model_path;
 
 /// Loaded once: the codec leaks its tokenizer by design.
 fn codec() -> Option<Arc<ModelCodec>> {

@@ -43,17 +43,12 @@ fn compare(template: &ChatTemplate, name: &str) -> Vec<String> {
     bad
 }
 
+#[path = "../../tests/support/default_model.rs"]
+mod default_model;
+
 #[test]
 fn default_model_template_matches_llama_server() {
-    let path = match std::env::var_os("TESSERA_MODEL_PATH") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if !path.exists() {
-        eprintln!("skipping: {} is not present (set TESSERA_MODEL_PATH)", path.display());
-        return;
-    }
+    let Some(path) = default_model::default_model() else { return };
     let file = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let source = gguf_chat_template(&file).expect("the default model carries a chat template");

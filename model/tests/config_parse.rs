@@ -4,8 +4,6 @@
 //! sizes, plus the errors for missing keys, unsupported features and sizes that do not
 //! divide.
 
-use std::path::Path;
-
 use tessera_model::config::{Arch, ConfigError, ModelConfig, RopeScaling, RopeStyle};
 use tessera_model::gguf::{GgufFile, GgufWriter, MetaValue};
 
@@ -267,15 +265,13 @@ fn gguf_config_errors() {
     assert!(ModelConfig::from_gguf(&no_arch).unwrap_err().to_string().contains("general.architecture"));
 }
 
-const DEFAULT_MODEL: &str = "/root/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+#[path = "../../tests/support/default_model.rs"]
+mod default_model;
 
 #[test]
 fn default_model_gguf_agrees_with_its_hf_config() {
-    if !Path::new(DEFAULT_MODEL).exists() {
-        eprintln!("skipping: {DEFAULT_MODEL} is not present");
-        return;
-    }
-    let g = ModelConfig::from_gguf(&GgufFile::open(Path::new(DEFAULT_MODEL)).unwrap()).unwrap();
+    let Some(path) = default_model::default_model() else { return };
+    let g = ModelConfig::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     assert_eq!(g.rope_style, RopeStyle::Interleaved);
     let mut hf = ModelConfig::from_hf_config(SMOLLM2_HF).unwrap();
     hf.rope_style = RopeStyle::Interleaved; // the converter's q/k permutation

@@ -83,7 +83,8 @@ fn tiny_fixture_matches_python_reader() {
     assert_eq!(owned.metadata(), g.metadata());
 }
 
-const DEFAULT_MODEL: &str = "/root/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+#[path = "../../tests/support/default_model.rs"]
+mod default_model;
 
 /// Numbers from gguf 0.19.0:
 /// `python3 -c "import gguf; r = gguf.GGUFReader(PATH); print(len(r.tensors), r.data_offset, ...)"`
@@ -91,12 +92,8 @@ const DEFAULT_MODEL: &str = "/root/.cache/tessera/models/SmolLM2-135M-Instruct.Q
 /// `t.tensor_type.name, list(t.shape), t.data_offset, t.n_bytes`, and sums of `t.data`).
 #[test]
 fn default_model_matches_python_reader() {
-    let path = Path::new(DEFAULT_MODEL);
-    if !path.exists() {
-        eprintln!("skipping: {DEFAULT_MODEL} is not present");
-        return;
-    }
-    let g = GgufFile::open(path).unwrap();
+    let Some(path) = default_model::default_model() else { return };
+    let g = GgufFile::open(&path).unwrap();
     assert_eq!(g.version(), 3);
     assert_eq!(g.file_len(), 98_362_432);
     assert_eq!(g.metadata().len(), 33); // GGUF.kv_count

@@ -14,23 +14,10 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer")
 }
 
-/// The default model: `$TESSERA_MODEL_PATH` (must exist when set), else the cache path;
-/// `None` (the caller skips) when neither is present.
-pub fn default_model() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TESSERA_MODEL_PATH") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "TESSERA_MODEL_PATH={} does not exist", p.display());
-        return Some(p);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let p = home.join(".cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: the default model is not at {} (set TESSERA_MODEL_PATH)", p.display());
-        None
-    }
-}
+#[path = "../../../tests/support/default_model.rs"]
+mod default_model_path;
+#[allow(unused_imports)]
+pub use default_model_path::default_model;
 
 pub fn load_gguf(path: &Path) -> Tokenizer {
     let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
