@@ -31,6 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 KERNEL_TESTS=${KERNEL_TESTS:-"cuda_ops cuda_attention cuda_qkv cuda_init cuda_sampling cuda_gemv cuda_gemv_fused cuda_nccl cuda_token_mask"}
+CPU_TESTS="matmul attention_f16"
 MODEL=${TESSERA_MODEL_PATH:-$HOME/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
 test_exe() { # crate test-name features -> path of the built test binary
@@ -50,6 +51,9 @@ if [[ "${1:-}" == prepare ]]; then
     cp "$(test_exe tessera-worker cuda_model cuda)" .gpu/cuda_model
     cp "$(test_exe tessera-worker cuda_tp cuda)" .gpu/cuda_tp
     cp "$(test_exe tessera-kernels cuda_allreduce cuda)" .gpu/cuda_allreduce  # tp stage: needs 2 GPUs
+    # CPU kernels whose AVX-512 VNNI paths this machine (AVX2 only, like CI's) cannot run:
+    # the device's host CPU runs them in the kernels stage.
+    for t in $CPU_TESTS; do cp "$(test_exe tessera-kernels "$t" "")" ".gpu/$t"; done
     cargo build --release --features cuda
     cp target/release/tessera .gpu/tessera
     strip .gpu/*
@@ -98,12 +102,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,te
 if [[ " $STAGES " == *" kernels "* ]]; then
     : > "$LOG/kernels.log"
     for t in $KERNEL_TESTS; do
-        run "kernel tests $t" "$LOG/kernels.log" env TESSERA_GPU_TESTS=1 "$BIN/$t" --test-threads=1 --skip bench_
+        run "kernel tests $t" "$LOG/kernels.log" env TESSERA_GPU_TESTS=1 "$BIN/$t" --test-threads=1 --nocapture --skip bench_
     done
     [[ -n "${SKIP_KERNEL_BENCH:-}" ]] || for t in $KERNEL_TESTS; do
         run "kernel benchmarks $t" "$LOG/kernels.log" env TESSERA_GPU_BENCH=1 "$BIN/$t" --test-threads=1 --nocapture bench_
     done
     run "peer: PyTorch bf16 GEMM" "$LOG/kernels.log" python3 bench/gpu/torch_gemm.py
+    # The CPU kernels on the host's ISA (the VNNI kernels must equal the AVX2 ones bit for bit).
+    run "host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -o 'avx512_vnni\|avx512vl' /proc/cpuinfo | sort -u | xargs)" \
+        "$LOG/kernels.log" true
+    for t in $CPU_TESTS; do
+        run "CPU kernel tests $t" "$LOG/kernels.log" "$BIN/$t" --nocapture
+    done
 fi
 
 if [[ " $STAGES " == *" model "* ]]; then
@@ -141,6 +151,10 @@ if [[ " $STAGES " == *" tp "* ]]; then
     [[ -f /tmp/qwen3-ref/logits.f32 ]] || run "PyTorch reference: random Qwen3" "$LOG/tp.log" \
         python3 bench/gpu/torch_qwen3_ref.py /tmp/qwen3-ref
     # One-shot all-reduce over NVLink peer memory: ranks as processes (CUDA IPC) and as threads.
+    # Two GPUs are this stage's premise: with TESSERA_NEED_TWO_GPUS=1 a test that finds fewer
+    # fails instead of skipping.
+    export TESSERA_NEED_TWO_GPUS=1
+    run "NCCL tests" "$LOG/tp.log" env TESSERA_GPU_TESTS=1 "$BIN/cuda_nccl" --test-threads=1 --skip bench_
     run "one-shot all-reduce tests" "$LOG/tp.log" env TESSERA_GPU_TESTS=1 \
         "$BIN/cuda_allreduce" --test-threads=1 --nocapture --skip bench_
     run "one-shot all-reduce vs NCCL benchmark" "$LOG/tp.log" env TESSERA_GPU_BENCH=1 \
@@ -163,7 +177,7 @@ fi
 echo
 echo "== summary ($STAGES)"
 cat "$LOG"/kernels.log "$LOG"/model.log "$LOG"/serve.log "$LOG"/tp.log 2>/dev/null \
-    | grep -E '^== |^test result:|FAILED|FAIL |panicked|^!! |RESULT|TORCH|^\| tessera' | sed 's/^/  /'
+    | grep -E '^== |^test result:|FAILED|FAIL |panicked|^!! |RESULT|TORCH|^\| tessera|^skipped|SKIPPED|bit-equal|^== host CPU' | sed 's/^/  /'
 [[ -f "$LOG/kernels.log" ]] && { echo "| op | shape | time | rate | bandwidth |"; echo "|---|---|---|---|---|";
     grep -oE 'BENCH \|.*' "$LOG/kernels.log" | sed 's/^BENCH //; s/$/ |/'; }
 [[ -f "$LOG/bench.log" ]] && grep -E '^(#|\|)' "$LOG/bench.log"

@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::gpu::{rand_bf16, rng};
+use common::gpu::{rand_bf16, rng, too_few_gpus};
 use half::bf16;
 use tessera_kernels::cuda::{Buf, Device, IpcAllReduce, NcclComm, NcclId};
 use tessera_kernels::KernelError;
@@ -49,11 +49,7 @@ fn enabled(test: &str, var: &str) -> bool {
         return false;
     }
     let n = Device::count().unwrap_or_else(|e| panic!("{var}=1 but no CUDA driver: {e}"));
-    if n < WORLD {
-        eprintln!("skipped {test}: {n} GPU(s) present, the one-shot all-reduce tests need {WORLD}");
-        return false;
-    }
-    true
+    !too_few_gpus(test, n, WORLD)
 }
 
 /// What a rank runs once its group is set up.

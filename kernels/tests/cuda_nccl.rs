@@ -18,7 +18,7 @@ mod common;
 
 use std::sync::{mpsc, Barrier};
 
-use common::gpu::{rand_bf16, rng, unif};
+use common::gpu::{rand_bf16, rng, too_few_gpus, unif};
 use half::bf16;
 use tessera_kernels::cuda::{Device, NcclComm, NcclId};
 use tessera_kernels::KernelError;
@@ -34,8 +34,7 @@ fn two_gpus(test: &str, var: &str) -> Option<Vec<Device>> {
         return None;
     }
     let n = Device::count().unwrap_or_else(|e| panic!("{var}=1 but no CUDA driver: {e}"));
-    if n < WORLD {
-        eprintln!("skipped {test}: {n} GPU(s) present, NCCL tests need {WORLD}");
+    if too_few_gpus(test, n, WORLD) {
         return None;
     }
     // One after the other: the second device finds the first one's compiled modules cached.

@@ -20,6 +20,20 @@ pub fn gpu(test: &str) -> Option<Device> {
     }
 }
 
+/// Whether `present` GPUs are too few for a test that needs `need`: says so and returns
+/// true (the test then skips), except under `TESSERA_NEED_TWO_GPUS=1` (bench/gpu/run.sh's
+/// two-GPU stage), where a missing GPU is a failure, not a silent pass.
+pub fn too_few_gpus(test: &str, present: usize, need: usize) -> bool {
+    if present >= need {
+        return false;
+    }
+    if std::env::var("TESSERA_NEED_TWO_GPUS").as_deref() == Ok("1") {
+        panic!("{test}: TESSERA_NEED_TWO_GPUS=1 but {present} GPU(s) present, {need} needed");
+    }
+    eprintln!("skipped {test}: {present} GPU(s) present, {need} needed");
+    true
+}
+
 /// The device for a benchmark, or `None` (with a message) unless `TESSERA_GPU_BENCH=1`.
 pub fn bench_enabled(name: &str) -> Option<Device> {
     if std::env::var("TESSERA_GPU_BENCH").as_deref() != Ok("1") {
