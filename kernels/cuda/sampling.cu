@@ -393,7 +393,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 }
                 if (c == 0) continue;
                 float l = x[t];
-                l = l > 0.f ? __fdiv_rn(l, p.repetition_penalty) : __fmul_rn(l, p.repetition_penalty);
+                // Past f32's range (a tiny penalty) held at the largest finite value, as the CPU.
+                l = l > 0.f ? fminf(__fdiv_rn(l, p.repetition_penalty), __int_as_float(0x7f7fffff)) : __fmul_rn(l, p.repetition_penalty);
                 l = __fsub_rn(l, __fadd_rn(__fmul_rn((float)c, p.frequency_penalty), p.presence_penalty));
                 x[t] = l;
             }

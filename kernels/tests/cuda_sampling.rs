@@ -120,7 +120,7 @@ fn adjust_ref(row: &Row) -> Vec<f32> {
             }
             let v = &mut l[t as usize];
             if *v > 0.0 {
-                *v /= p.repetition_penalty;
+                *v = (*v / p.repetition_penalty).min(f32::MAX);
             } else {
                 *v *= p.repetition_penalty;
             }
@@ -393,6 +393,13 @@ fn penalties_and_bias_match_reference() {
         let mut row = Row::new(pos, SampleParams { repetition_penalty: 4.0, ..params(0.0, 0, 1.0, 0.0, 0) });
         row.pen = vec![(winner, 1)];
         rows.push(row);
+        // A tiny penalty lifts a repeated positive logit past f32's range: held at the
+        // largest finite value, so that token wins (not a bad-logit row).
+        let mut lifted = base.clone();
+        lifted[forced as usize] = lifted[forced as usize].abs() + 4.0;
+        let mut row = Row::new(lifted, SampleParams { repetition_penalty: 1e-38, ..params(0.0, 0, 1.0, 0.0, 0) });
+        row.pen = vec![(forced, 1)];
+        rows.push(row);
         let (got, adjusted) = run(&dev, vocab, &rows, 0);
         for (i, (g, row)) in got.iter().zip(&rows).enumerate() {
             check_row(&format!("force/ban vocab {vocab} row {i}"), g, &adjusted[i * vocab..(i + 1) * vocab], row, 0);
@@ -401,6 +408,7 @@ fn penalties_and_bias_match_reference() {
         assert!(got[1].token != winner && got[3].token != winner, "a -100 bias bans the winner");
         assert_eq!(got[1].token, argmax_ref(&adjusted[vocab..2 * vocab]));
         assert_ne!(got[4].token, winner, "the repetition penalty demotes the winner");
+        assert_eq!((got[5].token, adjusted[5 * vocab + forced as usize]), (forced, f32::MAX), "a tiny penalty lifts");
         eprintln!("force/ban/demote vocab {vocab}: ok");
     }
 }

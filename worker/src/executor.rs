@@ -271,12 +271,26 @@ impl Executor {
                     if let Some(Some(m)) = &mask {
                         apply_mask(row, m);
                     }
-                    st.sampler.sample(row, &st.history)?
+                    // A sequence whose logits cannot be sampled (every token banned, say)
+                    // fails alone, as a failed grammar does; the batch goes on.
+                    match st.sampler.sample(row, &st.history) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            errors.push((r.seq_id, e.to_string()));
+                            continue;
+                        }
+                    }
                 }
                 (None, Some(g)) => {
                     let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
                     st.sampler.note_external_draw();
-                    s
+                    match s {
+                        Ok(s) => s,
+                        Err(e) => {
+                            errors.push((r.seq_id, e.to_string()));
+                            continue;
+                        }
+                    }
                 }
                 (None, None) => return Err(WorkerError::InvalidBatch("no logits were computed".into())),
             };

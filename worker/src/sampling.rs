@@ -322,8 +322,11 @@ impl Sampler {
         }
         for &t in &self.seen {
             let (l, c) = (&mut logits[t as usize], &mut self.counts[t as usize]);
+            // A tiny penalty (any value > 0 is valid) can push a positive logit past f32's
+            // range: held at the largest finite value, the token is as certain as asked
+            // and the logprobs stay defined. A negative one may reach -inf: a ban.
             if *l > 0.0 {
-                *l /= p.repetition_penalty;
+                *l = (*l / p.repetition_penalty).min(f32::MAX);
             } else {
                 *l *= p.repetition_penalty;
             }

@@ -270,6 +270,25 @@ fn penalties_and_bias_change_exactly_the_right_logits() {
     assert!(history.iter().any(|&t| logits[t as usize] > 0.0) && history.iter().any(|&t| logits[t as usize] < 0.0));
 }
 
+/// Any repetition penalty > 0 is valid, and a tiny one divides a positive logit past f32's
+/// range: the sampler holds it at the largest finite value (the repeated token wins, its
+/// logprob is defined) instead of failing on an infinite logit.
+#[test]
+fn tiny_repetition_penalty_keeps_logits_finite() {
+    let logits = rand_logits(31, 64, -4.0, 4.0);
+    let pos = (0..64u32).find(|&t| logits[t as usize] > 3.5).expect("a logit > 3.5");
+    let neg = (0..64u32).find(|&t| logits[t as usize] < -1.0).expect("a negative logit");
+    let params = SamplingParams { repetition_penalty: 1e-38, logprobs: Some(2), ..SamplingParams::greedy() };
+    let mut got = logits.clone();
+    let s = sampler(params).sample(&mut got, &[pos, neg]).expect("sampled");
+    assert_eq!(s.token, pos);
+    assert_eq!(got[pos as usize], f32::MAX);
+    assert!(s.logprob.is_finite() && s.logprob <= 0.0, "logprob {}", s.logprob);
+    assert!(s.top.iter().all(|&(_, lp)| lp.is_finite()), "{:?}", s.top);
+    // The negative one is scaled towards zero, as the rule says.
+    assert_eq!(got[neg as usize], logits[neg as usize] * 1e-38);
+}
+
 #[test]
 fn logit_bias_bans_and_forces() {
     let logits = rand_logits(15, 50, -5.0, 5.0);

@@ -45,7 +45,7 @@ use super::sampler::{GpuSampler, RowRequest};
 use super::tp::TpPart;
 use super::weights::GpuWeights;
 use super::Comms;
-use crate::sampling::Sampled;
+use crate::sampling::{Sampled, SamplingError};
 
 /// Decode-attention scratch: (sequence, head, split) rows for this many sequence-splits
 /// per head (e.g. one sequence in 512 splits, or 64 in 8).
@@ -567,7 +567,8 @@ impl CudaModel {
     pub fn forward_greedy(&mut self, chunks: &[SeqChunk], sampler: &mut GpuSampler) -> Result<Vec<u32>, WorkerError> {
         let rows = chunks.iter().map(|s| s.logits.rows(s.tokens.len())).sum();
         let requests = vec![RowRequest::greedy(); rows];
-        Ok(self.forward_sample(chunks, &requests, sampler)?.into_iter().map(|s| s.token).collect())
+        let rows = self.forward_sample(chunks, &requests, sampler)?;
+        Ok(rows.into_iter().map(|s| s.map(|s| s.token)).collect::<Result<_, _>>()?)
     }
 
     /// Runs one step and samples each wanted row on the GPU with `requests` (one per
@@ -579,7 +580,7 @@ impl CudaModel {
         chunks: &[SeqChunk],
         requests: &[RowRequest],
         sampler: &mut GpuSampler,
-    ) -> Result<Vec<Sampled>, WorkerError> {
+    ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
         let (graph, rows, _) = self.step(chunks)?;
         if !self.samples() {
             self.core.dev.synchronize()?;

@@ -163,7 +163,7 @@ impl GpuSampler {
         logits: &mut Buf<f32>,
         vocab: usize,
         requests: &[RowRequest],
-    ) -> Result<Vec<Sampled>, WorkerError> {
+    ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
         let padded = logits.len() / vocab.max(1);
         if requests.len() > padded {
             return Err(WorkerError::InvalidBatch(format!(
@@ -225,7 +225,7 @@ impl GpuSampler {
             paths,
         )?;
         let rows = out.read(dev, requests.len())?;
-        rows.into_iter().map(to_sampled).collect()
+        Ok(rows.into_iter().map(to_sampled).collect())
     }
 }
 
@@ -267,12 +267,14 @@ impl Default for GpuSampler {
     }
 }
 
-fn to_sampled(r: SampledRow) -> Result<Sampled, WorkerError> {
+/// One row's draw, or why its logits could not be sampled (that row's sequence fails
+/// alone; the executor goes on with the others).
+fn to_sampled(r: SampledRow) -> Result<Sampled, SamplingError> {
     if r.flags & SampledRow::ALL_BANNED != 0 {
-        return Err(SamplingError::AllBanned.into());
+        return Err(SamplingError::AllBanned);
     }
     if r.flags & SampledRow::BAD_LOGIT != 0 {
-        return Err(SamplingError::BadLogit { token: r.token as usize, value: f32::NAN }.into());
+        return Err(SamplingError::BadLogit { token: r.token as usize, value: f32::NAN });
     }
     Ok(Sampled { token: r.token, logprob: r.logprob, top: r.top })
 }
