@@ -335,7 +335,9 @@ impl ToolCallParser {
             };
             if !call.committed {
                 call.raw.push(b);
-                if call.raw.len() > MAX_PENDING {
+                // Released at the first character boundary past the limit: `at` slices
+                // the delta, and a multi-byte character's continuation bytes are not one.
+                if call.raw.len() > MAX_PENDING && text.is_char_boundary(i + 1) {
                     end = Some(Outcome::Broken(i + 1));
                 }
             }

@@ -365,6 +365,17 @@ fn huge_unterminated_json_is_streamed_or_released() {
     }
     assert!(text.len() - released <= MAX_PENDING + 4096, "held {}", text.len() - released);
 
+    // The limit falls inside a multi-byte character for one of the two offsets (2- and
+    // 3-byte characters): released at the next boundary, the text comes back whole.
+    for pad in ["", "a"] {
+        for ch in ["é", "€"] {
+            let text = format!("<tool_call>{{\"arguments\": \"{pad}{}", ch.repeat(MAX_PENDING));
+            assert_eq!(parse(ToolSyntax::Hermes, &text), vec![ToolEvent::Text(text.clone())], "pad {pad:?} {ch}");
+            let got = normalize(parse_chunks(ToolSyntax::Llama3Json, &[&text[11..]]));
+            assert_eq!(got, vec![ToolEvent::Text(text[11..].to_owned())], "llama3 pad {pad:?} {ch}");
+        }
+    }
+
     // Deep nesting is refused at the scanner's depth limit, linearly.
     let deep = format!("<tool_call>{{\"name\": \"f\", \"arguments\": {}", "[".repeat(200_000));
     let got = timed(Duration::from_secs(5), || parse(ToolSyntax::Hermes, &deep));
