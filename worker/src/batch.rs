@@ -62,6 +62,9 @@ impl Logits {
 
 /// Rejects a batch that would index outside the vocabulary or the KV cache: every
 /// backend calls this before touching memory, so bad ids are an error, never a wild read.
+/// A step also writes each token's K/V to a slot of its own, so it never holds more tokens
+/// than the cache has slots: that bounds the activations a message can make a backend
+/// allocate (a long table of one repeated block would otherwise let it ask for any size).
 pub fn validate_chunks(
     chunks: &[SeqChunk],
     vocab: usize,
@@ -69,6 +72,13 @@ pub fn validate_chunks(
     block_size: usize,
 ) -> Result<(), crate::error::WorkerError> {
     use crate::error::WorkerError;
+    let slots = num_blocks.saturating_mul(block_size);
+    let total = chunks.iter().fold(0usize, |n, s| n.saturating_add(s.tokens.len()));
+    if total > slots {
+        return Err(WorkerError::InvalidBatch(format!(
+            "{total} tokens in one step, the KV cache has {slots} slots ({num_blocks} blocks of {block_size})"
+        )));
+    }
     for (i, s) in chunks.iter().enumerate() {
         if s.tokens.is_empty() {
             return Err(WorkerError::InvalidBatch(format!("chunk {i} has no tokens")));
@@ -78,8 +88,8 @@ pub fn validate_chunks(
                 "chunk {i}: token id {t} outside the vocabulary of {vocab}"
             )));
         }
-        let end = s.first_pos + s.tokens.len();
-        if s.block_table.len() * block_size < end {
+        let end = s.first_pos.checked_add(s.tokens.len()).unwrap_or(usize::MAX);
+        if s.block_table.len().saturating_mul(block_size) < end {
             return Err(WorkerError::InvalidBatch(format!(
                 "chunk {i}: block table covers {} positions, {end} needed",
                 s.block_table.len() * block_size

@@ -232,6 +232,9 @@ fn load(
         ModelFiles::open(&path).map_err(|e| Status::invalid_argument(format!("loading {}: {e}", path.display())))?;
     let sharded = req.shard.as_ref().filter(|s| s.tp_size > 1 || s.pp_size > 1);
     let block_size = if req.block_size == 0 { 16 } else { req.block_size as usize };
+    if block_size > MAX_BLOCK_SIZE {
+        return Err(Status::invalid_argument(format!("block_size {block_size} is over {MAX_BLOCK_SIZE}")));
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let backend = match device {
         DeviceChoice::Cpu => {
@@ -240,6 +243,7 @@ fn load(
                 LlamaModel::load_shard(Arc::new(files), shard).map_err(|e| Status::invalid_argument(e.to_string()))?;
             let per = model.kv_bytes_per_block(block_size) as u64;
             let num_blocks = blocks_for(req, per, DEFAULT_KV_BYTES)?.unwrap_or(0);
+            check_host_memory(num_blocks, per)?;
             let comms = match sharded {
                 Some(s) => connect_comms(s, listeners, metrics)?,
                 None => Comms::default(),
@@ -395,6 +399,34 @@ fn blocks_for(req: &pb::LoadRequest, per_block: u64, default_budget: u64) -> Res
         0 => Err(Status::invalid_argument("the KV memory budget holds no block")),
         n => Ok(Some(n)),
     }
+}
+
+/// Largest KV block (positions) a Load may ask for; engines use 16 to 256.
+const MAX_BLOCK_SIZE: usize = 4096;
+
+/// Refuses a CPU KV cache of `num_blocks` blocks of `per_block` bytes that this host's
+/// available memory (`MemAvailable`) cannot hold: allocated anyway, it would be zero pages
+/// until written and then get the process killed mid-serving instead of failing the Load.
+fn check_host_memory(num_blocks: usize, per_block: u64) -> Result<(), Status> {
+    let want = (num_blocks as u64).checked_mul(per_block).unwrap_or(u64::MAX);
+    match host_memory_available() {
+        Some(have) if want > have => Err(Status::resource_exhausted(format!(
+            "a KV cache of {num_blocks} blocks needs {:.1} GiB; this host has {:.1} GiB available",
+            want as f64 / GIB,
+            have as f64 / GIB
+        ))),
+        _ => Ok(()),
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// `MemAvailable` from /proc/meminfo in bytes (`None` where there is no such file).
+fn host_memory_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 fn params_from(p: Option<pb::SamplingParams>) -> SamplingParams {

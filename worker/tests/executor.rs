@@ -178,6 +178,12 @@ fn malformed_steps_are_errors_and_leave_others_working() {
         num_generated: 0,
     };
     assert!(ex.step(StepInput { new_sequences: vec![bad_params], ..Default::default() }).is_err(), "bad sampling");
+    // A table of one block repeated covers any length, but a step cannot hold more tokens
+    // than the cache's 8 x 4 slots (each token writes a slot of its own).
+    ex.step(StepInput { new_sequences: vec![new_seq(3, vec![4; 40], vec![])], ..Default::default() }).expect("new");
+    let long = Run { seq_id: 3, tokens: vec![1; 33], first_pos: 0, sample: true, from_previous: false };
+    let err = ex.step(StepInput { runs: vec![long], ..Default::default() }).expect_err("more tokens than slots");
+    assert!(err.to_string().contains("33 tokens in one step"), "{err}");
     // The good sequence still runs.
     let out = ex.step(StepInput { runs: vec![run(1, 0)], ..Default::default() }).expect("valid step");
     assert_eq!(out.sampled.len(), 1);
