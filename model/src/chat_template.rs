@@ -307,10 +307,16 @@ fn tojson(value: Value, ensure_ascii: Option<Value>, indent: Option<Value>, kwar
     };
     let ensure_ascii = pick("ensure_ascii", ensure_ascii)?.is_some_and(|v| v.is_true());
     let indent = match pick("indent", indent)? {
-        Some(v) if v.kind() == ValueKind::Number => v.as_i64().map(|i| i.max(0) as usize),
-        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().len()),
+        Some(v) if v.kind() == ValueKind::Number => v.as_i64().map(|i| i.clamp(0, i64::MAX) as u64),
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().len() as u64),
         _ => None,
     };
+    // A template is outside input (a model file's): an indent of a trillion would make
+    // every line a terabyte before fuel is counted again.
+    if let Some(n) = indent.filter(|&n| n > MAX_INDENT as u64) {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson indent {n} is over {MAX_INDENT}")));
+    }
+    let indent = indent.map(|n| n as usize);
     let (mut item_sep, mut key_sep) = (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string());
     if let Some(seps) = kwargs.get::<Option<Value>>("separators")? {
         let mut it = seps.try_iter()?;
@@ -328,6 +334,12 @@ fn tojson(value: Value, ensure_ascii: Option<Value>, indent: Option<Value>, kwar
     write_json(&value, &opts, 0, &mut out)?;
     Ok(out)
 }
+
+/// Widest `tojson` indent a template may ask for.
+const MAX_INDENT: usize = 64;
+/// Longest text one `tojson` call may produce (long separators or deep nesting times the
+/// indent can multiply its input many times over).
+const MAX_TOJSON_BYTES: usize = 32 << 20;
 
 struct JsonOpts {
     indent: Option<usize>,
@@ -405,6 +417,12 @@ fn write_container<T>(
     let mut any = false;
     for (i, item) in items.enumerate() {
         any = true;
+        if out.len() > MAX_TOJSON_BYTES {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson output over {MAX_TOJSON_BYTES} bytes"),
+            ));
+        }
         if i > 0 {
             out.push_str(&o.item_sep);
         }

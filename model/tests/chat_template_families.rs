@@ -107,6 +107,18 @@ fn tojson_writes_python_json() {
     assert_eq!(render(t, &msgs(&[("user", "hi")])).unwrap(), r#"{"content": "hi", "role": "user"}"#);
 }
 
+/// Templates come from model files: a `tojson` that would write terabytes is an error
+/// (a huge indent; separators that multiply the output), not an abort.
+#[test]
+fn tojson_refuses_outputs_a_template_could_blow_up() {
+    let err = render("{{ [1, 2] | tojson(indent=1000000000000) }}", &[]).unwrap_err().to_string();
+    assert!(err.contains("indent 1000000000000 is over 64"), "{err}");
+    assert!(render("{{ [1] | tojson(indent=64) }}", &[]).is_ok());
+    let t = "{% set sep = 'x' * 1000000 %}{{ range(100) | list | tojson(separators=(sep, ':')) }}";
+    let err = render(t, &[]).unwrap_err().to_string();
+    assert!(err.contains("tojson output over"), "{err}");
+}
+
 /// Today's UTC date as "%d %b %Y", computed by walking years and months from 1970.
 fn today() -> String {
     let mut days = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() / 86_400;
