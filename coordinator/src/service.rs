@@ -84,11 +84,16 @@ impl cpb::coordinator_server::Coordinator for CoordinatorService {
             .pick(&hashes)
             .ok_or_else(|| admission_status(AdmissionError::QueueFull { max_waiting: 0 }))?;
         let (tx, rx) = mpsc::unbounded_channel();
+        // Each output token is looked up in this list: deduplicated, it is no longer than
+        // the vocabulary however many ids a client repeats.
+        let mut stop_ids = req.stop_token_ids;
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
         let sub = Submission {
             prompt: req.prompt_ids,
             sampling: req.sampling.unwrap_or_default(),
             max_tokens: req.max_tokens as usize,
-            stop_ids: req.stop_token_ids,
+            stop_ids,
             events: tx,
             trace,
         };

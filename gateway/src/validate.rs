@@ -13,6 +13,10 @@ use crate::openai::common::SamplingFields;
 
 /// OpenAI's limit on stop strings.
 const MAX_STOP_STRINGS: usize = 4;
+/// Anthropic documents no count; this many keeps the per-token matching cheap.
+pub const MAX_STOP_SEQUENCES: usize = 64;
+/// Longest stop string (bytes): the detokeniser holds back up to this much text.
+const MAX_STOP_BYTES: usize = 4096;
 const MAX_CHAT_TOP_LOGPROBS: i64 = 20;
 const MAX_COMPLETION_LOGPROBS: i64 = 5;
 
@@ -213,16 +217,26 @@ fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
         }
         Some(_) => return Err(bad()),
     };
-    if stops.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", stops.len()),
-        ));
+    check_stops("stop", &stops, MAX_STOP_STRINGS)?;
+    Ok(stops)
+}
+
+/// At most `max` stop strings (request field `param`), none empty or over
+/// `MAX_STOP_BYTES`.
+pub fn check_stops(param: &str, stops: &[String], max: usize) -> Result<(), ApiError> {
+    if stops.len() > max {
+        return Err(ApiError::invalid(param, format!("at most {max} stop strings are allowed, got {}", stops.len())));
     }
     if stops.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        return Err(ApiError::invalid(param, "stop strings must not be empty"));
     }
-    Ok(stops)
+    if let Some(s) = stops.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            param,
+            format!("a stop string is {} bytes; at most {MAX_STOP_BYTES} are allowed", s.len()),
+        ));
+    }
+    Ok(())
 }
 
 fn logit_bias(f: &SamplingFields, vocab: u32) -> Result<Vec<(u32, f32)>, ApiError> {

@@ -169,6 +169,9 @@ async fn invalid_requests_are_400_in_anthropic_shape() {
         body(json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]})),
         body(json!({"system": 7})),
         body(json!({"stop_sequences": "x"})),
+        body(json!({"stop_sequences": [""]})),
+        body(json!({"stop_sequences": vec!["s"; 65]})),
+        body(json!({"stop_sequences": ["x".repeat(4097)]})),
     ];
     for b in cases {
         let r = post_json(&app, "/v1/messages", &b).await;

@@ -63,7 +63,9 @@ pub fn params(state: &AppState, req: &MessagesRequest) -> Result<CommonParams, A
         ..SamplingFields::default()
     };
     let mut params = validate::common(state, &fields, ("max_tokens", Some(req.max_tokens)), None)?;
-    params.stop_strings = req.stop_sequences.clone().unwrap_or_default();
+    let stops = req.stop_sequences.clone().unwrap_or_default();
+    validate::check_stops("stop_sequences", &stops, validate::MAX_STOP_SEQUENCES)?;
+    params.stop_strings = stops;
     Ok(params)
 }
 

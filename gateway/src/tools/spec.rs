@@ -129,8 +129,10 @@ fn strict(value: Option<&Value>, param: &str) -> Result<bool, ApiError> {
 }
 
 fn unique(tools: &[ToolDef], param: impl Fn(usize) -> String) -> Result<(), ApiError> {
+    // A set, not a scan of the earlier tools: a body may list a hundred thousand of them.
+    let mut seen = std::collections::HashSet::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
-        if tools[..i].iter().any(|u| u.name == t.name) {
+        if !seen.insert(t.name.as_str()) {
             return Err(ApiError::invalid(param(i), format!("tool name {:?} is used twice", t.name)));
         }
     }
