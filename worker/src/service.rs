@@ -543,7 +543,12 @@ impl pb::worker_server::Worker for WorkerService {
             while let Some(msg) = incoming.next().await {
                 let msg = match msg {
                     Ok(m) => m,
-                    Err(_) => break, // the coordinator went away
+                    // The coordinator went away (nobody to tell), or its message did not
+                    // decode: say which before the stream ends.
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::invalid_argument(format!("step stream: {e}")))).await;
+                        break;
+                    }
                 };
                 let step_id = msg.step_id;
                 let traced = tracer.begin(&msg);
