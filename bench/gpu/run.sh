@@ -177,7 +177,7 @@ fi
 echo
 echo "== summary ($STAGES)"
 cat "$LOG"/kernels.log "$LOG"/model.log "$LOG"/serve.log "$LOG"/tp.log 2>/dev/null \
-    | grep -E '^== |^test result:|FAILED|FAIL |panicked|^!! |RESULT|TORCH|^\| tessera|^skipped|SKIPPED|bit-equal|^== host CPU' | sed 's/^/  /'
+    | grep -E '^== |^test result:|FAILED|FAIL |panicked|^!! |RESULT|TORCH|^\| tessera|skipped [a-z0-9_]+: |bit-equal|^== host CPU' | sed 's/^/  /'
 [[ -f "$LOG/kernels.log" ]] && { echo "| op | shape | time | rate | bandwidth |"; echo "|---|---|---|---|---|";
     grep -oE 'BENCH \|.*' "$LOG/kernels.log" | sed 's/^BENCH //; s/$/ |/'; }
 [[ -f "$LOG/bench.log" ]] && grep -E '^(#|\|)' "$LOG/bench.log"
