@@ -65,13 +65,20 @@ impl Logits {
 /// A step also writes each token's K/V to a slot of its own, so it never holds more tokens
 /// than the cache has slots: that bounds the activations a message can make a backend
 /// allocate (a long table of one repeated block would otherwise let it ask for any size).
+///
+/// `max_positions`: positions the backend can place (the GPU backends' RoPE table; the
+/// CPU's `usize::MAX`). The GPU step index is a dense `[chunks, longest table]` array, so
+/// that product is capped too (legitimate steps stay far below it: 1,024 sequences of 128k
+/// positions in 16-position blocks are 8M entries).
 pub fn validate_chunks(
     chunks: &[SeqChunk],
     vocab: usize,
     num_blocks: usize,
     block_size: usize,
+    max_positions: usize,
 ) -> Result<(), crate::error::WorkerError> {
     use crate::error::WorkerError;
+    const MAX_TABLE_ENTRIES: usize = 1 << 25;
     let slots = num_blocks.saturating_mul(block_size);
     let total = chunks.iter().fold(0usize, |n, s| n.saturating_add(s.tokens.len()));
     if total > slots {
@@ -89,6 +96,11 @@ pub fn validate_chunks(
             )));
         }
         let end = s.first_pos.checked_add(s.tokens.len()).unwrap_or(usize::MAX);
+        if end > max_positions {
+            return Err(WorkerError::InvalidBatch(format!(
+                "chunk {i}: positions up to {end}, the model places {max_positions}"
+            )));
+        }
         if s.block_table.len().saturating_mul(block_size) < end {
             return Err(WorkerError::InvalidBatch(format!(
                 "chunk {i}: block table covers {} positions, {end} needed",
@@ -98,6 +110,17 @@ pub fn validate_chunks(
         if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= num_blocks) {
             return Err(WorkerError::InvalidBatch(format!("chunk {i}: block id {b} >= {num_blocks}")));
         }
+    }
+    let longest = chunks
+        .iter()
+        .map(|s| s.first_pos.saturating_add(s.tokens.len()).div_ceil(block_size.max(1)))
+        .max()
+        .unwrap_or(0);
+    if chunks.len().saturating_mul(longest) > MAX_TABLE_ENTRIES {
+        return Err(WorkerError::InvalidBatch(format!(
+            "{} chunks x {longest} blocks of block table in one step (at most {MAX_TABLE_ENTRIES} entries)",
+            chunks.len()
+        )));
     }
     Ok(())
 }

@@ -248,7 +248,7 @@ impl LlamaModel {
     /// [`LlamaModel::forward_sharded`]'s body.
     fn forward_step(&self, chunks: &[SeqChunk], kv: &mut KvCache, comms: &mut Comms) -> Result<Logits, WorkerError> {
         let c = &self.config;
-        crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size)?;
+        crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size, usize::MAX)?;
         let sh = &self.shard;
         let sharded = sh.tp > 1;
         if (sharded && comms.tp.is_none()) || (sh.stages > 1 && comms.pp.is_none()) {

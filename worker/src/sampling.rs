@@ -172,10 +172,33 @@ pub struct Sampler {
     weight: Vec<f32>,
 }
 
+/// `bias` with one entry per token, in token order, the biases of a repeated token summed
+/// in their order; borrowed when it already is (one pass). A client's map cannot repeat a
+/// token, but a list can, and a linear search per entry made a vocabulary-sized list
+/// quadratic on every step.
+pub fn merged_bias(bias: &[(u32, f32)]) -> std::borrow::Cow<'_, [(u32, f32)]> {
+    if bias.windows(2).all(|w| w[0].0 < w[1].0) {
+        return std::borrow::Cow::Borrowed(bias);
+    }
+    let mut sorted = bias.to_vec();
+    sorted.sort_by_key(|e| e.0); // stable: a token's biases keep their order
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(sorted.len());
+    for (t, b) in sorted {
+        match out.last_mut() {
+            Some(last) if last.0 == t => last.1 += b,
+            _ => out.push((t, b)),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 impl Sampler {
     /// A sampler for one sequence; fails on out-of-range parameters.
-    pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
+    pub fn new(mut params: SamplingParams) -> Result<Self, SamplingError> {
         params.validate()?;
+        // Once per sequence: every step then adds (and the GPU sampler uploads) one entry
+        // per token, in token order.
+        params.logit_bias = merged_bias(&params.logit_bias).into_owned();
         let seed = params.seed.unwrap_or_else(|| {
             // std's RandomState is keyed from OS randomness, once per process and
             // distinct per instance.

@@ -372,3 +372,65 @@ fn executor_samples_on_the_gpu() {
     assert_eq!(toks[0], toks[1], "same seed, same tokens");
     assert_ne!(toks[0], toks[2], "another seed, other tokens");
 }
+
+/// Steps the scheduler sends that sample nothing or not every chunk, on the GPU: a prefill
+/// chunk that does not end its prompt, alone (no row to sample), and a one-token such chunk
+/// beside a decode (a batch of one-token chunks, which the decode graphs would take if
+/// every chunk wanted a row). The prompt finished later, and the decode, give the tokens a
+/// single whole-prompt forward gives.
+#[test]
+fn steps_with_unsampled_chunks_run_on_the_gpu() {
+    use tessera_worker::backend::Backend;
+    use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
+    use tessera_worker::sampling::SamplingParams;
+    if !enabled("steps_with_unsampled_chunks_run_on_the_gpu") {
+        return;
+    }
+    let Some(path) = common::model_path::default_model() else { panic!("TESSERA_GPU_TESTS=1 needs the default model") };
+    let files = ModelFiles::open(&path).expect("open model");
+    let mut reference = CudaModel::load(&files, &opts()).expect("load on GPU");
+    let mut ex = Executor::new(Backend::cuda(CudaModel::load(&files, &opts()).expect("load on GPU")));
+    let a: Vec<u32> = (0..12).map(|i| 200 + 41 * i).collect();
+    let c: Vec<u32> = (0..6).map(|i| 300 + 17 * i).collect();
+    let greedy_last = |m: &mut CudaModel, tokens: &[u32]| {
+        let t = table(40, tokens.len());
+        let chunk = SeqChunk { tokens, first_pos: 0, block_table: &t, logits: LogitsWanted::Last };
+        argmax(&m.forward(&[chunk]).expect("reference").data)
+    };
+    let new = |id: u64, first_block: u32| NewSequence {
+        seq_id: id,
+        params: SamplingParams::greedy(),
+        block_table: table(first_block, 64),
+        cached_tokens: Vec::new(),
+        num_generated: 0,
+    };
+    let run = |seq_id, tokens: &[u32], first_pos, sample| Run {
+        seq_id,
+        tokens: tokens.to_vec(),
+        first_pos,
+        sample,
+        from_previous: false,
+    };
+    // C's prompt, sampled; A's first 8 tokens alone, nothing to sample.
+    let out = ex
+        .step(StepInput { new_sequences: vec![new(3, 20)], runs: vec![run(3, &c, 0, true)], ..Default::default() })
+        .expect("C's prompt");
+    let c_next = out.sampled[0].1.token;
+    assert_eq!(c_next, greedy_last(&mut reference, &c));
+    let out = ex
+        .step(StepInput { new_sequences: vec![new(1, 0)], runs: vec![run(1, &a[..8], 0, false)], ..Default::default() })
+        .expect("a step with no row to sample");
+    assert!(out.sampled.is_empty() && out.errors.is_empty());
+    // One token of A (no row) beside C's decode (one row).
+    let out = ex
+        .step(StepInput { runs: vec![run(1, &a[8..9], 8, false), run(3, &[c_next], 6, true)], ..Default::default() })
+        .expect("one-token chunks, one of them unsampled");
+    assert_eq!(out.sampled.len(), 1);
+    let mut c_all = c.clone();
+    c_all.push(c_next);
+    assert_eq!(out.sampled[0].1.token, greedy_last(&mut reference, &c_all), "C's decode");
+    // The rest of A's prompt: its first token is what the whole prompt gives.
+    let out =
+        ex.step(StepInput { runs: vec![run(1, &a[9..], 9, true)], ..Default::default() }).expect("A's last chunk");
+    assert_eq!(out.sampled[0].1.token, greedy_last(&mut reference, &a), "A after three chunks");
+}

@@ -289,6 +289,25 @@ fn tiny_repetition_penalty_keeps_logits_finite() {
     assert_eq!(got[neg as usize], logits[neg as usize] * 1e-38);
 }
 
+/// A bias list is merged once per sequence: one entry per token in token order, a repeated
+/// token's biases summed in their order; an already merged list is borrowed as it is.
+#[test]
+fn repeated_logit_biases_merge_in_order() {
+    use std::borrow::Cow;
+    use tessera_worker::sampling::merged_bias;
+    let sorted = [(1u32, 0.5f32), (4, -1.0), (9, 2.0)];
+    assert!(matches!(merged_bias(&sorted), Cow::Borrowed(_)));
+    let got = merged_bias(&[(9, 2.0), (1, 0.1), (4, -1.0), (1, 0.2), (1, 0.3)]).into_owned();
+    assert_eq!(got, vec![(1, (0.1f32 + 0.2) + 0.3), (4, -1.0), (9, 2.0)]);
+    // The sampler applies the merged sum: the same logits as adding each entry.
+    let logits = rand_logits(41, 16, -2.0, 2.0);
+    let params = SamplingParams { logit_bias: vec![(3, 1.5), (7, -0.5), (3, 0.25)], ..SamplingParams::greedy() };
+    let mut got = logits.clone();
+    sampler(params).sample(&mut got, &[]).unwrap();
+    assert_eq!(got[3], logits[3] + (1.5 + 0.25));
+    assert_eq!(got[7], logits[7] - 0.5);
+}
+
 #[test]
 fn logit_bias_bans_and_forces() {
     let logits = rand_logits(15, 50, -5.0, 5.0);

@@ -43,7 +43,7 @@ use crate::step_index::{rows_of, slot_of, spans_of, HostIndex};
 use super::allreduce::TpAllReduce;
 use super::sampler::{GpuSampler, RowRequest};
 use super::tp::TpPart;
-use super::weights::GpuWeights;
+use super::weights::{rope_positions, GpuWeights};
 use super::Comms;
 use crate::sampling::{Sampled, SamplingError};
 
@@ -589,6 +589,11 @@ impl CudaModel {
         if rows != requests.len() {
             return Err(WorkerError::InvalidBatch(format!("{rows} logit rows, {} sample requests", requests.len())));
         }
+        if rows == 0 {
+            // A step of prefill chunks none of which ends its prompt: nothing to sample.
+            self.core.dev.synchronize()?;
+            return Ok(Vec::new());
+        }
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)
     }
@@ -599,9 +604,11 @@ impl CudaModel {
     fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
         let t0 = Instant::now();
         let c = &self.core.config;
-        validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size)?;
+        validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size, rope_positions(c))?;
         let bs = self.kv.block_size;
-        let decode = chunks.iter().all(|s| s.tokens.len() == 1);
+        // A graph's step has one token and one logit row per sequence: a one-token prefill
+        // chunk that is not the prompt's last (no row) runs eagerly.
+        let decode = chunks.iter().all(|s| s.tokens.len() == 1 && s.logits.rows(1) == 1);
         let graph = if decode { self.graphs.iter().position(|g| g.b >= chunks.len()) } else { None };
         let graph = graph.filter(|&g| {
             let mb = self.graphs[g].idx.max_blocks;

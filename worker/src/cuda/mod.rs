@@ -25,7 +25,7 @@ pub(crate) use forward::{GpuKv, Scratch};
 pub use sampler::{GpuSampler, RowRequest};
 pub use tp::TpPart;
 #[cfg_attr(not(feature = "hip"), allow(unused_imports))]
-pub(crate) use weights::GpuWeights;
+pub(crate) use weights::{rope_positions, GpuWeights};
 
 /// How to place a model on a GPU.
 #[derive(Debug, Clone)]
@@ -64,11 +64,33 @@ pub fn kv_bytes_per_block(c: &ModelConfig, block_size: usize) -> usize {
     2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 2
 }
 
+/// What the CUDA kernels take of a model beyond `ModelConfig::validate`: a head size the
+/// attention kernels were compiled for and a vocabulary the sampler's ids hold. Checked
+/// before any device memory is touched, so such a file is refused at load rather than
+/// failing every step (or, for a huge head size, sizing a RoPE table of that width).
+fn check_supported(c: &ModelConfig) -> Result<(), WorkerError> {
+    use tessera_kernels::cuda::{sample_params::MAX_SAMPLE_VOCAB, HEAD_DIMS};
+    if !HEAD_DIMS.contains(&c.head_dim) {
+        return Err(WorkerError::Unavailable(format!(
+            "head_dim {} is not one the CUDA kernels take ({HEAD_DIMS:?})",
+            c.head_dim
+        )));
+    }
+    if c.vocab_size > MAX_SAMPLE_VOCAB {
+        return Err(WorkerError::Unavailable(format!(
+            "a vocabulary of {} tokens is over the GPU sampler's {MAX_SAMPLE_VOCAB}",
+            c.vocab_size
+        )));
+    }
+    Ok(())
+}
+
 impl CudaModel {
     /// Loads `files` onto the GPU.
     pub fn load(files: &ModelFiles, opts: &CudaOptions) -> Result<Self, WorkerError> {
         let config = files.config()?;
         config.validate().map_err(tessera_model::error::ModelError::from)?;
+        check_supported(&config)?;
         let dev = Device::new(opts.device)?;
         let part = TpPart::whole(&config);
         let w = weights::GpuWeights::load(&dev, &config, &part, files);
@@ -88,6 +110,7 @@ impl CudaModel {
     ) -> Result<Self, WorkerError> {
         let config = files.config()?;
         config.validate().map_err(tessera_model::error::ModelError::from)?;
+        check_supported(&config)?;
         let part = TpPart::of_shard(&config, shard)?;
         let dev = Device::new(opts.device)?;
         let comms = join(&dev, &part, ids)?;
@@ -133,6 +156,10 @@ impl CudaModel {
         comms: Comms,
         opts: &CudaOptions,
     ) -> Result<Self, WorkerError> {
+        // The context this backend serves (and the worker advertises): what its RoPE table
+        // covers, which may be shorter than the model's.
+        let mut config = config;
+        config.max_position = weights::rope_positions(&config);
         let local = part.local_config(&config);
         let loaded = w.and_then(|w| Ok((w, kv_blocks(&dev, &local, opts)?)));
         let mut m = CudaModel::new(dev, config, local, part, loaded, comms, opts.block_size)?;

@@ -18,7 +18,7 @@ use tessera_kernels::cuda::{Buf, Device, Elem, SampleOutput, SampleParams, Sampl
 
 use crate::constrained::MaskCell;
 use crate::error::WorkerError;
-use crate::sampling::{Sampled, SamplingError, SamplingParams, MAX_LOGPROBS};
+use crate::sampling::{merged_bias, Sampled, SamplingError, SamplingParams, MAX_LOGPROBS};
 
 /// What one row needs besides its logits.
 #[derive(Debug, Clone)]
@@ -64,14 +64,8 @@ impl RowRequest {
                 penalties.push((run[0], run.len() as u32));
             }
         }
-        // Several biases of one token add up on the CPU; the kernel takes one entry each.
-        let mut bias: Vec<(u32, f32)> = Vec::with_capacity(params.logit_bias.len());
-        for &(t, b) in &params.logit_bias {
-            match bias.iter_mut().find(|e| e.0 == t) {
-                Some(e) => e.1 += b,
-                None => bias.push((t, b)),
-            }
-        }
+        // The kernel takes one entry per token (a sequence's sampler merged them already).
+        let bias = merged_bias(&params.logit_bias).into_owned();
         Ok(RowRequest {
             params: SampleParams {
                 seed,

@@ -56,7 +56,7 @@ pub(crate) struct GpuWeights<B = Buf<bf16>, R = RopeCache> {
 
 /// Positions the RoPE table covers: the model's context, at most 128k (its memory is
 /// `positions * head_dim * 4` bytes).
-fn rope_positions(c: &ModelConfig) -> usize {
+pub(crate) fn rope_positions(c: &ModelConfig) -> usize {
     c.max_position.clamp(1, 131072)
 }
 

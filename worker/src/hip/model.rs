@@ -26,7 +26,7 @@ use tessera_model::config::ModelConfig;
 use tessera_model::weights::ModelFiles;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
-use crate::cuda::{kv_blocks_in, CudaOptions, GpuKv, GpuWeights, Scratch, TpPart};
+use crate::cuda::{kv_blocks_in, rope_positions, CudaOptions, GpuKv, GpuWeights, Scratch, TpPart};
 use crate::error::WorkerError;
 use crate::gpu_store::GpuStore;
 use crate::step_index::{rows_of, spans_of, HostIndex};
@@ -162,7 +162,7 @@ impl HipModel {
     /// Runs one step over `chunks`, writing their K/V, and returns the logits asked for.
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         let vocab = self.config.vocab_size;
-        validate_chunks(chunks, vocab, self.kv.num_blocks, self.kv.block_size)?;
+        validate_chunks(chunks, vocab, self.kv.num_blocks, self.kv.block_size, rope_positions(&self.config))?;
         let h = HostIndex::build(chunks, self.kv.block_size);
         let t = h.ids.len();
         if t == 0 {
