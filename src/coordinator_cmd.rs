@@ -79,7 +79,7 @@ pub struct CoordinatorArgs {
     #[arg(long, env = "TESSERA_STEP_TIMEOUT_S", default_value_t = 300)]
     pub step_timeout_s: u64,
     /// Seconds to wait for workers to come up.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, env = "TESSERA_CONNECT_TIMEOUT_S", default_value_t = 120)]
     pub connect_timeout_s: u64,
     /// Prefix-cache affinity: a request goes to the replica that last served its prefix
     /// unless that one holds more than this many sequences beyond the least loaded.
