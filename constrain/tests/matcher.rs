@@ -52,7 +52,7 @@ fn walk(fx: &Fixture, m: &mut SeqMatcher, rng: &mut ChaCha8Rng, max_steps: usize
         let ok = allowed(&mask, n);
         assert!(!ok.is_empty());
         let eos_ok: Vec<u32> = ok.iter().copied().filter(|t| eos.contains(t)).collect();
-        let t = if !eos_ok.is_empty() && (rng.next_u32() % 2 == 0 || ok.len() == eos_ok.len()) {
+        let t = if !eos_ok.is_empty() && (rng.next_u32().is_multiple_of(2) || ok.len() == eos_ok.len()) {
             eos_ok[0]
         } else {
             let text: Vec<u32> = ok.iter().copied().filter(|t| !eos.contains(t)).collect();
@@ -95,7 +95,7 @@ fn check_person(v: &Value) -> Result<(), String> {
     }
     if let Some(tags) = o.get("tags") {
         let tags = tags.as_array().ok_or("tags")?;
-        if tags.len() > 3 || tags.iter().any(|t| !t.as_str().is_some_and(|s| s.chars().count() <= 5)) {
+        if tags.len() > 3 || tags.iter().any(|t| t.as_str().is_none_or(|s| s.chars().count() > 5)) {
             return Err(format!("tags {tags:?}"));
         }
     }
@@ -109,7 +109,7 @@ fn check_person(v: &Value) -> Result<(), String> {
             return Err("address keys".into());
         }
         if let Some(c) = a.get("city") {
-            if !c.as_str().is_some_and(|s| s.chars().count() <= 6) {
+            if c.as_str().is_none_or(|s| s.chars().count() > 6) {
                 return Err("city".into());
             }
         }

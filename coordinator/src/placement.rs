@@ -79,21 +79,21 @@ impl Placement {
         if pp == 0 {
             return Err(PlacementError::Zero { name: "pp" });
         }
-        if c.num_heads % tp != 0 {
+        if !c.num_heads.is_multiple_of(tp) {
             return Err(PlacementError::Heads { heads: c.num_heads, tp });
         }
         let kv = c.num_kv_heads;
-        let kv_ok = kv > 0 && (kv % tp == 0 || tp % kv == 0);
+        let kv_ok = kv > 0 && (kv.is_multiple_of(tp) || tp.is_multiple_of(kv));
         if !kv_ok {
             return Err(PlacementError::KvHeads { kv_heads: kv, tp });
         }
-        if c.hidden_size % tp != 0 {
+        if !c.hidden_size.is_multiple_of(tp) {
             return Err(PlacementError::Hidden { size: c.hidden_size, tp });
         }
-        if c.intermediate_size % tp != 0 {
+        if !c.intermediate_size.is_multiple_of(tp) {
             return Err(PlacementError::Intermediate { size: c.intermediate_size, tp });
         }
-        if c.vocab_size % tp != 0 {
+        if !c.vocab_size.is_multiple_of(tp) {
             return Err(PlacementError::Vocab { vocab: c.vocab_size, tp });
         }
         if c.num_layers < pp {

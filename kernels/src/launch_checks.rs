@@ -89,7 +89,7 @@ pub(crate) fn embedding_shape(
     n_ids: usize,
     dim: usize,
 ) -> Result<usize, KernelError> {
-    check(dim > 0 && table_len % dim == 0, op, || {
+    check(dim > 0 && table_len.is_multiple_of(dim), op, || {
         format!("table has {table_len} values, not a whole number of rows of {dim}")
     })?;
     check(n_ids.checked_mul(dim) == Some(out_len), op, || {
@@ -106,7 +106,7 @@ pub(crate) fn silu_packed_shape(
     gate_up_len: usize,
     n_rows: usize,
 ) -> Result<usize, KernelError> {
-    check(n_rows > 0 && out_len % n_rows == 0, op, || format!("out has {out_len} values, not {n_rows} rows"))?;
+    check(n_rows > 0 && out_len.is_multiple_of(n_rows), op, || format!("out has {out_len} values, not {n_rows} rows"))?;
     let ffn = out_len / n_rows;
     check(gate_up_len == 2 * out_len, op, || {
         format!("gate_up has {gate_up_len} values, expected {n_rows} x 2 x {ffn}")
@@ -177,7 +177,7 @@ pub(crate) fn qkv_shape(op: &'static str, l: &QkvLens, cache: &PagedKv) -> Resul
         check(qn == hd && kn == hd, op, || format!("q/k norm weights have {qn}/{kn} values, expected head_dim {hd}"))?;
     }
     let block = kv_row.checked_mul(cache.block_size).unwrap_or(0);
-    check(block > 0 && l.k_cache == l.v_cache && l.k_cache % block == 0, op, || {
+    check(block > 0 && l.k_cache == l.v_cache && l.k_cache.is_multiple_of(block), op, || {
         format!(
             "k cache {} / v cache {} values: not equal whole numbers of {block}-value blocks of {cache:?}",
             l.k_cache, l.v_cache

@@ -101,7 +101,7 @@ fn with_processes(role: Role) {
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(540);
-    let mut status = vec![None; WORLD];
+    let mut status = [None; WORLD];
     while status.iter().any(Option::is_none) {
         for (r, c) in children.iter_mut().enumerate() {
             if status[r].is_none() {

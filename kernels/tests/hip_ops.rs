@@ -37,7 +37,7 @@ fn rccl_absent_is_a_clear_error() {
         eprintln!("skipped rccl_absent_is_a_clear_error: librccl is installed here");
         return;
     }
-    let msg = hip::rccl_unique_id().err().expect("an RCCL id without librccl").to_string();
+    let msg = hip::rccl_unique_id().expect_err("an RCCL id without librccl").to_string();
     assert!(msg.contains("RCCL is not available") && msg.contains("librccl"), "{msg}");
     // The failure is remembered, not retried into a different message.
     assert_eq!(hip::rccl_unique_id().err().map(|e| e.to_string()), Some(msg));

@@ -79,7 +79,7 @@ fn random_x(n: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     for _ in 0..n {
         let scale = 0.05 + 4.0 * (uniform(rng) + 1.0);
         for _ in 0..cols {
-            let outlier = if rng.next_u32() % 97 == 0 { 6.0 } else { 1.0 };
+            let outlier = if rng.next_u32().is_multiple_of(97) { 6.0 } else { 1.0 };
             x.push(uniform(rng) * scale * outlier);
         }
     }

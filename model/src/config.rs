@@ -242,13 +242,13 @@ impl ModelConfig {
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return invalid(format!("{name} is 0"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return invalid(format!(
                 "{} attention heads do not divide into groups of {} KV heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return invalid(format!("head_dim {} is odd; RoPE rotates pairs", self.head_dim));
         }
         if self.num_heads.checked_mul(self.head_dim).is_none() {
@@ -287,7 +287,7 @@ fn bad(key: &str, reason: &str) -> ConfigError {
 }
 
 fn derived_head_dim(hidden: usize, heads: usize) -> Result<usize, ConfigError> {
-    if heads == 0 || hidden % heads != 0 {
+    if heads == 0 || !hidden.is_multiple_of(heads) {
         return Err(ConfigError::Invalid(format!(
             "hidden size {hidden} does not divide into {heads} heads (and no head_dim is given)"
         )));

@@ -95,7 +95,7 @@ pub fn validate_chunks(
                 "chunk {i}: token id {t} outside the vocabulary of {vocab}"
             )));
         }
-        let end = s.first_pos.checked_add(s.tokens.len()).unwrap_or(usize::MAX);
+        let end = s.first_pos.saturating_add(s.tokens.len());
         if end > max_positions {
             return Err(WorkerError::InvalidBatch(format!(
                 "chunk {i}: positions up to {end}, the model places {max_positions}"

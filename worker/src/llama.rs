@@ -321,7 +321,7 @@ impl LlamaModel {
             let mut row = 0;
             for s in chunks {
                 let n = s.tokens.len();
-                let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
+                let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
                 let (kr, vr) = (&k[row * kv_dim..(row + n) * kv_dim], &v[row * kv_dim..(row + n) * kv_dim]);
                 attention_f16::write_kv_f16(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
                 row += n;
@@ -347,7 +347,7 @@ impl LlamaModel {
             let scale = 1.0 / (hd as f32).sqrt();
             outs.into_par_iter().zip(chunks.par_iter().zip(starts.par_iter())).try_for_each(|(out, (s, &r0))| {
                 let n = s.tokens.len();
-                let seq = attention::SeqSlice { block_table: &s.block_table, first_pos: s.first_pos, n_tokens: n };
+                let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
                 let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
                 attention_f16::attention_f16(&cache, k_cache, v_cache, out, qs, &seq, n_heads, scale)
             })?;
@@ -448,7 +448,7 @@ fn check_shard(c: &ModelConfig, s: &Shard) -> Result<(), WorkerError> {
     if s.layers.start > s.layers.end || s.layers.end > c.num_layers || s.layers.is_empty() {
         return bad(format!("layers outside 0..{}", c.num_layers));
     }
-    let kv_ok = c.num_kv_heads % s.tp == 0 || s.tp % c.num_kv_heads == 0;
+    let kv_ok = c.num_kv_heads.is_multiple_of(s.tp) || s.tp.is_multiple_of(c.num_kv_heads);
     for (what, n) in [
         ("attention heads", c.num_heads),
         ("hidden size", c.hidden_size),

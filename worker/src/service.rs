@@ -408,7 +408,7 @@ const MAX_BLOCK_SIZE: usize = 4096;
 /// available memory (`MemAvailable`) cannot hold: allocated anyway, it would be zero pages
 /// until written and then get the process killed mid-serving instead of failing the Load.
 fn check_host_memory(num_blocks: usize, per_block: u64) -> Result<(), Status> {
-    let want = (num_blocks as u64).checked_mul(per_block).unwrap_or(u64::MAX);
+    let want = (num_blocks as u64).saturating_mul(per_block);
     match host_memory_available() {
         Some(have) if want > have => Err(Status::resource_exhausted(format!(
             "a KV cache of {num_blocks} blocks needs {:.1} GiB; this host has {:.1} GiB available",

@@ -33,7 +33,8 @@ pub fn cols(w: &Linear, range: Range<usize>) -> Result<Linear, WorkerError> {
     let block = w.ty.block_elems();
     let expected =
         || format!("a non-empty range within 0..{} on {} block boundaries (multiples of {block})", w.cols, w.ty);
-    if range.is_empty() || range.end > w.cols || range.start % block != 0 || range.end % block != 0 {
+    if range.is_empty() || range.end > w.cols || !range.start.is_multiple_of(block) || !range.end.is_multiple_of(block)
+    {
         return Err(bad_range("column", w, &range, expected()));
     }
     let (Some(first), Some(last)) = (w.ty.bytes_for(range.start), w.ty.bytes_for(range.end)) else {

@@ -115,7 +115,7 @@ pub fn add_inplace(a: &mut [f32], b: &[f32]) -> Result<(), KernelError> {
 
 /// Adds `bias` (`[dim]`) to every row of `x` (`[n_rows, dim]`), e.g. Qwen2's q/k/v bias.
 pub fn add_row_bias(x: &mut [f32], bias: &[f32]) -> Result<(), KernelError> {
-    check(!bias.is_empty() && x.len() % bias.len() == 0, "add_row_bias", || {
+    check(!bias.is_empty() && x.len().is_multiple_of(bias.len()), "add_row_bias", || {
         format!("x has {} values, not a whole number of rows of bias length {}", x.len(), bias.len())
     })?;
     let run = |row: &mut [f32]| {

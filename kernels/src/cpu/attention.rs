@@ -60,7 +60,7 @@ impl PagedKv {
             .block_size
             .checked_mul(self.token_stride())
             .ok_or_else(|| KernelError::Shape { op, detail: format!("block size overflows: {self:?}") })?;
-        check(k_len == v_len && k_len % block == 0, op, || {
+        check(k_len == v_len && k_len.is_multiple_of(block), op, || {
             format!("k cache {k_len} / v cache {v_len} values: not equal whole numbers of {block}-value blocks")
         })?;
         Ok(k_len / block)
@@ -149,7 +149,7 @@ pub fn attention(
     let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
     let ctx = cache.check_seq(OP, seq, num_blocks)?;
     let (hd, n_kv) = (cache.head_dim, cache.n_kv_heads);
-    check(n_heads > 0 && n_heads % n_kv == 0, OP, || {
+    check(n_heads > 0 && n_heads.is_multiple_of(n_kv), OP, || {
         format!("n_heads {n_heads} is not a positive multiple of n_kv_heads {n_kv}")
     })?;
     let q_len = seq.n_tokens.checked_mul(n_heads * hd);

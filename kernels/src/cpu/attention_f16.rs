@@ -168,7 +168,7 @@ pub fn attention_f16_with(
     let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
     let ctx = cache.check_seq(OP, seq, num_blocks)?;
     let (hd, n_kv) = (cache.head_dim, cache.n_kv_heads);
-    check(n_heads > 0 && n_heads % n_kv == 0, OP, || {
+    check(n_heads > 0 && n_heads.is_multiple_of(n_kv), OP, || {
         format!("n_heads {n_heads} is not a positive multiple of n_kv_heads {n_kv}")
     })?;
     let q_len = seq.n_tokens.checked_mul(n_heads * hd);
@@ -181,7 +181,7 @@ pub fn attention_f16_with(
     // one GQA group at a time (they read the same K/V rows): the largest of 4, 3, 2, 1
     // that divides the group.
     let simd = isa.has_avx2() && matches!(hd, 64 | 128 | 256);
-    let g = if simd { [4, 3, 2].into_iter().find(|g| group % g == 0).unwrap_or(1) } else { 1 };
+    let g = if simd { [4, 3, 2].into_iter().find(|g| group.is_multiple_of(*g)).unwrap_or(1) } else { 1 };
 
     // Task `i`: output rows `i * g .. (i + 1) * g`, row `t * n_heads + h` for (token,
     // head); `g` divides the group, so the rows share token and kv head.

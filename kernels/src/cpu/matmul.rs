@@ -358,7 +358,7 @@ pub fn dequantize_rows(w: &Weight, first_row: usize, out: &mut [f32]) -> Result<
     if out.is_empty() {
         return Ok(());
     }
-    check(w.cols > 0 && out.len() % w.cols == 0, OP, || {
+    check(w.cols > 0 && out.len().is_multiple_of(w.cols), OP, || {
         format!("out has {} values, not a whole number of rows of {}", out.len(), w.cols)
     })?;
     let k = out.len() / w.cols;

@@ -84,7 +84,7 @@ impl RopeParams {
         freq_factors: Option<Vec<f32>>,
     ) -> Result<Self, KernelError> {
         const OP: &str = "rope_params";
-        check(rope_dim > 0 && rope_dim % 2 == 0, OP, || format!("rope dim {rope_dim} must be even and > 0"))?;
+        check(rope_dim > 0 && rope_dim.is_multiple_of(2), OP, || format!("rope dim {rope_dim} must be even and > 0"))?;
         check(theta.is_finite() && theta > 0.0, OP, || format!("theta {theta} must be finite and > 0"))?;
         check(!(llama3.is_some() && freq_factors.is_some()), OP, || {
             "both Llama-3 scaling and rope_freqs factors given; they encode the same scaling".to_string()

@@ -218,7 +218,7 @@ pub(crate) fn check_q8(
             && a.s.len() >= (t0 + tn) * nb
             && (rows == 0 || tn == 0 || out.len() >= (rows - 1) * stride + tn)
             && (tn <= 1
-                || (t0 % TOKEN_GROUP == 0
+                || (t0.is_multiple_of(TOKEN_GROUP)
                     && a.d4.len() >= (t0 + tn).div_ceil(TOKEN_GROUP) * nb * TOKEN_GROUP
                     && a.s4.len() == a.d4.len()))
     );

@@ -24,7 +24,7 @@ pub fn softmax_inplace(x: &mut [f32]) -> Result<(), KernelError> {
 
 /// [`softmax_inplace`] on each `[n_cols]` row of `x` (`[n_rows, n_cols]`).
 pub fn softmax_rows_inplace(x: &mut [f32], n_cols: usize) -> Result<(), KernelError> {
-    check(n_cols > 0 && x.len() % n_cols == 0, "softmax_rows_inplace", || {
+    check(n_cols > 0 && x.len().is_multiple_of(n_cols), "softmax_rows_inplace", || {
         format!("{} values is not a whole number of rows of {n_cols}", x.len())
     })?;
     x.chunks_mut(n_cols).try_for_each(softmax_inplace)

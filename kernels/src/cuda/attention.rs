@@ -149,7 +149,7 @@ fn check_batch(
     })?;
     let block = c.n_kv_heads.checked_mul(c.head_dim).and_then(|r| r.checked_mul(c.block_size));
     let num_blocks = match block {
-        Some(bl) if b.k_cache.len() == b.v_cache.len() && b.k_cache.len() % bl == 0 => b.k_cache.len() / bl,
+        Some(bl) if b.k_cache.len() == b.v_cache.len() && b.k_cache.len().is_multiple_of(bl) => b.k_cache.len() / bl,
         _ => {
             return Err(KernelError::Shape {
                 op,
@@ -174,7 +174,7 @@ fn check_batch(
         )
     })?;
     to_u32(op, "max_blocks", b.max_blocks)?;
-    check(n_heads > 0 && n_heads % c.n_kv_heads == 0, op, || {
+    check(n_heads > 0 && n_heads.is_multiple_of(c.n_kv_heads), op, || {
         format!("n_heads {n_heads} is not a positive multiple of n_kv_heads {}", c.n_kv_heads)
     })?;
     check(scale.is_finite(), op, || format!("scale {scale} is not finite"))?;
@@ -203,7 +203,7 @@ impl Device {
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_write_kv";
         check(
-            cache.block_size > 0 && cache.n_kv_heads > 0 && cache.head_dim > 0 && cache.head_dim % 8 == 0,
+            cache.block_size > 0 && cache.n_kv_heads > 0 && cache.head_dim > 0 && cache.head_dim.is_multiple_of(8),
             OP,
             || format!("block_size, n_kv_heads must be > 0 and head_dim a positive multiple of 8, got {cache:?}"),
         )?;
@@ -211,7 +211,7 @@ impl Device {
             Some(r) => (r, r.checked_mul(cache.block_size).unwrap_or(0)),
             None => (0, 0),
         };
-        check(block > 0 && k_cache.len() == v_cache.len() && k_cache.len() % block == 0, OP, || {
+        check(block > 0 && k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(block), OP, || {
             format!(
                 "k cache {} / v cache {} values: not equal whole numbers of {block}-value blocks",
                 k_cache.len(),
@@ -425,7 +425,7 @@ impl Device {
         let g = check_batch(OP, batch, n_heads, scale, PF_ROWS)?;
         let hd = batch.cache.head_dim;
         let row = n_heads * hd;
-        check(q.len() % row == 0 && out.len() == q.len(), OP, || {
+        check(q.len().is_multiple_of(row) && out.len() == q.len(), OP, || {
             format!("q {} / out {} values: not equal whole numbers of {n_heads} heads x {hd}", q.len(), out.len())
         })?;
         check(cu_q.len() == g.num_seqs + 1, OP, || {

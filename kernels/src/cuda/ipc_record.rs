@@ -198,8 +198,8 @@ mod tests {
             *b = 255 - (i as u8) * 3 - seed;
         }
         PeerRecord {
-            ok: seed % 2 == 0,
-            ipc_ok: seed % 3 != 0,
+            ok: seed.is_multiple_of(2),
+            ipc_ok: !seed.is_multiple_of(3),
             nonce: 0x0123_4567_89ab_cdef ^ u64::from(seed),
             uuid,
             ptr: 0x7f00_dead_0000 + u64::from(seed) * 4096,
@@ -249,7 +249,7 @@ mod tests {
     fn layout_keeps_buffers_aligned() {
         for max in [1usize, 2, 255, 256, 257, 65_536, 1 << 20, (3 << 20) + 6] {
             let cap = data_capacity(max);
-            assert!(cap >= max && cap % 256 == 0 && cap - max < 256, "{max} -> {cap}");
+            assert!(cap >= max && cap.is_multiple_of(256) && cap - max < 256, "{max} -> {cap}");
             assert_eq!(region_bytes(cap), DATA_OFFSET + 2 * cap);
             assert_eq!((DATA_OFFSET + cap) % 16, 0);
         }

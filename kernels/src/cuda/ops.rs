@@ -87,7 +87,7 @@ impl Device {
         if n == 0 {
             return Ok(());
         }
-        let vec = n % 8 == 0;
+        let vec = n.is_multiple_of(8);
         let units = if vec { n / 8 } else { n };
         let blocks = to_u32(OP, "blocks", units.div_ceil(BLOCK as usize).min(MAX_GRID))?;
         let func = if vec { &self.kernels.add_residual_vec8 } else { &self.kernels.add_residual };
@@ -134,7 +134,7 @@ impl Device {
         if out.is_empty() {
             return Ok(());
         }
-        let vec = cols % 8 == 0 && in_stride % 8 == 0;
+        let vec = cols.is_multiple_of(8) && in_stride.is_multiple_of(8);
         let units = if vec { out.len() / 8 } else { out.len() };
         let blocks = to_u32(op, "blocks", units.div_ceil(BLOCK as usize).min(MAX_GRID))?;
         let func = if vec { &self.kernels.silu_mul_vec8 } else { &self.kernels.silu_mul };

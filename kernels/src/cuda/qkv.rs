@@ -28,7 +28,7 @@ const VEC8_THREADS: usize = 128;
 /// serves it (`head_dim / 8` lanes, a power of two up to a warp), `None` for the general one.
 fn vec8_lanes_log2(head_dim: usize) -> Option<u32> {
     let lanes = head_dim / 8;
-    (head_dim % 8 == 0 && lanes.is_power_of_two() && lanes <= 32).then(|| lanes.trailing_zeros())
+    (head_dim.is_multiple_of(8) && lanes.is_power_of_two() && lanes <= 32).then(|| lanes.trailing_zeros())
 }
 
 impl Device {

@@ -215,7 +215,10 @@ pub fn order_key(x: f32) -> u32 {
 /// bits: it tries the 15 candidates `prefix | j << shift` (`j` = 1..15; the kernel counts
 /// all of them in one pass over the row) and keeps the largest that holds.
 pub fn radix_search(bits: u32, mut cond: impl FnMut(u64) -> bool) -> u64 {
-    assert!(bits % 4 == 0 && (4..=64).contains(&bits), "radix_search: bits {bits} must be a multiple of 4 in 4..=64");
+    assert!(
+        bits.is_multiple_of(4) && (4..=64).contains(&bits),
+        "radix_search: bits {bits} must be a multiple of 4 in 4..=64"
+    );
     let mut prefix = 0u64;
     let mut shift = bits;
     while shift > 0 {
@@ -351,7 +354,7 @@ mod tests {
         (0..n)
             .map(|_| {
                 let r = mix(&mut s);
-                if r % 10 == 0 {
+                if r.is_multiple_of(10) {
                     f32::NEG_INFINITY
                 } else {
                     ((r >> 8) % 64) as f32 / 8.0 - 4.0

@@ -197,7 +197,7 @@ impl Device {
         check(vocab > 0 && vocab <= MAX_SAMPLE_VOCAB, OP, || {
             format!("vocab {vocab} must be in 1..={MAX_SAMPLE_VOCAB}")
         })?;
-        check(logits.len() % vocab == 0, OP, || {
+        check(logits.len().is_multiple_of(vocab), OP, || {
             format!("logits have {} values, not a whole number of rows of {vocab}", logits.len())
         })?;
         let n_rows = logits.len() / vocab;

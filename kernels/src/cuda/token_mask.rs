@@ -71,7 +71,7 @@ mod imp {
                 return Ok(());
             }
             let words = vocab.div_ceil(32);
-            check(vocab > 0 && logits.len() % vocab == 0, OP, || {
+            check(vocab > 0 && logits.len().is_multiple_of(vocab), OP, || {
                 format!("logits of {} values are not rows of {vocab}", logits.len())
             })?;
             check(rows.len() >= n_rows && masks.len() >= n_rows * words, OP, || {

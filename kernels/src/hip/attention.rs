@@ -41,12 +41,14 @@ pub fn paged_attention(
     const OP: &str = "hip_paged_attention";
     let hd = kv.head_dim;
     check(hd == 64 || hd == 128, OP, || format!("head_dim {hd}: the portable kernel has 64 and 128"))?;
-    check(kv.n_kv > 0 && n_heads > 0 && n_heads % kv.n_kv == 0 && n_heads <= 65535, OP, || {
+    check(kv.n_kv > 0 && n_heads > 0 && n_heads.is_multiple_of(kv.n_kv) && n_heads <= 65535, OP, || {
         format!("{n_heads} heads over {} kv heads", kv.n_kv)
     })?;
     let slot = kv.n_kv * hd;
     check(
-        kv.block_size > 0 && kv.k_cache.len() == kv.v_cache.len() && kv.k_cache.len() % (kv.block_size * slot) == 0,
+        kv.block_size > 0
+            && kv.k_cache.len() == kv.v_cache.len()
+            && kv.k_cache.len().is_multiple_of(kv.block_size * slot),
         OP,
         || {
             format!(
@@ -59,12 +61,12 @@ pub fn paged_attention(
     )?;
     let num_blocks = kv.k_cache.len() / (kv.block_size * slot);
     let num_seqs = kv.context_lens.len();
-    check(num_seqs > 0 && kv.cu_q.len() == num_seqs + 1 && kv.block_tables.len() % num_seqs == 0, OP, || {
+    check(num_seqs > 0 && kv.cu_q.len() == num_seqs + 1 && kv.block_tables.len().is_multiple_of(num_seqs), OP, || {
         format!("{num_seqs} sequences, cu_q {}, block tables {}", kv.cu_q.len(), kv.block_tables.len())
     })?;
     let max_blocks = kv.block_tables.len() / num_seqs;
     let row = n_heads * hd;
-    check(q.len() % row == 0 && out.len() == q.len(), OP, || {
+    check(q.len().is_multiple_of(row) && out.len() == q.len(), OP, || {
         format!("q {} / out {} for rows of {row}", q.len(), out.len())
     })?;
     let total_q = q.len() / row;

@@ -212,11 +212,15 @@ pub fn rccl() -> Result<Arc<RcclApi>, KernelError> {
 }
 
 /// A C string from a library, or `fallback` for a null pointer.
-pub fn c_str(p: *const c_char, fallback: &str) -> String {
+///
+/// # Safety
+/// `p` is null or points at a NUL-terminated string that outlives the call (the HIP,
+/// hipRTC and RCCL error-string functions return static ones).
+pub unsafe fn c_str(p: *const c_char, fallback: &str) -> String {
     if p.is_null() {
         return fallback.to_string();
     }
-    // SAFETY: the libraries return NUL-terminated static strings.
+    // SAFETY: the caller's contract.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
@@ -227,7 +231,8 @@ impl HipApi {
             return Ok(());
         }
         // SAFETY: hipGetErrorString accepts any code.
-        let msg = c_str(unsafe { (self.hipGetErrorString)(code) }, "unknown error");
+        // SAFETY: hipGetErrorString returns a static NUL-terminated string (or null).
+        let msg = unsafe { c_str((self.hipGetErrorString)(code), "unknown error") };
         Err(KernelError::Device { op, detail: format!("HIP error {code}: {msg}") })
     }
 }
@@ -239,8 +244,7 @@ mod tests {
     #[test]
     fn missing_library_names_every_candidate_and_the_fix() {
         let err = open_first("RCCL", &["libtessera-absent-1.so", "libtessera-absent-2.so"], "install RCCL")
-            .err()
-            .expect("a library that does not exist loaded");
+            .expect_err("a library that does not exist loaded");
         let msg = err.to_string();
         for part in ["RCCL is not available", "libtessera-absent-1.so", "libtessera-absent-2.so", "install RCCL"] {
             assert!(msg.contains(part), "{part:?} missing from {msg:?}");

@@ -48,7 +48,7 @@ fn grid_dim(op: &'static str, n: u64) -> Result<u32, KernelError> {
 pub fn block_per_row(n_rows: usize, threads: u32, wave: u32) -> Result<LaunchShape, KernelError> {
     const OP: &str = "block_per_row";
     check_wave(OP, wave)?;
-    if threads == 0 || threads % wave != 0 || threads > MAX_BLOCK || threads / wave > BLOCK_SUM_SCRATCH {
+    if threads == 0 || !threads.is_multiple_of(wave) || threads > MAX_BLOCK || threads / wave > BLOCK_SUM_SCRATCH {
         return Err(bad(OP, format!("{threads} threads for {wave}-lane warps")));
     }
     Ok(LaunchShape { grid: [grid_dim(OP, n_rows as u64)?, 1, 1], block: threads, shared_bytes: 0 })
@@ -71,7 +71,7 @@ pub fn warp_per_row(n_rows: usize, warps: u32, wave: u32) -> Result<LaunchShape,
 pub fn qkv_rope(n_tokens: usize, heads: usize, head_dim: usize, wave: u32) -> Result<LaunchShape, KernelError> {
     const OP: &str = "qkv_rope";
     check_wave(OP, wave)?;
-    if head_dim == 0 || head_dim % 2 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(bad(OP, format!("head_dim {head_dim}: expected even")));
     }
     let shared = u64::from(QKV_WARPS) * head_dim as u64 * 4;
@@ -91,7 +91,7 @@ pub fn qkv_rope(n_tokens: usize, heads: usize, head_dim: usize, wave: u32) -> Re
 pub fn grid_stride(units: usize, threads: u32, wave: u32) -> Result<LaunchShape, KernelError> {
     const OP: &str = "grid_stride";
     check_wave(OP, wave)?;
-    if threads == 0 || threads % wave != 0 || threads > MAX_BLOCK {
+    if threads == 0 || !threads.is_multiple_of(wave) || threads > MAX_BLOCK {
         return Err(bad(OP, format!("{threads} threads for {wave}-lane warps")));
     }
     let blocks = (units as u64).div_ceil(u64::from(threads)).min(MAX_GRID);
@@ -142,7 +142,7 @@ mod tests {
                 assert!(shape.block <= MAX_BLOCK);
                 assert!(rows_hit(&shape, wave, n_rows).iter().all(|&h| h == 1), "{n_rows} rows, {warps} warps, {wave}");
                 // No block past the last row's.
-                assert!((shape.grid[0] as usize - 1) * warps as usize <= n_rows - 1);
+                assert!((shape.grid[0] as usize - 1) * (warps as usize) < n_rows);
             }
         }
     }

@@ -113,7 +113,7 @@ pub fn silu_launch(
     in_stride: usize,
     wave: u32,
 ) -> Result<(&'static str, LaunchShape), KernelError> {
-    let vec = cols % 8 == 0 && in_stride % 8 == 0;
+    let vec = cols.is_multiple_of(8) && in_stride.is_multiple_of(8);
     let units = if vec { n_values / 8 } else { n_values };
     Ok((if vec { "silu_mul_vec8" } else { "silu_mul" }, launch::grid_stride(units, BLOCK_THREADS, wave)?))
 }

@@ -19,7 +19,8 @@ fn check(api: &RcclApi, op: &'static str, code: i32) -> Result<(), KernelError> 
         return Ok(());
     }
     // SAFETY: ncclGetErrorString accepts any code.
-    let msg = c_str(unsafe { (api.ncclGetErrorString)(code) }, "unknown error");
+    // SAFETY: ncclGetErrorString returns a static NUL-terminated string (or null).
+    let msg = unsafe { c_str((api.ncclGetErrorString)(code), "unknown error") };
     Err(KernelError::Device { op, detail: format!("RCCL error {code}: {msg}") })
 }
 

@@ -28,7 +28,8 @@ fn check(api: &RtcApi, op: &'static str, code: c_int) -> Result<(), KernelError>
         return Ok(());
     }
     // SAFETY: hiprtcGetErrorString accepts any code.
-    let msg = c_str(unsafe { (api.hiprtcGetErrorString)(code) }, "unknown error");
+    // SAFETY: hiprtcGetErrorString returns a static NUL-terminated string (or null).
+    let msg = unsafe { c_str((api.hiprtcGetErrorString)(code), "unknown error") };
     Err(KernelError::Device { op, detail: format!("hipRTC error {code}: {msg}") })
 }
 

@@ -297,7 +297,7 @@ fn tensor_info(c: &mut Cursor, i: usize) -> Result<(String, GgmlType, Vec<u64>, 
 fn place_tensor(t: &TensorInfo, data_offset: u64, alignment: u64, file_len: usize) -> Result<u64, GgufError> {
     let bad = |reason: String| GgufError::BadTensor { name: t.name.clone(), reason };
     let rel = t.offset;
-    if rel % alignment != 0 {
+    if !rel.is_multiple_of(alignment) {
         return Err(bad(format!("data offset {rel} is not a multiple of the alignment {alignment}")));
     }
     let start = data_offset.checked_add(rel);

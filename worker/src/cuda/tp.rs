@@ -71,20 +71,20 @@ impl TpPart {
         if tp == 0 || rank >= tp {
             return bad(format!("rank {rank} is not one of 0..{tp}"));
         }
-        if c.num_heads % tp != 0 {
+        if !c.num_heads.is_multiple_of(tp) {
             return bad(format!("{} attention heads are not divisible by tp {tp}", c.num_heads));
         }
         let kv = c.num_kv_heads;
-        if kv == 0 || (kv % tp != 0 && tp % kv != 0) {
+        if kv == 0 || (!kv.is_multiple_of(tp) && !tp.is_multiple_of(kv)) {
             return bad(format!("{kv} KV heads can be neither split over nor replicated on tp {tp} ranks"));
         }
-        if c.intermediate_size % tp != 0 {
+        if !c.intermediate_size.is_multiple_of(tp) {
             return bad(format!("the FFN size {} is not divisible by tp {tp}", c.intermediate_size));
         }
         let (q_heads, kv_heads) = head_ranges(c.num_heads, kv, tp, rank);
         let per = c.intermediate_size / tp;
         // A vocabulary that does not divide evenly stays whole on every rank (replicated head).
-        let vocab = if c.vocab_size % tp == 0 {
+        let vocab = if c.vocab_size.is_multiple_of(tp) {
             let vper = c.vocab_size / tp;
             rank * vper..(rank + 1) * vper
         } else {

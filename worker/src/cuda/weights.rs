@@ -305,13 +305,13 @@ impl GpuWeights {
         let whole_vocab = part.vocab == (0..c.vocab_size);
         let lm_head = match (&head_source, &embed) {
             _ if !part.is_last_stage() => None,
-            (Some(src), _) => Some(gen.rows(src, h, &[part.vocab.clone()])?),
+            (Some(src), _) => Some(gen.rows(src, h, std::slice::from_ref(&part.vocab))?),
             (None, Some(_)) if whole_vocab => None,
             // Tied: the head is the embedding, which this stage may not hold; draw it again.
             (None, _) => {
                 let src = Synth { dev, seed }.rand(true, c.vocab_size * h, -a, a)?;
                 let src = src.ok_or_else(|| WorkerError::InvalidBatch("no embedding drawn".into()))?;
-                Some(gen.rows(&src, h, &[part.vocab.clone()])?)
+                Some(gen.rows(&src, h, std::slice::from_ref(&part.vocab))?)
             }
         };
         let mut layers = Vec::with_capacity(part.layers.len());

@@ -73,7 +73,7 @@ mod tests {
     #[cfg(not(feature = "hip"))]
     #[test]
     fn without_the_feature_the_probe_and_the_loader_say_how_to_build() {
-        let msg = probe(0).err().expect("a HIP device without the feature").to_string();
+        let msg = probe(0).expect_err("a HIP device without the feature").to_string();
         assert_eq!(msg, NOT_COMPILED);
         assert_eq!(gpu_count(), 0);
     }
