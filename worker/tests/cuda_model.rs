@@ -294,31 +294,48 @@ fn errors(got: &[f32], want: &[f32], vocab: usize) -> (f64, f64, usize) {
     ((num_all / den_all.max(1e-30)).sqrt(), worst, top1)
 }
 
-/// The executor on the CUDA backend samples on the GPU: greedy tokens and top-5 logprobs
-/// equal what the downloaded logits give, and seeded sampling replays.
-#[test]
-fn executor_samples_on_the_gpu() {
+/// The default model twice on the GPU: a model to run reference forwards on, and an
+/// executor over the other.
+fn reference_and_executor() -> (CudaModel, tessera_worker::executor::Executor) {
     use tessera_worker::backend::Backend;
-    use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
-    use tessera_worker::sampling::SamplingParams;
-    if !enabled("executor_samples_on_the_gpu") {
-        return;
-    }
     let Some(path) = common::model_path::default_model() else { panic!("TESSERA_GPU_TESTS=1 needs the default model") };
     let files = ModelFiles::open(&path).expect("open model");
-    let mut reference = CudaModel::load(&files, &opts()).expect("load on GPU");
-    let mut ex = Executor::new(Backend::cuda(CudaModel::load(&files, &opts()).expect("load on GPU")));
-    let prompt: Vec<u32> = (0..12).map(|i| 100 + 37 * i).collect();
+    let reference = CudaModel::load(&files, &opts()).expect("load on GPU");
+    let ex =
+        tessera_worker::executor::Executor::new(Backend::cuda(CudaModel::load(&files, &opts()).expect("load on GPU")));
+    (reference, ex)
+}
 
-    // Greedy with logprobs against the reference logits.
-    let greedy = SamplingParams { logprobs: Some(5), ..SamplingParams::greedy() };
-    let new = |id: u64, params: SamplingParams, first_block: u32| NewSequence {
+/// A new sequence with `params` and 64 positions of blocks from `first_block`.
+fn new_seq(
+    id: u64,
+    params: tessera_worker::sampling::SamplingParams,
+    first_block: u32,
+) -> tessera_worker::executor::NewSequence {
+    tessera_worker::executor::NewSequence {
         seq_id: id,
         params,
         block_table: table(first_block, 64),
         cached_tokens: Vec::new(),
         num_generated: 0,
-    };
+    }
+}
+
+/// The executor on the CUDA backend samples on the GPU: greedy tokens and top-5 logprobs
+/// equal what the downloaded logits give, and seeded sampling replays.
+#[test]
+fn executor_samples_on_the_gpu() {
+    use tessera_worker::executor::{Run, StepInput};
+    use tessera_worker::sampling::SamplingParams;
+    if !enabled("executor_samples_on_the_gpu") {
+        return;
+    }
+    let (mut reference, mut ex) = reference_and_executor();
+    let prompt: Vec<u32> = (0..12).map(|i| 100 + 37 * i).collect();
+
+    // Greedy with logprobs against the reference logits.
+    let greedy = SamplingParams { logprobs: Some(5), ..SamplingParams::greedy() };
+    let new = new_seq;
     let out = ex
         .step(StepInput {
             new_sequences: vec![new(1, greedy.clone(), 0)],
@@ -380,16 +397,12 @@ fn executor_samples_on_the_gpu() {
 /// single whole-prompt forward gives.
 #[test]
 fn steps_with_unsampled_chunks_run_on_the_gpu() {
-    use tessera_worker::backend::Backend;
-    use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
+    use tessera_worker::executor::{Run, StepInput};
     use tessera_worker::sampling::SamplingParams;
     if !enabled("steps_with_unsampled_chunks_run_on_the_gpu") {
         return;
     }
-    let Some(path) = common::model_path::default_model() else { panic!("TESSERA_GPU_TESTS=1 needs the default model") };
-    let files = ModelFiles::open(&path).expect("open model");
-    let mut reference = CudaModel::load(&files, &opts()).expect("load on GPU");
-    let mut ex = Executor::new(Backend::cuda(CudaModel::load(&files, &opts()).expect("load on GPU")));
+    let (mut reference, mut ex) = reference_and_executor();
     let a: Vec<u32> = (0..12).map(|i| 200 + 41 * i).collect();
     let c: Vec<u32> = (0..6).map(|i| 300 + 17 * i).collect();
     let greedy_last = |m: &mut CudaModel, tokens: &[u32]| {
@@ -397,13 +410,7 @@ fn steps_with_unsampled_chunks_run_on_the_gpu() {
         let chunk = SeqChunk { tokens, first_pos: 0, block_table: &t, logits: LogitsWanted::Last };
         argmax(&m.forward(&[chunk]).expect("reference").data)
     };
-    let new = |id: u64, first_block: u32| NewSequence {
-        seq_id: id,
-        params: SamplingParams::greedy(),
-        block_table: table(first_block, 64),
-        cached_tokens: Vec::new(),
-        num_generated: 0,
-    };
+    let new = |id: u64, first_block: u32| new_seq(id, SamplingParams::greedy(), first_block);
     let run = |seq_id, tokens: &[u32], first_pos, sample| Run {
         seq_id,
         tokens: tokens.to_vec(),
