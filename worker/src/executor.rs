@@ -265,34 +265,29 @@ impl Executor {
             }
             // Unconstrained batches skip both lookups.
             let mask = if masks.is_empty() { None } else { masks.remove(&i) };
-            let s = match (&mut logits, &mut gpu_sampled) {
+            let drawn = match (&mut logits, &mut gpu_sampled) {
                 (Some(l), _) => {
                     let row = l.chunk_mut(i);
                     if let Some(Some(m)) = &mask {
                         apply_mask(row, m);
                     }
-                    // A sequence whose logits cannot be sampled (every token banned, say)
-                    // fails alone, as a failed grammar does; the batch goes on.
-                    match st.sampler.sample(row, &st.history) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            errors.push((r.seq_id, e.to_string()));
-                            continue;
-                        }
-                    }
+                    st.sampler.sample(row, &st.history)
                 }
                 (None, Some(g)) => {
                     let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
                     st.sampler.note_external_draw();
-                    match s {
-                        Ok(s) => s,
-                        Err(e) => {
-                            errors.push((r.seq_id, e.to_string()));
-                            continue;
-                        }
-                    }
+                    s
                 }
                 (None, None) => return Err(WorkerError::InvalidBatch("no logits were computed".into())),
+            };
+            // A sequence whose logits cannot be sampled (every token banned, say) fails
+            // alone, as a failed grammar does; the batch goes on.
+            let s = match drawn {
+                Ok(s) => s,
+                Err(e) => {
+                    errors.push((r.seq_id, e.to_string()));
+                    continue;
+                }
             };
             st.last_sampled = Some(s.token);
             if let Some(g) = if self.grammar.is_empty() { None } else { self.grammar.get_mut(&r.seq_id) } {
