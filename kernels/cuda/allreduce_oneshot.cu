@@ -12,39 +12,42 @@
 //                  local to the owner, advanced by the kernel itself (graph-safe: a
 //                  recorded launch needs no host-side per-call state)
 //   [2304, 2312)   u32 error word (set before a timeout trap), u32 spare
-//   [4096, ...)    data[2][cap_bytes]: the owner's input of odd and even calls (parity =
-//                  epoch & 1), read by every peer
+//   [4096, ...)    data[2][ONESHOT_MAX_WORLD][cap_bytes]: data[parity][src] holds rank
+//                  `src`'s input of odd and even calls (parity = epoch & 1), written by
+//                  rank `src` only (remote stores over NVLink), read by the owner only
 //
 // One call (every rank launches the same grid for the same n; block b of every rank handles
 // the same element indices, so blocks synchronise pairwise and never across the grid):
-//   1. block b copies its indices of `buf` into data[parity] of its own region;
+//   1. block b pushes its indices of `buf` into data[parity][rank] of every peer's region
+//      (stores to peer memory are posted: nothing waits for a round trip);
 //   2. __syncthreads, then thread `p` (one per peer) publishes "epoch e done" in flags[b][rank]
 //      of peer p's region with a system-scope release store;
 //   3. thread `p` spins on flags[b][p] of its own region until peer p's block b reached e
-//      (acquire), then __syncthreads;
-//   4. every thread sums its indices over the ranks' data[parity] in rank order 0..world
-//      (f32 accumulation, one bf16 rounding), so every rank gets bit-identical results,
-//      and writes them into `buf` (its own value is read from `buf` itself: same bits),
-//      or, given a `residual` stream, adds them to it instead (residual = bf16(residual +
-//      bf16(sum)), the rounding of an all-reduce followed by a separate add);
+//      (acquire), then __syncthreads: the peers' inputs are now in local memory;
+//   4. every thread sums its indices over the ranks in rank order 0..world (its own value
+//      from `buf`, the peers' from data[parity][src] of its own region; f32 accumulation,
+//      one bf16 rounding), so every rank gets bit-identical results, and writes them into
+//      `buf`, or, given a `residual` stream, adds them to it instead (residual =
+//      bf16(residual + bf16(sum)), the rounding of an all-reduce followed by a separate add);
 //   5. thread 0 stores epochs[b] = e.
 //
-// Memory ordering. Release: the block's plain stores of step 1 happen before the flag store
-// of step 2 through bar.sync (CTA scope), and the flag is stored with st.release.sys; PTX
-// release operations are cumulative, so every store the releasing thread has observed
-// through the barrier is visible system-wide before the flag is. Acquire: the spinning thread's
-// ld.acquire.sys on its own flag, then bar.sync, orders the block's later peer reads after
-// the peer's release; peer data is loaded with ld.volatile (no L1 caching, so a line cached
-// by an earlier call over the same addresses can never be served stale).
+// Memory ordering. Release: the block's plain stores to peer memory in step 1 happen before
+// the flag store of step 2 through bar.sync (CTA scope), and the flag is stored with
+// st.release.sys; PTX release operations are cumulative, so every store the releasing thread
+// has observed through the barrier is visible system-wide before the flag is. Acquire: the
+// spinning thread's ld.acquire.sys on its own flag, then bar.sync, orders the block's later
+// reads of the pushed data after the peer's release; that data is loaded with ld.volatile
+// (no L1 caching, so a line cached by an earlier call over the same addresses can never be
+// served stale).
 //
 // Reuse races. A flag slot has a single writer and only grows (wrap-safe signed compare
 // `flag - e >= 0`, not equality: a fast peer may already have published e + 1 when a slow
-// rank looks for e). Data buffers alternate by parity: a rank writes data[e & 1] in call e
-// only after its call e - 1 completed, which needed every peer's e - 1 flag, which every
-// peer publishes only after its whole call e - 2 (the last reader of data[e & 1]) finished
-// (stream order: this kernel is never launched programmatically, and a kernel after it that
-// starts early waits for its completion before finishing, so call e - 1 has ended before
-// call e starts). So no second barrier is needed.
+// rank looks for e). Data slots alternate by parity: a rank pushes into data[e & 1][rank] of
+// peer p in call e only after its call e - 1 completed, which needed p's e - 1 flag, which p
+// publishes only after its whole call e - 2 (the last reader of that slot) finished (stream
+// order: this kernel is never launched programmatically, and a kernel after it that starts
+// early waits for its completion before finishing, so call e - 1 has ended before call e
+// starts). So no second barrier is needed.
 //
 // A peer that never arrives (crashed process) would spin the GPU forever: after
 // `timeout_ns` (0: never) the kernel records the waiting block and peer in the error word
@@ -110,6 +113,10 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u
                                                                     const OneshotRegions regions, bf16* residual,
                                                                     u32 early_dependents) {
     const u32 b = blockIdx.x, tid = threadIdx.x;
+    // Launched programmatically (the host's choice), wait for the kernel before this one
+    // first: its partial sums, and the previous call's epochs, must be complete. A no-op for
+    // a plain launch.
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     if (early_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     u32* epochs = (u32*)(self + ONESHOT_EPOCHS_OFFSET);
 
@@ -118,17 +125,23 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u
     if (tid == 0) s_epoch = epochs[b] + 1u;
     __syncthreads();
     const u32 epoch = s_epoch;
-    const u64 data_off = ONESHOT_DATA_OFFSET + (u64)(epoch & 1u) * cap_bytes;
+    const u64 data_off = ONESHOT_DATA_OFFSET + (u64)(epoch & 1u) * ONESHOT_MAX_WORLD * cap_bytes;
 
     const u64 n_vec = n / 8, tail = n % 8;
     const u64 gtid = (u64)b * blockDim.x + tid, stride = (u64)gridDim.x * blockDim.x;
     uint4* buf_v = (uint4*)buf;
 
-    // 1. This block's indices of the input into our own shared buffer.
+    // 1. Push this block's indices of the input into every peer's slot for this rank.
     {
-        uint4* mine = (uint4*)(self + data_off);
-        for (u64 v = gtid; v < n_vec; v += stride) mine[v] = buf_v[v];
-        if (gtid < tail) ((bf16*)mine)[n_vec * 8 + gtid] = buf[n_vec * 8 + gtid];
+        const u64 slot_off = data_off + (u64)rank * cap_bytes;
+#pragma unroll
+        for (u32 r = 0; r < ONESHOT_MAX_WORLD; ++r) {
+            if (r < world && r != rank) {
+                uint4* dst = (uint4*)((char*)regions.p[r] + slot_off);
+                for (u64 v = gtid; v < n_vec; v += stride) dst[v] = buf_v[v];
+                if (gtid < tail) ((bf16*)dst)[n_vec * 8 + gtid] = buf[n_vec * 8 + gtid];
+            }
+        }
     }
     __syncthreads();
 
@@ -160,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u
 #pragma unroll
         for (u32 r = 0; r < ONESHOT_MAX_WORLD; ++r) {
             if (r < world) {
-                x[r] = r == rank ? buf_v[v] : ld_volatile_v4((const uint4*)((const char*)regions.p[r] + data_off) + v);
+                x[r] = r == rank ? buf_v[v] : ld_volatile_v4((const uint4*)(self + data_off + (u64)r * cap_bytes) + v);
             }
         }
         float acc[8], t[8];
@@ -190,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u
         for (u32 r = 0; r < ONESHOT_MAX_WORLD; ++r) {
             if (r < world) {
                 const bf16 x =
-                    r == rank ? buf[i] : ld_volatile_bf16((const bf16*)((const char*)regions.p[r] + data_off) + i);
+                    r == rank ? buf[i] : ld_volatile_bf16((const bf16*)(self + data_off + (u64)r * cap_bytes) + i);
                 acc = r == 0 ? bf16_to_f32(x) : acc + bf16_to_f32(x);
             }
         }

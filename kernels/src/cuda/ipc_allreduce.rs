@@ -1,6 +1,7 @@
 //! One-shot all-reduce over peer memory for the small messages of tensor-parallel decode:
 //! NCCL's all-reduce costs ~12 µs on two H200s at ≤ 64 KB even inside a CUDA graph
-//! (ANCHORS.md), while one kernel that reads every peer's copy over NVLink needs a few µs.
+//! (ANCHORS.md), while one kernel that pushes its input into every peer's memory over NVLink
+//! and sums what the peers pushed into its own needs a few µs.
 //! Kernel and its memory-ordering argument: kernels/cuda/allreduce_oneshot.cu.
 //!
 //! Setup ([`Device::ipc_all_reduce_setup`], collective: every rank of the communicator calls
@@ -43,12 +44,12 @@ pub const ONESHOT_BLOCKS: u32 = 16;
 const ONESHOT_THREADS: u32 = 512;
 /// Largest message (bytes) [`Device::tp_all_reduce`] sends one-shot by default; larger
 /// ones go to NCCL. Measured on two H200s (`bench_oneshot_vs_nccl` in
-/// kernels/tests/cuda_allreduce.rs, bench/RESULTS.md): inside a CUDA graph one-shot takes
-/// 4.0-5.1 µs up to 64 KB against NCCL's 6.0-7.0, 6.2 against 8.4 at 256 KB, ties at 512 KB
-/// (9.7 / 9.9) and loses at 1 MB (16.0 / 13.6); 256 KB keeps a margin below the tie. A
-/// decode step of up to 32 sequences of hidden 4096 fits. Per group:
+/// kernels/tests/cuda_allreduce.rs, bench/RESULTS.md 2026-12-01, the push kernel): inside a
+/// CUDA graph one-shot takes 3.8-4.4 µs up to 64 KB against NCCL's 5.8-7.0, 5.6 against 8.4
+/// at 256 KB, 7.8 against 9.9 at 512 KB and 12.0 against 13.7 at 1 MB (eagerly 13.4 / 14.1).
+/// A decode step of up to 128 sequences of hidden 4096 fits. Per group:
 /// [`IpcAllReduce::set_max_bytes`].
-pub const ONESHOT_DEFAULT_MAX_BYTES: usize = 256 << 10;
+pub const ONESHOT_DEFAULT_MAX_BYTES: usize = 1 << 20;
 /// A wait for a peer longer than this traps the kernel (a launch error on this rank's
 /// stream) instead of spinning the GPU forever on a dead peer.
 pub const ONESHOT_TIMEOUT_NS: u64 = 30_000_000_000;
@@ -458,8 +459,8 @@ impl Device {
         b.arg(&mut buf.inner).arg(&n64).arg(&rank).arg(&world).arg(&cap).arg(&timeout).arg(&local).arg(&regions);
         b.arg(&res_ptr).arg(&early);
         // SAFETY: argument types and order match the kernel; `buf` (and `residual`) hold n
-        // values, each region holds DATA_OFFSET + 2 * cap bytes with cap >= 2 n (checked
-        // above), and every rank's regions stay mapped while `ar` lives.
+        // values, each region holds region_bytes(cap) bytes with cap >= 2 n (checked above),
+        // and every rank's regions stay mapped while `ar` lives.
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
 

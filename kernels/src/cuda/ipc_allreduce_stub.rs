@@ -12,7 +12,7 @@ use crate::KernelError;
 /// Blocks of the kernel's grid (see the `cuda` build's documentation).
 pub const ONESHOT_BLOCKS: u32 = 16;
 /// Largest message sent one-shot by default (see the `cuda` build's documentation).
-pub const ONESHOT_DEFAULT_MAX_BYTES: usize = 256 << 10;
+pub const ONESHOT_DEFAULT_MAX_BYTES: usize = 1 << 20;
 /// Dead-peer timeout of the kernel's waits.
 pub const ONESHOT_TIMEOUT_NS: u64 = 30_000_000_000;
 

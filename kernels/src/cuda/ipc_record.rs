@@ -22,7 +22,8 @@ pub const ONESHOT_MAX_BLOCKS: usize = 64;
 pub const EPOCHS_OFFSET: usize = 2048;
 /// Byte offset of the error word a timed-out wait writes before it traps.
 pub const ERROR_OFFSET: usize = 2304;
-/// Byte offset of the two data buffers (odd and even calls), each `cap` bytes.
+/// Byte offset of the data slots: for odd and even calls, one slot of `cap` bytes per
+/// source rank (up to [`ONESHOT_MAX_WORLD`]), which that rank pushes its input into.
 pub const DATA_OFFSET: usize = 4096;
 /// Bytes of an IPC memory handle (`CU_IPC_HANDLE_SIZE`).
 pub const IPC_HANDLE_BYTES: usize = 64;
@@ -43,9 +44,9 @@ pub fn data_capacity(max_bytes: usize) -> usize {
     max_bytes.div_ceil(256).max(1) * 256
 }
 
-/// Bytes of a region with data buffers of `cap` bytes.
+/// Bytes of a region with data slots of `cap` bytes.
 pub fn region_bytes(cap: usize) -> usize {
-    DATA_OFFSET + 2 * cap
+    DATA_OFFSET + 2 * ONESHOT_MAX_WORLD * cap
 }
 
 /// One rank's self-description.
@@ -250,7 +251,7 @@ mod tests {
         for max in [1usize, 2, 255, 256, 257, 65_536, 1 << 20, (3 << 20) + 6] {
             let cap = data_capacity(max);
             assert!(cap >= max && cap.is_multiple_of(256) && cap - max < 256, "{max} -> {cap}");
-            assert_eq!(region_bytes(cap), DATA_OFFSET + 2 * cap);
+            assert_eq!(region_bytes(cap), DATA_OFFSET + 2 * ONESHOT_MAX_WORLD * cap);
             assert_eq!((DATA_OFFSET + cap) % 16, 0);
         }
         assert_eq!(process_nonce(), process_nonce());
