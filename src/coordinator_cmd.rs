@@ -190,18 +190,21 @@ async fn form_replicas(
             args.pp
         );
     }
+    let max_num_batched_tokens = args.max_num_batched_tokens.max(args.max_num_seqs);
     let spec = FormSpec {
         load: LoadSpec {
             model_path: args.model.display().to_string(),
             block_size: args.block_size,
             kv_memory_bytes: args.kv_memory_mib << 20,
+            // The workers keep activation memory for the scheduler's largest step.
+            max_step_tokens: u32::try_from(max_num_batched_tokens).unwrap_or(u32::MAX),
             // Keeps this coordinator's collectives apart; replica and formation numbers are
             // added in the low 16 bits.
             group: (std::process::id() as u64) << 16,
         },
         sched: SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
-            max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
+            max_num_batched_tokens,
             max_waiting: args.max_waiting,
             // Replicas without pipeline stages overlap the coordinator's round trip with
             // the next step (`TESSERA_LOOKAHEAD=0`: off, for A/B runs).

@@ -21,6 +21,8 @@ pub struct LoadSpec {
     pub model_path: String,
     pub block_size: u32,
     pub kv_memory_bytes: u64,
+    /// Most tokens one step runs (the scheduler's budget; see `pb::LoadRequest`).
+    pub max_step_tokens: u32,
     /// Keeps this replica's collectives apart from other replicas'.
     pub group: u64,
 }
@@ -65,6 +67,7 @@ impl ReplicaLink {
                 block_size: spec.block_size,
                 num_blocks: 0,
                 kv_memory_bytes: spec.kv_memory_bytes,
+                max_step_tokens: spec.max_step_tokens,
                 shard: Some(pb::Shard {
                     tp_rank: r.tp_rank as u32,
                     tp_size: tp as u32,

@@ -91,11 +91,21 @@ pub struct Executor {
     grammar: HashMap<u64, SeqGrammar>,
     /// The grammar compiler; only on the ranks that sample (the last pipeline stage's).
     grammars: Option<Arc<Grammars>>,
+    /// Most tokens a step may run (what the Load asked for; the GPU backends kept
+    /// activation memory for that many).
+    max_step_tokens: usize,
 }
 
 impl Executor {
     pub fn new(backend: Backend) -> Self {
-        Executor { backend, seqs: HashMap::new(), grammar: HashMap::new(), grammars: None }
+        Executor { backend, seqs: HashMap::new(), grammar: HashMap::new(), grammars: None, max_step_tokens: usize::MAX }
+    }
+
+    /// Steps running more than `n` tokens are refused (default: no limit beyond the KV
+    /// cache's slots, which the backends check).
+    pub fn with_max_step_tokens(mut self, n: usize) -> Self {
+        self.max_step_tokens = n;
+        self
     }
 
     /// This executor samples and enforces constraints with `g` (every tensor rank of the
@@ -126,6 +136,14 @@ impl Executor {
     /// Runs one step. A bad step (unknown sequence, bad ids) is an error and changes no
     /// sequence's state beyond the deltas already applied.
     pub fn step(&mut self, mut input: StepInput) -> Result<StepOutput, WorkerError> {
+        // A lookahead run's token is filled in below: it counts as one.
+        let tokens = input.runs.iter().fold(0usize, |n, r| n.saturating_add(r.tokens.len().max(1)));
+        if tokens > self.max_step_tokens {
+            return Err(WorkerError::InvalidBatch(format!(
+                "{tokens} tokens in one step, more than the {} this worker was loaded for (max_step_tokens)",
+                self.max_step_tokens
+            )));
+        }
         for id in &input.finished {
             self.seqs.remove(id);
             self.grammar.remove(id);

@@ -23,3 +23,8 @@ pub mod step_trace;
 pub mod weights;
 
 pub use error::WorkerError;
+
+/// The default model for unit tests (one lookup rule for every crate's tests).
+#[cfg(test)]
+#[path = "../../tests/support/default_model.rs"]
+mod test_model_path;

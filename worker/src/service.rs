@@ -235,6 +235,10 @@ fn load(
     if block_size > MAX_BLOCK_SIZE {
         return Err(Status::invalid_argument(format!("block_size {block_size} is over {MAX_BLOCK_SIZE}")));
     }
+    let max_step_tokens = match req.max_step_tokens {
+        0 => DEFAULT_MAX_STEP_TOKENS,
+        n => n as usize,
+    };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let backend = match device {
         DeviceChoice::Cpu => {
@@ -260,7 +264,8 @@ fn load(
             let per = kv_bytes_per_block(&part.local_config(&config), block_size) as u64;
             // No budget given: the GPU backend sizes the cache from its free memory.
             let num_blocks = blocks_for(req, per, 0)?;
-            let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
+            let opts =
+                CudaOptions { device: ordinal, block_size, num_blocks, max_step_tokens, ..CudaOptions::default() };
             let model = match (&shard, sharded) {
                 (Some(shard), Some(s)) => {
                     let ids = GroupIds {
@@ -286,7 +291,8 @@ fn load(
             let config = files.config().map_err(|e| Status::invalid_argument(e.to_string()))?;
             let per = kv_bytes_per_block(&config, block_size) as u64;
             let num_blocks = blocks_for(req, per, 0)?;
-            let opts = CudaOptions { device: ordinal, block_size, num_blocks, ..CudaOptions::default() };
+            let opts =
+                CudaOptions { device: ordinal, block_size, num_blocks, max_step_tokens, ..CudaOptions::default() };
             let model = crate::hip::HipModel::load(&files, &opts);
             Backend::Hip(Box::new(model.map_err(|e| Status::failed_precondition(e.to_string()))?))
         }
@@ -298,7 +304,7 @@ fn load(
     // and all of them keep grammar matchers for constrained sequences, so they all sample
     // the same token: a lookahead decode runs each rank's own last sampled token.
     let samples = sharded.is_none_or(|s| s.pp_rank + 1 >= s.pp_size.max(1));
-    let mut exec = Executor::new(backend);
+    let mut exec = Executor::new(backend).with_max_step_tokens(max_step_tokens);
     if samples {
         let grammars = Arc::new(Grammars::for_model(path));
         // Built in the background now rather than on the first constrained step's mask
@@ -403,6 +409,10 @@ fn blocks_for(req: &pb::LoadRequest, per_block: u64, default_budget: u64) -> Res
 
 /// Largest KV block (positions) a Load may ask for; engines use 16 to 256.
 const MAX_BLOCK_SIZE: usize = 4096;
+
+/// Most tokens per Step when the Load leaves it to the worker (`max_step_tokens` 0): four
+/// times the coordinator's default budget.
+const DEFAULT_MAX_STEP_TOKENS: usize = 8192;
 
 /// Refuses a CPU KV cache of `num_blocks` blocks of `per_block` bytes that this host's
 /// available memory (`MemAvailable`) cannot hold: allocated anyway, it would be zero pages
@@ -584,6 +594,50 @@ impl pb::worker_server::Worker for WorkerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Load's `max_step_tokens` reaches the executor: a larger step is refused (the GPU
+    /// backends kept activation memory for that many tokens only); 0 takes the default.
+    #[test]
+    fn load_sets_the_step_token_cap() {
+        let Some(path) = crate::test_model_path::default_model() else { return };
+        let load_with = |max_step_tokens| {
+            let req = pb::LoadRequest {
+                model_path: path.to_string_lossy().into_owned(),
+                num_blocks: 64,
+                max_step_tokens,
+                ..Default::default()
+            };
+            load(&req, DeviceChoice::Cpu, &Mutex::default(), &NcclIds::default(), &WorkerMetrics::default())
+                .map_err(|e| e.to_string())
+                .expect("load")
+        };
+        let step = |exec: &mut Executor, n: usize| {
+            exec.step(crate::executor::StepInput {
+                new_sequences: vec![crate::executor::NewSequence {
+                    seq_id: 1,
+                    params: SamplingParams::greedy(),
+                    block_table: (0..8).collect(),
+                    cached_tokens: vec![],
+                    num_generated: 0,
+                }],
+                runs: vec![crate::executor::Run {
+                    seq_id: 1,
+                    tokens: vec![1; n],
+                    first_pos: 0,
+                    sample: true,
+                    from_previous: false,
+                }],
+                finished: vec![1],
+                ..Default::default()
+            })
+        };
+        let mut small = load_with(8).exec;
+        let err = step(&mut small, 9).expect_err("9 tokens over a cap of 8");
+        assert!(err.to_string().contains("max_step_tokens"), "{err}");
+        step(&mut small, 8).expect("8 tokens");
+        let mut default = load_with(0).exec;
+        step(&mut default, 9).expect("the default cap is far above 9");
+    }
 
     #[test]
     fn device_choice_parses_cpu_and_cuda_ordinals() {
