@@ -14,7 +14,8 @@
 #                                   #              all-reduce tests, then its latency vs NCCL by size),
 #                                   #              worker/tests/cuda_tp.rs (random Qwen3 at tp=2, synthetic
 #                                   #              llama-3.1-8b at tp=2 and pp=2, SmolLM2 at pp=2, each vs
-#                                   #              1 GPU), then `tessera bench --device cuda --tp 2` and
+#                                   #              1 GPU), worker/tests/cuda_service_stuck.rs (stuck-step
+#                                   #              watch), then `tessera bench --device cuda --tp 2` and
 #                                   #              `--pp 2` on synthetic shapes (TP_SHAPES, default
 #                                   #              llama-3.1-8b): batch-1 decode vs tp=1 in the same run,
 #                                   #              aggregate at 64 and 256 sequences; `tessera serve --pp 2`
@@ -50,6 +51,7 @@ if [[ "${1:-}" == prepare ]]; then
     for t in $KERNEL_TESTS; do cp "$(test_exe tessera-kernels "$t" cuda)" ".gpu/$t"; done
     cp "$(test_exe tessera-worker cuda_model cuda)" .gpu/cuda_model
     cp "$(test_exe tessera-worker cuda_tp cuda)" .gpu/cuda_tp
+    cp "$(test_exe tessera-worker cuda_service_stuck cuda)" .gpu/cuda_service_stuck  # tp stage
     cp "$(test_exe tessera-kernels cuda_allreduce cuda)" .gpu/cuda_allreduce  # tp stage: needs 2 GPUs
     # CPU kernels whose AVX-512 VNNI paths this machine (AVX2 only, like CI's) cannot run:
     # the device's host CPU runs them in the kernels stage.
@@ -161,6 +163,8 @@ if [[ " $STAGES " == *" tp "* ]]; then
         "$BIN/cuda_allreduce" --test-threads=1 --nocapture bench_
     run "tensor-parallel tests" "$LOG/tp.log" env TESSERA_GPU_TESTS=1 TESSERA_TORCH_REF=/tmp/qwen3-ref \
         "$BIN/cuda_tp" --test-threads=1 --nocapture
+    run "stuck-step watch (tp=2 worker services)" "$LOG/tp.log" env TESSERA_GPU_TESTS=1 \
+        TESSERA_TORCH_REF=/tmp/qwen3-ref "$BIN/cuda_service_stuck" --nocapture
     for shape in ${TP_SHAPES:-llama-3.1-8b}; do
         for split in "--tp 2" "--pp 2"; do
             run "tessera bench --device cuda $split --synthetic $shape" "$LOG/tp.log" \

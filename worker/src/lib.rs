@@ -20,6 +20,7 @@ pub mod session;
 pub mod shard;
 mod step_index;
 pub mod step_trace;
+pub mod step_watch;
 pub mod weights;
 
 pub use error::WorkerError;

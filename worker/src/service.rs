@@ -9,6 +9,7 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
@@ -31,6 +32,7 @@ use crate::metrics::WorkerMetrics;
 use crate::parallel::{Comms, Shard};
 use crate::sampling::SamplingParams;
 use crate::step_trace::StepTracer;
+use crate::step_watch::{watch_step, StuckHook};
 
 /// KV memory a CPU worker allocates when the load request leaves it to the worker.
 const DEFAULT_KV_BYTES: u64 = 1 << 30;
@@ -96,6 +98,12 @@ pub struct WorkerService {
     nccl_ids: Arc<NcclIds>,
     /// Step and collective timings (`GET /metrics` of the worker's admin endpoint).
     metrics: Arc<WorkerMetrics>,
+    /// Whether the loaded model's steps can block on peers with no timeout of their own
+    /// (a GPU shard), so that a step outliving its stream is watched (crate::step_watch).
+    /// Apart from `state`, which a running step holds.
+    waits_on_peers: Arc<AtomicBool>,
+    /// What to do about such a step (the binary ends the process); none: nothing.
+    stuck: Option<(Duration, StuckHook)>,
 }
 
 /// Prefix of a GPU worker's `tp_collective_addr` and `pp_collective_addr`: `nccl:` and the
@@ -140,6 +148,8 @@ const OP_TIMEOUT: Duration = Duration::from_secs(30);
 struct Loaded {
     name: String,
     exec: Executor,
+    /// A GPU shard: its steps wait in collectives on peers (see `WorkerService::waits_on_peers`).
+    waits_on_peers: bool,
 }
 
 impl WorkerService {
@@ -155,7 +165,17 @@ impl WorkerService {
             collective: Arc::default(),
             nccl_ids: Arc::default(),
             metrics: Arc::default(),
+            waits_on_peers: Arc::default(),
+            stuck: None,
         }
+    }
+
+    /// Calls `hook` when a step of a GPU shard is still running `grace` after the
+    /// coordinator closed its stream: blocked in a collective on a peer that is gone (see
+    /// crate::step_watch).
+    pub fn with_stuck_step_hook(mut self, grace: Duration, hook: StuckHook) -> Self {
+        self.stuck = Some((grace, hook));
+        self
     }
 
     /// This worker's metrics.
@@ -313,7 +333,8 @@ fn load(
         let _ = std::thread::Builder::new().name("grammar-compiler".into()).spawn(move || warm.compiler().map(drop));
         exec = exec.with_grammars(grammars);
     }
-    Ok(Loaded { name, exec })
+    let waits_on_peers = sharded.is_some() && matches!(device, DeviceChoice::Cuda(_));
+    Ok(Loaded { name, exec, waits_on_peers })
 }
 
 /// The worker's part of the model as the coordinator placed it.
@@ -534,6 +555,7 @@ impl pb::worker_server::Worker for WorkerService {
         let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_ids, &metrics))
             .await
             .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
+        self.waits_on_peers.store(loaded.waits_on_peers, Ordering::Relaxed);
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
         Ok(Response::new(pb::LoadReply {
             info: Some(WorkerService::info(self)),
@@ -548,6 +570,7 @@ impl pb::worker_server::Worker for WorkerService {
         let (tx, rx) = mpsc::channel(4);
         let state = self.state.clone();
         let metrics = self.metrics.clone();
+        let (waits_on_peers, stuck) = (self.waits_on_peers.clone(), self.stuck.clone());
         tokio::spawn(async move {
             let mut tracer = StepTracer::default();
             while let Some(msg) = incoming.next().await {
@@ -566,14 +589,15 @@ impl pb::worker_server::Worker for WorkerService {
                 let clock = traced.as_ref().map(|_| metrics.clone());
                 let state = state.clone();
                 let metrics = metrics.clone();
-                let result = tokio::task::spawn_blocking(move || {
+                let job = tokio::task::spawn_blocking(move || {
                     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
                     match guard.as_mut() {
                         None => Err("no model is loaded".to_string()),
                         Some(l) => metrics.timed_step(step_input(msg), |i| l.exec.step(i)).map_err(|e| e.to_string()),
                     }
-                })
-                .await;
+                });
+                let watch = stuck.as_ref().filter(|_| waits_on_peers.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
+                let result = watch_step(job, tx.closed(), watch, || format!("step {step_id}")).await;
                 let reply = match result {
                     Ok(Ok(out)) => step_reply(step_id, out),
                     Ok(Err(e)) => pb::StepReply { step_id, error: e, ..Default::default() },
