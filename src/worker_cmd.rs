@@ -57,18 +57,16 @@ pub fn run(args: WorkerArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         // A GPU shard's step still blocked on a peer after the coordinator gave the replica
-        // up cannot be cancelled inside its collective: end the process so its supervisor
-        // restarts it with a fresh GPU context (tessera_worker::step_watch).
-        let on_stuck: tessera_worker::step_watch::StuckHook = Arc::new(|what: &str| {
-            eprintln!(
-                "tessera worker: {what}, blocked in a GPU collective on a peer that is gone; \
-                 exiting so a restart frees the GPU (exit code 75)"
-            );
+        // up cannot be cancelled inside its collective, and a GPU context lost to a fault
+        // fails every later step: end the process so its supervisor restarts it with a
+        // fresh context (tessera_worker::step_watch).
+        let on_unrecoverable: tessera_worker::step_watch::StuckHook = Arc::new(|what: &str| {
+            eprintln!("tessera worker: {what}; exiting so a restart gives the GPU a fresh context (exit code 75)");
             std::process::exit(75);
         });
         let service = WorkerService::on(args.device)
             .with_collective_host(args.listen.ip())
-            .with_stuck_step_hook(tessera_worker::step_watch::grace_from_env(), on_stuck);
+            .with_unrecoverable_hook(tessera_worker::step_watch::grace_from_env(), on_unrecoverable);
         let readiness = Readiness::new(false);
         if let Some(addr) = args.admin_listen {
             let m = service.metrics();

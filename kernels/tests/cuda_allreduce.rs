@@ -57,13 +57,38 @@ fn enabled(test: &str, var: &str) -> bool {
 enum Role {
     Test,
     Bench,
+    /// Rank 1 never joins the call: rank 0's wait must give up (see `missing_peer`).
+    MissingPeer,
 }
 
 fn role_body(role: Role, dev: &Device, comm: &NcclComm, ar: &mut IpcAllReduce) {
     match role {
         Role::Test => check_all(dev, comm, ar),
         Role::Bench => bench(dev, comm, ar),
+        Role::MissingPeer => unreachable!("handled by missing_peer"),
     }
+}
+
+/// A peer that never arrives: rank 1 stays alive with its region mapped but never calls;
+/// rank 0's all-reduce, with a 300 ms timeout, must fail within seconds (the kernel traps)
+/// with an error that says the GPU context is lost (`KernelError::context_lost`, which
+/// makes a worker restart instead of failing every later step). Ends the process: nothing
+/// on a lost context can be torn down cleanly.
+fn missing_peer(rank: usize, dev: &Device, mut ar: IpcAllReduce) -> ! {
+    if rank == 0 {
+        ar.set_timeout_ns(300_000_000);
+        let mut buf = dev.upload(&input(11, 0, 4096)).unwrap();
+        let t0 = Instant::now();
+        let got = dev.all_reduce_sum_small(&ar, &mut buf).and_then(|()| dev.synchronize());
+        let waited = t0.elapsed();
+        let err = got.expect_err("an all-reduce without its peer succeeded");
+        assert!(err.context_lost(), "not a lost-context error: {err}");
+        assert!(waited < Duration::from_secs(5), "gave up only after {waited:?}");
+        eprintln!("RESULT one-shot all-reduce without its peer: failed after {waited:?} (timeout 300 ms): {err}");
+    } else {
+        std::thread::sleep(Duration::from_secs(4));
+    }
+    std::process::exit(0);
 }
 
 /// Joins, sets up the one-shot group, runs `role`, then meets the peers before tearing
@@ -75,6 +100,9 @@ fn run_rank(role: Role, rank: usize, world: usize, id: &NcclId) {
     assert_eq!((ar.rank(), ar.world()), (rank, world));
     assert!(ar.capacity_bytes() >= MAX_BYTES);
     eprintln!("one-shot group ready: {}", ar.route());
+    if role == Role::MissingPeer {
+        missing_peer(rank, &dev, ar);
+    }
     role_body(role, &dev, &comm, &mut ar);
     sync_ranks(&dev, &comm);
     drop(ar);
@@ -151,6 +179,7 @@ fn rank_process() {
     let role = match role.as_str() {
         "Test" => Role::Test,
         "Bench" => Role::Bench,
+        "MissingPeer" => Role::MissingPeer,
         other => panic!("{ENV_ROLE}={other}"),
     };
     let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
@@ -368,6 +397,13 @@ fn oneshot_all_reduce_across_processes() {
 fn oneshot_all_reduce_across_threads() {
     if enabled("oneshot_all_reduce_across_threads", "TESSERA_GPU_TESTS") {
         with_threads(Role::Test);
+    }
+}
+
+#[test]
+fn oneshot_all_reduce_gives_up_on_a_missing_peer() {
+    if enabled("oneshot_all_reduce_gives_up_on_a_missing_peer", "TESSERA_GPU_TESTS") {
+        with_processes(Role::MissingPeer);
     }
 }
 

@@ -102,7 +102,8 @@ pub struct WorkerService {
     /// (a GPU shard), so that a step outliving its stream is watched (crate::step_watch).
     /// Apart from `state`, which a running step holds.
     waits_on_peers: Arc<AtomicBool>,
-    /// What to do about such a step (the binary ends the process); none: nothing.
+    /// What to do when this worker cannot go on (such a step, or a GPU context lost to a
+    /// fault): the binary ends the process; none: nothing.
     stuck: Option<(Duration, StuckHook)>,
 }
 
@@ -170,10 +171,11 @@ impl WorkerService {
         }
     }
 
-    /// Calls `hook` when a step of a GPU shard is still running `grace` after the
-    /// coordinator closed its stream: blocked in a collective on a peer that is gone (see
-    /// crate::step_watch).
-    pub fn with_stuck_step_hook(mut self, grace: Duration, hook: StuckHook) -> Self {
+    /// Calls `hook` when this worker cannot go on: a step of a GPU shard still running
+    /// `grace` after the coordinator closed its stream (blocked in a collective on a peer
+    /// that is gone, see crate::step_watch), or a step that failed with an error that left
+    /// the GPU context unusable (a kernel fault or trap: every later step would fail).
+    pub fn with_unrecoverable_hook(mut self, grace: Duration, hook: StuckHook) -> Self {
         self.stuck = Some((grace, hook));
         self
     }
@@ -592,15 +594,22 @@ impl pb::worker_server::Worker for WorkerService {
                 let job = tokio::task::spawn_blocking(move || {
                     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
                     match guard.as_mut() {
-                        None => Err("no model is loaded".to_string()),
-                        Some(l) => metrics.timed_step(step_input(msg), |i| l.exec.step(i)).map_err(|e| e.to_string()),
+                        None => Err(("no model is loaded".to_string(), false)),
+                        Some(l) => metrics
+                            .timed_step(step_input(msg), |i| l.exec.step(i))
+                            .map_err(|e| (e.to_string(), e.context_lost())),
                     }
                 });
                 let watch = stuck.as_ref().filter(|_| waits_on_peers.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
                 let result = watch_step(job, tx.closed(), watch, || format!("step {step_id}")).await;
                 let reply = match result {
                     Ok(Ok(out)) => step_reply(step_id, out),
-                    Ok(Err(e)) => pb::StepReply { step_id, error: e, ..Default::default() },
+                    Ok(Err((e, lost))) => {
+                        if let (true, Some((_, hook))) = (lost, &stuck) {
+                            hook(&format!("step {step_id} failed and left the GPU context unusable: {e}"));
+                        }
+                        pb::StepReply { step_id, error: e, ..Default::default() }
+                    }
                     Err(e) => pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
                 };
                 if let Some(t) = traced {

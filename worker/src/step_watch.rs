@@ -8,7 +8,8 @@
 //! stay blocked in the collective, holding the loaded model, so they can neither answer
 //! Info nor take the Load of a re-formed replica. [`watch_step`] notices that the stream
 //! is gone while the step still runs and, after a grace period in which a healthy step
-//! would have ended, calls the service's stuck-step hook once. The `tessera worker` binary's
+//! would have ended, calls the service's unrecoverable-worker hook once (the service also
+//! calls it when a step error left the GPU context unusable). The `tessera worker` binary's
 //! hook logs why and ends the process, so its supervisor (`tessera serve`, systemd,
 //! Kubernetes) restarts it with a fresh CUDA context and the coordinator re-forms the
 //! replica: the failure is bounded instead of a worker held forever.

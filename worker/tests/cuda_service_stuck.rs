@@ -3,8 +3,12 @@
 //! load a model split over tp=2 as a coordinator would (Info for the NCCL ids, then both
 //! Loads at once); a step sent to rank 0 alone blocks in its first all-reduce, waiting for
 //! rank 1. When the step stream to rank 0 is dropped (the coordinator failing the replica),
-//! the service must call its stuck-step hook after the grace period; a step that ends in
-//! time must not. Rank 1 then runs the same step, which releases rank 0, and both finish.
+//! the service must call its unrecoverable-worker hook after the grace period; a step that
+//! ends in time must not. Rank 1 then runs the same step, which releases rank 0, and both
+//! finish. Last, rank 0 alone again with its stream kept open: the one-shot all-reduce gives
+//! up after its timeout (`TESSERA_ONESHOT_TIMEOUT_S`, 4 s here) by trapping, the step fails,
+//! and the hook is called because the GPU context is lost. The process then exits: a lost
+//! context cannot be torn down cleanly (this file holds this one test).
 //!
 //! Needs `TESSERA_GPU_TESTS=1`, two GPUs and `TESSERA_TORCH_REF=<dir>` (the random Qwen3 of
 //! bench/gpu/torch_qwen3_ref.py, 16 heads / 8 KV heads: splits over 2 ranks). Skips
@@ -49,7 +53,7 @@ fn model_dir() -> Option<PathBuf> {
 /// hook that records what it is called with.
 async fn start(ordinal: usize, calls: Arc<Mutex<Vec<String>>>) -> WorkerClient<Channel> {
     let hook: StuckHook = Arc::new(move |m: &str| calls.lock().unwrap().push(m.to_string()));
-    let service = WorkerService::on(DeviceChoice::Cuda(ordinal)).with_stuck_step_hook(GRACE, hook);
+    let service = WorkerService::on(DeviceChoice::Cuda(ordinal)).with_unrecoverable_hook(GRACE, hook);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tonic::transport::Server::builder()
@@ -91,6 +95,8 @@ async fn wait_for(calls: &Mutex<Vec<String>>, n: usize, within: Duration) -> boo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gpu_shard_blocked_on_a_missing_peer_after_the_hang_up_calls_the_hook() {
     let Some(model) = model_dir() else { return };
+    // Read when the one-shot group is set up (at Load); nothing else runs yet.
+    std::env::set_var("TESSERA_ONESHOT_TIMEOUT_S", "4");
     let calls: Vec<Arc<Mutex<Vec<String>>>> = (0..2).map(|_| Arc::default()).collect();
     let mut clients = vec![start(0, calls[0].clone()).await, start(1, calls[1].clone()).await];
     let mut addrs = Vec::new();
@@ -149,7 +155,7 @@ async fn a_gpu_shard_blocked_on_a_missing_peer_after_the_hang_up_calls_the_hook(
     assert!(waited >= GRACE, "called {waited:?} after the hang-up, before the grace period");
     let msg = calls[0].lock().unwrap()[0].clone();
     assert!(msg.contains("step 2") && msg.contains("after the coordinator closed the step stream"), "{msg}");
-    eprintln!("RESULT stuck-step hook called {waited:?} after the hang-up (grace {GRACE:?}): {msg}");
+    eprintln!("RESULT unrecoverable-worker hook called {waited:?} after the hang-up (grace {GRACE:?}): {msg}");
 
     // 3. Rank 1 runs the step too, which releases rank 0's; rank 1's reply is fine, and no
     //    hook fired on rank 1.
@@ -158,4 +164,23 @@ async fn a_gpu_shard_blocked_on_a_missing_peer_after_the_hang_up_calls_the_hook(
     assert!(reply.error.is_empty(), "{reply:?}");
     assert!(calls[1].lock().unwrap().is_empty());
     assert_eq!(calls[0].lock().unwrap().len(), 1, "called once");
+
+    // 4. Rank 0 alone, stream open: the all-reduce traps after 4 s; the step's error reply
+    //    comes back and the hook says the context is lost.
+    let (tx0, mut rx0) = open(&mut c0).await;
+    let t0 = Instant::now();
+    tx0.send(step(3)).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(30), rx0.next())
+        .await
+        .expect("no reply within 30 s")
+        .expect("a reply")
+        .expect("reply ok");
+    assert!(!reply.error.is_empty() && reply.sampled.is_empty(), "{reply:?}");
+    assert!(wait_for(&calls[0], 2, Duration::from_secs(5)).await, "the hook was not called for the lost context");
+    let msg = calls[0].lock().unwrap()[1].clone();
+    assert!(msg.contains("step 3") && msg.contains("left the GPU context unusable"), "{msg}");
+    eprintln!("RESULT lost GPU context reported {:?} after the lone step was sent: {msg}", t0.elapsed());
+    assert!(calls[1].lock().unwrap().is_empty());
+    eprintln!("test a_gpu_shard_blocked_on_a_missing_peer_after_the_hang_up_calls_the_hook ... ok (exiting: GPU 0's context is lost)");
+    std::process::exit(0);
 }

@@ -10,7 +10,9 @@
 //! Environment (read once at setup, per process): `TESSERA_ONESHOT_ALLREDUCE=0` opts this
 //! rank out (so the whole group uses NCCL: the A/B switch for benchmarks);
 //! `TESSERA_ONESHOT_MAX_BYTES=<n>` sets the largest message sent one-shot (default
-//! `ONESHOT_DEFAULT_MAX_BYTES`).
+//! `ONESHOT_DEFAULT_MAX_BYTES`); `TESSERA_ONESHOT_TIMEOUT_S=<s>` how long the kernel waits
+//! for a peer before it gives up by trapping (default `ONESHOT_TIMEOUT_NS`, 30 s; the trap
+//! loses the GPU context, and the worker then restarts).
 
 use tessera_kernels::cuda::{bf16, Buf, Device, IpcAllReduce, NcclComm, ONESHOT_DEFAULT_MAX_BYTES};
 
@@ -50,6 +52,13 @@ impl TpAllReduce {
         let (oneshot, note) = match dev.ipc_all_reduce_setup(comm, cap) {
             Ok(mut ar) => {
                 ar.set_max_bytes(threshold);
+                if let Some(s) = std::env::var("TESSERA_ONESHOT_TIMEOUT_S")
+                    .ok()
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+                {
+                    ar.set_timeout_ns((s * 1e9) as u64);
+                }
                 // For A/B runs: TESSERA_ONESHOT_EARLY=0 makes the next kernel wait for the
                 // all-reduce's end before it launches.
                 ar.set_early_dependents(std::env::var("TESSERA_ONESHOT_EARLY").as_deref() != Ok("0"));
