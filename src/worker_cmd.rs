@@ -62,7 +62,10 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         // fresh context (tessera_worker::step_watch).
         let on_unrecoverable: tessera_worker::step_watch::StuckHook = Arc::new(|what: &str| {
             eprintln!("tessera worker: {what}; exiting so a restart gives the GPU a fresh context (exit code 75)");
-            std::process::exit(75);
+            // _exit, not exit: no atexit teardown (CUDA, NCCL) on a context that is stuck
+            // in a collective or lost, which can hang or fault.
+            // SAFETY: ends the process; nothing runs after it.
+            unsafe { libc::_exit(75) }
         });
         let service = WorkerService::on(args.device)
             .with_collective_host(args.listen.ip())
@@ -80,7 +83,13 @@ pub fn run(args: WorkerArgs) -> Result<()> {
         let registration = crate::etcd_cmd::register_worker(&args.etcd, listener.local_addr()?, args.device).await?;
         // SIGTERM: not ready, no new connections, Load refused; the coordinator's open
         // Step streams are served until it hangs up or the drain timeout passes.
+        // HTTP/2 and TCP keepalives: a coordinator that vanishes without closing its step
+        // streams (host down, network cut) is noticed, its streams close, and a step stuck
+        // on a peer is then watched (step_watch) instead of waiting forever.
         let server = crate::tls::server_builder(tls.as_ref())?
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .tcp_keepalive(Some(Duration::from_secs(30)))
             .layer(crate::drain::RefuseWhenNotReady::new(readiness.clone(), &["/tessera.worker.v1.Worker/Load"]))
             .add_service(WorkerServer::new(service).max_decoding_message_size(64 << 20))
             // No Nagle delay on step replies: each is small and awaited.

@@ -73,6 +73,18 @@ impl Backend {
         }
     }
 
+    /// Whether the GPU context is unusable (a kernel faulted or trapped): asked after a
+    /// failed step, whose own error may have come from a library (NCCL, cuBLASLt) that words
+    /// it differently; synchronising the device returns the sticky error itself. Never on
+    /// the CPU.
+    pub fn context_lost(&self) -> bool {
+        match self {
+            Backend::Cpu { .. } => false,
+            Backend::Cuda(m, _) => m.device().synchronize().is_err_and(|e| e.context_lost()),
+            Backend::Hip(m) => m.context_lost(),
+        }
+    }
+
     /// `("cpu" | "cuda" | "hip", a description of the device)`.
     pub fn device(&self) -> (&'static str, String) {
         match self {

@@ -102,6 +102,9 @@ pub struct WorkerService {
     /// (a GPU shard), so that a step outliving its stream is watched (crate::step_watch).
     /// Apart from `state`, which a running step holds.
     waits_on_peers: Arc<AtomicBool>,
+    /// What Info reports of the loaded model, kept apart from `state` (which a running
+    /// step holds, for good when it is stuck): Info must answer without waiting for it.
+    summary: Arc<Mutex<Option<Summary>>>,
     /// What to do when this worker cannot go on (such a step, or a GPU context lost to a
     /// fault): the binary ends the process; none: nothing.
     stuck: Option<(Duration, StuckHook)>,
@@ -146,11 +149,40 @@ impl Listeners {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 const OP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The loaded model as Info reports it.
+#[derive(Clone)]
+struct Summary {
+    device: &'static str,
+    device_name: String,
+    model: String,
+    num_blocks: u32,
+    block_size: u32,
+    vocab_size: u32,
+    max_model_len: u32,
+}
+
 struct Loaded {
     name: String,
     exec: Executor,
     /// A GPU shard: its steps wait in collectives on peers (see `WorkerService::waits_on_peers`).
     waits_on_peers: bool,
+}
+
+impl Loaded {
+    fn summary(&self) -> Summary {
+        let backend = self.exec.backend();
+        let (device, device_name) = backend.device();
+        let c = backend.config();
+        Summary {
+            device,
+            device_name,
+            model: self.name.clone(),
+            num_blocks: self.exec.num_blocks() as u32,
+            block_size: self.exec.block_size() as u32,
+            vocab_size: c.vocab_size as u32,
+            max_model_len: c.max_position as u32,
+        }
+    }
 }
 
 impl WorkerService {
@@ -167,6 +199,7 @@ impl WorkerService {
             nccl_ids: Arc::default(),
             metrics: Arc::default(),
             waits_on_peers: Arc::default(),
+            summary: Arc::default(),
             stuck: None,
         }
     }
@@ -193,7 +226,6 @@ impl WorkerService {
     }
 
     fn info(&self) -> pb::WorkerInfo {
-        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut info = pb::WorkerInfo {
             device: match self.device {
                 DeviceChoice::Cpu => "cpu".into(),
@@ -217,15 +249,11 @@ impl WorkerService {
             // One model per AMD GPU (crate::hip): no group to offer.
             DeviceChoice::Hip(_) => {}
         }
-        if let Some(l) = guard.as_ref() {
-            let (kind, name) = l.exec.backend().device();
-            (info.device, info.device_name) = (kind.into(), name);
-            let c = l.exec.backend().config();
-            info.model = l.name.clone();
-            info.num_blocks = l.exec.num_blocks() as u32;
-            info.block_size = l.exec.block_size() as u32;
-            info.vocab_size = c.vocab_size as u32;
-            info.max_model_len = c.max_position as u32;
+        if let Some(m) = self.summary.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            (info.device, info.device_name) = (m.device.into(), m.device_name);
+            info.model = m.model;
+            (info.num_blocks, info.block_size) = (m.num_blocks, m.block_size);
+            (info.vocab_size, info.max_model_len) = (m.vocab_size, m.max_model_len);
         }
         info
     }
@@ -433,8 +461,8 @@ fn blocks_for(req: &pb::LoadRequest, per_block: u64, default_budget: u64) -> Res
 /// Largest KV block (positions) a Load may ask for; engines use 16 to 256.
 const MAX_BLOCK_SIZE: usize = 4096;
 
-/// Most tokens per Step when the Load leaves it to the worker (`max_step_tokens` 0): four
-/// times the coordinator's default budget.
+/// Most tokens per Step when the Load leaves it to the worker (`max_step_tokens` 0): the
+/// budget `tessera serve` gives a GPU replica (the coordinator's own default is 512).
 const DEFAULT_MAX_STEP_TOKENS: usize = 8192;
 
 /// Refuses a CPU KV cache of `num_blocks` blocks of `per_block` bytes that this host's
@@ -554,11 +582,19 @@ impl pb::worker_server::Worker for WorkerService {
         let t0 = Instant::now();
         let (device, listeners, nccl_ids) = (self.device, self.collective.clone(), self.nccl_ids.clone());
         let metrics = self.metrics.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(&req, device, &listeners, &nccl_ids, &metrics))
-            .await
-            .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
-        self.waits_on_peers.store(loaded.waits_on_peers, Ordering::Relaxed);
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
+        let state = self.state.clone();
+        // On the blocking pool, the swap too: a step still holding the old model (stuck on
+        // a peer) must not block a runtime thread.
+        let (summary, waits_on_peers) = tokio::task::spawn_blocking(move || {
+            let loaded = load(&req, device, &listeners, &nccl_ids, &metrics)?;
+            let out = (loaded.summary(), loaded.waits_on_peers);
+            *state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
+            Ok::<_, Status>(out)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
+        self.waits_on_peers.store(waits_on_peers, Ordering::Relaxed);
+        *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = Some(summary);
         Ok(Response::new(pb::LoadReply {
             info: Some(WorkerService::info(self)),
             load_ms: t0.elapsed().as_millis().min(u32::MAX as u128) as u32,
@@ -597,7 +633,7 @@ impl pb::worker_server::Worker for WorkerService {
                         None => Err(("no model is loaded".to_string(), false)),
                         Some(l) => metrics
                             .timed_step(step_input(msg), |i| l.exec.step(i))
-                            .map_err(|e| (e.to_string(), e.context_lost())),
+                            .map_err(|e| (e.to_string(), e.context_lost() || l.exec.backend().context_lost())),
                     }
                 });
                 let watch = stuck.as_ref().filter(|_| waits_on_peers.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
@@ -627,6 +663,30 @@ impl pb::worker_server::Worker for WorkerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Info answers while a step holds the model (for good, when it is stuck on a peer):
+    /// the coordinator's readiness checks must not hang, nor tie up a runtime thread.
+    #[tokio::test]
+    async fn info_answers_while_a_step_holds_the_model() {
+        use pb::worker_server::Worker;
+        let Some(path) = crate::test_model_path::default_model() else { return };
+        let svc = WorkerService::on(DeviceChoice::Cpu);
+        let req =
+            pb::LoadRequest { model_path: path.to_string_lossy().into_owned(), num_blocks: 32, ..Default::default() };
+        Worker::load(&svc, Request::new(req)).await.expect("load");
+        let held = svc.state.clone();
+        let guard = held.lock().unwrap();
+        let info = {
+            let svc = svc.clone();
+            tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || svc.info()))
+                .await
+                .expect("Info blocked on the model a step holds")
+                .expect("info task")
+        };
+        drop(guard);
+        assert_eq!((info.num_blocks, info.block_size), (32, 16));
+        assert!(info.model.ends_with(".gguf") && info.vocab_size > 0, "{info:?}");
+    }
 
     /// A Load's `max_step_tokens` reaches the executor: a larger step is refused (the GPU
     /// backends kept activation memory for that many tokens only); 0 takes the default.

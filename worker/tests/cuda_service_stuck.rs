@@ -150,6 +150,12 @@ async fn a_gpu_shard_blocked_on_a_missing_peer_after_the_hang_up_calls_the_hook(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let hung_up = Instant::now();
     drop((tx0, rx0));
+    // The coordinator's readiness check: Info answers although the step holds the model.
+    let info = tokio::time::timeout(Duration::from_secs(2), c0.info(pb::InfoRequest {}))
+        .await
+        .expect("Info hung while a step was stuck")
+        .expect("info");
+    assert_eq!(info.into_inner().num_blocks, 64);
     assert!(wait_for(&calls[0], 1, GRACE + Duration::from_secs(10)).await, "the hook was not called");
     let waited = hung_up.elapsed();
     assert!(waited >= GRACE, "called {waited:?} after the hang-up, before the grace period");

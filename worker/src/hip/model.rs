@@ -146,6 +146,11 @@ impl HipModel {
         &self.dev
     }
 
+    /// Whether the GPU context is unusable (see `Backend::context_lost`).
+    pub fn context_lost(&self) -> bool {
+        self.dev.synchronize().is_err_and(|e| e.context_lost())
+    }
+
     /// The GPU in words: name, ordinal, arch.
     pub fn describe(&self) -> String {
         format!("{} (AMD GPU {}, {})", self.dev.name(), self.dev.ordinal(), self.dev.arch())

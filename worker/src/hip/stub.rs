@@ -36,6 +36,10 @@ impl HipModel {
         match self.never {}
     }
 
+    pub fn context_lost(&self) -> bool {
+        match self.never {}
+    }
+
     pub fn forward(&mut self, _chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         match self.never {}
     }
