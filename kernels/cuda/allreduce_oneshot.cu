@@ -49,6 +49,11 @@
 // early waits for its completion before finishing, so call e - 1 has ended before call e
 // starts). So no second barrier is needed.
 //
+// Pushing means a rank writes into its peers' memory before it knows they are alive: into
+// a crashed peer's mapping (the writes fault, which loses this rank's context: the worker
+// then restarts, see kernels/src/error.rs context_lost) or, in principle, into memory a
+// restarted process reuses; a replica is re-formed with new regions, never the old ones.
+//
 // A peer that never arrives (crashed process) would spin the GPU forever: after
 // `timeout_ns` (0: never) the kernel records the waiting block and peer in the error word
 // and traps, which fails the rank's stream with a launch error instead of hanging it.

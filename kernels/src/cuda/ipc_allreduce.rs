@@ -38,7 +38,8 @@ use super::{nvrtc, sources};
 use crate::error::check;
 use crate::KernelError;
 
-/// Blocks of the kernel's grid (the same on every rank and every call; see the .cu file).
+/// Default blocks of the kernel's grid (the same on every rank and every call; see the .cu
+/// file and [`oneshot_blocks`]).
 /// 16 × 512 threads hold a 64 KB message at one 16-byte vector per thread.
 pub const ONESHOT_BLOCKS: u32 = 16;
 const ONESHOT_THREADS: u32 = 512;
@@ -50,6 +51,19 @@ const ONESHOT_THREADS: u32 = 512;
 /// A decode step of up to 128 sequences of hidden 4096 fits. Per group:
 /// [`IpcAllReduce::set_max_bytes`].
 pub const ONESHOT_DEFAULT_MAX_BYTES: usize = 1 << 20;
+/// The group's grid: `TESSERA_ONESHOT_BLOCKS` (1..=ONESHOT_MAX_BLOCKS; every rank must be
+/// given the same, or the setup fails on all of them), else [`ONESHOT_BLOCKS`]. Measured on
+/// two H200s (bench/RESULTS.md 2026-12-01, llama-3.1-8b at tp=2): 64 blocks take 512 KB
+/// messages from 7.9 to 5.8 µs and 1 MB from 12.1 to 7.9 (+3% decode at 64 sequences, +5%
+/// at 128) but batch-1 decode is ~1% slower than with 16, which stays the default.
+fn oneshot_blocks() -> u32 {
+    std::env::var("TESSERA_ONESHOT_BLOCKS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|b| (1..=ONESHOT_MAX_BLOCKS as u32).contains(b))
+        .unwrap_or(ONESHOT_BLOCKS)
+}
+
 /// A wait for a peer longer than this traps the kernel (a launch error on this rank's
 /// stream) instead of spinning the GPU forever on a dead peer.
 pub const ONESHOT_TIMEOUT_NS: u64 = 30_000_000_000;
@@ -87,6 +101,10 @@ pub struct IpcAllReduce {
     /// Whether the kernel lets the next kernel in the stream launch at its start (see
     /// [`IpcAllReduce::set_early_dependents`]).
     early_dependents: bool,
+    /// Blocks of every call's grid: fixed for the group's life (the kernel's per-block
+    /// epochs and its data-slot reuse argument assume every call launches all of them),
+    /// equal on every rank (checked at setup).
+    blocks: u32,
     /// How each peer is reached, for logs.
     route: String,
 }
@@ -174,7 +192,7 @@ impl IpcAllReduce {
             uuid,
             ptr,
             cap: self.cap as u64,
-            blocks: ONESHOT_BLOCKS,
+            blocks: self.blocks,
             handle: h.reserved.map(|c| c as u8),
         })
     }
@@ -341,6 +359,7 @@ impl Device {
             max_bytes: 0,
             timeout_ns: ONESHOT_TIMEOUT_NS,
             early_dependents: true,
+            blocks: oneshot_blocks(),
             route: String::new(),
         };
         // A local failure still takes part in the exchange, so the peers learn of it.
@@ -444,8 +463,7 @@ impl Device {
         let (n64, rank, world) = (n as u64, ar.rank as u32, ar.world as u32);
         let (cap, timeout, local, regions) = (ar.cap as u64, ar.timeout_ns, ar.local, Regions(ar.regions));
         let early = u32::from(ar.early_dependents);
-        let cfg =
-            LaunchConfig { grid_dim: (ONESHOT_BLOCKS, 1, 1), block_dim: (ONESHOT_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (ar.blocks, 1, 1), block_dim: (ONESHOT_THREADS, 1, 1), shared_mem_bytes: 0 };
         let s = &self.stream;
         // The kernel's `residual` pointer: 0 (null) for the plain all-reduce.
         let (res_ptr, _guard) = match residual {

@@ -12,7 +12,8 @@
 //! `TESSERA_ONESHOT_MAX_BYTES=<n>` sets the largest message sent one-shot (default
 //! `ONESHOT_DEFAULT_MAX_BYTES`); `TESSERA_ONESHOT_TIMEOUT_S=<s>` how long the kernel waits
 //! for a peer before it gives up by trapping (default `ONESHOT_TIMEOUT_NS`, 30 s; the trap
-//! loses the GPU context, and the worker then restarts).
+//! loses the GPU context, and the worker then restarts); `TESSERA_ONESHOT_BLOCKS=<n>` the
+//! kernel's grid (read by `Device::ipc_all_reduce_setup`; every rank must agree).
 
 use tessera_kernels::cuda::{bf16, Buf, Device, IpcAllReduce, NcclComm, ONESHOT_DEFAULT_MAX_BYTES};
 
