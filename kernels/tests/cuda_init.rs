@@ -104,3 +104,23 @@ fn bench_fill_uniform_llama8b_embedding() {
         (2 * n) as f64 / (ms * 1e-3) / 1e9
     );
 }
+
+/// `Device::poll_error` (how a worker asks, after a failed step, whether the context is
+/// lost without waiting for queued work): no error while ~10 ms of fills are still queued
+/// (CUDA_ERROR_NOT_READY is not an error), none once they finished.
+#[test]
+fn poll_error_does_not_wait_and_reports_nothing_on_a_healthy_device() {
+    let Some(dev) = gpu("poll_error_does_not_wait_and_reports_nothing_on_a_healthy_device") else { return };
+    let mut buf = dev.alloc::<bf16>(256 << 20).unwrap();
+    for seed in 0..20 {
+        dev.fill_uniform(&mut buf, seed, -1.0, 1.0).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    dev.poll_error().expect("queued work is not an error");
+    let polled = t0.elapsed();
+    dev.synchronize().unwrap();
+    let drained = t0.elapsed();
+    dev.poll_error().expect("an idle healthy stream");
+    eprintln!("poll_error took {polled:?} with work queued; the queue drained after {drained:?}");
+    assert!(polled * 4 < drained, "poll_error waited for the queue: {polled:?} of {drained:?}");
+}

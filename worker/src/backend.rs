@@ -74,13 +74,14 @@ impl Backend {
     }
 
     /// Whether the GPU context is unusable (a kernel faulted or trapped): asked after a
-    /// failed step, whose own error may have come from a library (NCCL, cuBLASLt) that words
-    /// it differently; synchronising the device returns the sticky error itself. Never on
+    /// step failed with a device error, which may have come from a library (NCCL,
+    /// cuBLASLt) that words it differently; the stream's own state holds the sticky error.
+    /// Polled, not waited for: work still queued may be blocked on a dead peer. Never on
     /// the CPU.
     pub fn context_lost(&self) -> bool {
         match self {
             Backend::Cpu { .. } => false,
-            Backend::Cuda(m, _) => m.device().synchronize().is_err_and(|e| e.context_lost()),
+            Backend::Cuda(m, _) => m.device().poll_error().is_err_and(|e| e.context_lost()),
             Backend::Hip(m) => m.context_lost(),
         }
     }

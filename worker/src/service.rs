@@ -582,19 +582,21 @@ impl pb::worker_server::Worker for WorkerService {
         let t0 = Instant::now();
         let (device, listeners, nccl_ids) = (self.device, self.collective.clone(), self.nccl_ids.clone());
         let metrics = self.metrics.clone();
-        let state = self.state.clone();
+        let (state, summary, waits) = (self.state.clone(), self.summary.clone(), self.waits_on_peers.clone());
         // On the blocking pool, the swap too: a step still holding the old model (stuck on
-        // a peer) must not block a runtime thread.
-        let (summary, waits_on_peers) = tokio::task::spawn_blocking(move || {
+        // a peer) must not block a runtime thread. What Info reports and whether steps are
+        // watched change with the model, under its lock, so a Load whose caller went away
+        // (the task runs on) still leaves them consistent.
+        tokio::task::spawn_blocking(move || {
             let loaded = load(&req, device, &listeners, &nccl_ids, &metrics)?;
-            let out = (loaded.summary(), loaded.waits_on_peers);
-            *state.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
-            Ok::<_, Status>(out)
+            let mut model = state.lock().unwrap_or_else(|e| e.into_inner());
+            waits.store(loaded.waits_on_peers, Ordering::Relaxed);
+            *summary.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.summary());
+            *model = Some(loaded);
+            Ok::<_, Status>(())
         })
         .await
         .map_err(|e| Status::internal(format!("load task failed: {e}")))??;
-        self.waits_on_peers.store(waits_on_peers, Ordering::Relaxed);
-        *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = Some(summary);
         Ok(Response::new(pb::LoadReply {
             info: Some(WorkerService::info(self)),
             load_ms: t0.elapsed().as_millis().min(u32::MAX as u128) as u32,
@@ -631,19 +633,19 @@ impl pb::worker_server::Worker for WorkerService {
                     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
                     match guard.as_mut() {
                         None => Err(("no model is loaded".to_string(), false)),
-                        Some(l) => metrics
-                            .timed_step(step_input(msg), |i| l.exec.step(i))
-                            .map_err(|e| (e.to_string(), e.context_lost() || l.exec.backend().context_lost())),
+                        Some(l) => metrics.timed_step(step_input(msg), |i| l.exec.step(i)).map_err(|e| {
+                            let device = matches!(e, crate::WorkerError::Kernel(_));
+                            (e.to_string(), e.context_lost() || (device && l.exec.backend().context_lost()))
+                        }),
                     }
                 });
                 let watch = stuck.as_ref().filter(|_| waits_on_peers.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
                 let result = watch_step(job, tx.closed(), watch, || format!("step {step_id}")).await;
+                let mut lost = false;
                 let reply = match result {
                     Ok(Ok(out)) => step_reply(step_id, out),
-                    Ok(Err((e, lost))) => {
-                        if let (true, Some((_, hook))) = (lost, &stuck) {
-                            hook(&format!("step {step_id} failed and left the GPU context unusable: {e}"));
-                        }
+                    Ok(Err((e, l))) => {
+                        lost = l;
                         pb::StepReply { step_id, error: e, ..Default::default() }
                     }
                     Err(e) => pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
@@ -651,7 +653,14 @@ impl pb::worker_server::Worker for WorkerService {
                 if let Some(t) = traced {
                     t.end(&reply, clock.map(|m| m.last_collective()));
                 }
-                if tx.send(Ok(reply)).await.is_err() {
+                // The coordinator gets the step's own error before the worker gives up.
+                let what =
+                    lost.then(|| format!("step {step_id} failed and left the GPU context unusable: {}", reply.error));
+                let sent = tx.send(Ok(reply)).await;
+                if let (Some(what), Some((_, hook))) = (what, &stuck) {
+                    hook(&what);
+                }
+                if sent.is_err() {
                     break;
                 }
             }

@@ -326,6 +326,20 @@ impl Device {
         self.stream.synchronize().map_err(dev_err("cuda_synchronize"))
     }
 
+    /// The stream's error, if any, without waiting (`cuStreamQuery`): work still queued is
+    /// not an error, a sticky one (a faulted kernel) is. For deciding whether the context
+    /// is lost after a failed step whose queued work may be blocked on a dead peer.
+    pub fn poll_error(&self) -> Result<(), KernelError> {
+        use cudarc::driver::sys;
+        const OP: &str = "cuda_stream_query";
+        self.stream.context().bind_to_thread().map_err(dev_err(OP))?;
+        // SAFETY: the device's own stream, its context bound to this thread.
+        match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => Ok(()),
+            e => Err(dev_err(OP)(cudarc::driver::DriverError(e))),
+        }
+    }
+
     /// Milliseconds per call of `f`, timed with CUDA events around `reps` back-to-back calls
     /// on the device's stream (the caller warms up first).
     pub fn time_ms(&self, reps: usize, mut f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {

@@ -150,6 +150,9 @@ impl Device {
     pub fn synchronize(&self) -> Result<(), KernelError> {
         match self.never {}
     }
+    pub fn poll_error(&self) -> Result<(), KernelError> {
+        match self.never {}
+    }
     pub fn time_ms(&self, reps: usize, f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
         match self.never {}
     }

@@ -146,7 +146,8 @@ impl HipModel {
         &self.dev
     }
 
-    /// Whether the GPU context is unusable (see `Backend::context_lost`).
+    /// Whether the GPU context is unusable (see `Backend::context_lost`; synchronised, not
+    /// polled: a HIP model is never split over GPUs, so nothing queued waits on a peer).
     pub fn context_lost(&self) -> bool {
         self.dev.synchronize().is_err_and(|e| e.context_lost())
     }
