@@ -98,10 +98,11 @@ pub struct WorkerService {
     nccl_ids: Arc<NcclIds>,
     /// Step and collective timings (`GET /metrics` of the worker's admin endpoint).
     metrics: Arc<WorkerMetrics>,
-    /// Whether the loaded model's steps can block on peers with no timeout of their own
-    /// (a GPU shard), so that a step outliving its stream is watched (crate::step_watch).
-    /// Apart from `state`, which a running step holds.
-    waits_on_peers: Arc<AtomicBool>,
+    /// Whether the loaded model's steps can block with no timeout of their own (a GPU
+    /// model: a collective on a peer that is gone, a hung kernel), so that a step
+    /// outliving its stream is watched (crate::step_watch). Apart from `state`, which a
+    /// running step holds.
+    watched: Arc<AtomicBool>,
     /// What Info reports of the loaded model, kept apart from `state` (which a running
     /// step holds, for good when it is stuck): Info must answer without waiting for it.
     summary: Arc<Mutex<Option<Summary>>>,
@@ -164,8 +165,8 @@ struct Summary {
 struct Loaded {
     name: String,
     exec: Executor,
-    /// A GPU shard: its steps wait in collectives on peers (see `WorkerService::waits_on_peers`).
-    waits_on_peers: bool,
+    /// A GPU model: its steps can block for good (see `WorkerService::watched`).
+    watched: bool,
 }
 
 impl Loaded {
@@ -198,15 +199,15 @@ impl WorkerService {
             collective: Arc::default(),
             nccl_ids: Arc::default(),
             metrics: Arc::default(),
-            waits_on_peers: Arc::default(),
+            watched: Arc::default(),
             summary: Arc::default(),
             stuck: None,
         }
     }
 
-    /// Calls `hook` when this worker cannot go on: a step of a GPU shard still running
-    /// `grace` after the coordinator closed its stream (blocked in a collective on a peer
-    /// that is gone, see crate::step_watch), or a step that failed with an error that left
+    /// Calls `hook` when this worker cannot go on: a GPU step still running `grace` after
+    /// the coordinator closed its stream (blocked in a collective on a peer that is gone,
+    /// or a hung kernel, see crate::step_watch), or a step that failed with an error that left
     /// the GPU context unusable (a kernel fault or trap: every later step would fail).
     pub fn with_unrecoverable_hook(mut self, grace: Duration, hook: StuckHook) -> Self {
         self.stuck = Some((grace, hook));
@@ -363,8 +364,10 @@ fn load(
         let _ = std::thread::Builder::new().name("grammar-compiler".into()).spawn(move || warm.compiler().map(drop));
         exec = exec.with_grammars(grammars);
     }
-    let waits_on_peers = sharded.is_some() && matches!(device, DeviceChoice::Cuda(_));
-    Ok(Loaded { name, exec, waits_on_peers })
+    // GPU steps have no timeout of their own: a collective on a peer that is gone, or a
+    // hung kernel, blocks them for good. CPU collectives time out (OP_TIMEOUT).
+    let watched = matches!(device, DeviceChoice::Cuda(_) | DeviceChoice::Hip(_));
+    Ok(Loaded { name, exec, watched })
 }
 
 /// The worker's part of the model as the coordinator placed it.
@@ -582,7 +585,7 @@ impl pb::worker_server::Worker for WorkerService {
         let t0 = Instant::now();
         let (device, listeners, nccl_ids) = (self.device, self.collective.clone(), self.nccl_ids.clone());
         let metrics = self.metrics.clone();
-        let (state, summary, waits) = (self.state.clone(), self.summary.clone(), self.waits_on_peers.clone());
+        let (state, summary, waits) = (self.state.clone(), self.summary.clone(), self.watched.clone());
         // On the blocking pool, the swap too: a step still holding the old model (stuck on
         // a peer) must not block a runtime thread. What Info reports and whether steps are
         // watched change with the model, under its lock, so a Load whose caller went away
@@ -590,7 +593,7 @@ impl pb::worker_server::Worker for WorkerService {
         tokio::task::spawn_blocking(move || {
             let loaded = load(&req, device, &listeners, &nccl_ids, &metrics)?;
             let mut model = state.lock().unwrap_or_else(|e| e.into_inner());
-            waits.store(loaded.waits_on_peers, Ordering::Relaxed);
+            waits.store(loaded.watched, Ordering::Relaxed);
             *summary.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.summary());
             *model = Some(loaded);
             Ok::<_, Status>(())
@@ -610,7 +613,7 @@ impl pb::worker_server::Worker for WorkerService {
         let (tx, rx) = mpsc::channel(4);
         let state = self.state.clone();
         let metrics = self.metrics.clone();
-        let (waits_on_peers, stuck) = (self.waits_on_peers.clone(), self.stuck.clone());
+        let (watched, stuck) = (self.watched.clone(), self.stuck.clone());
         tokio::spawn(async move {
             let mut tracer = StepTracer::default();
             while let Some(msg) = incoming.next().await {
@@ -639,7 +642,7 @@ impl pb::worker_server::Worker for WorkerService {
                         }),
                     }
                 });
-                let watch = stuck.as_ref().filter(|_| waits_on_peers.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
+                let watch = stuck.as_ref().filter(|_| watched.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
                 let result = watch_step(job, tx.closed(), watch, || format!("step {step_id}")).await;
                 let mut lost = false;
                 let reply = match result {

@@ -6,7 +6,8 @@
 //! hangs, the coordinator fails the replica (at once for a broken stream, after its
 //! per-step deadline for a silent rank) and drops its step streams; the surviving ranks
 //! stay blocked in the collective, holding the loaded model, so they can neither answer
-//! Info nor take the Load of a re-formed replica. [`watch_step`] notices that the stream
+//! Info nor take the Load of a re-formed replica; a hung kernel on any GPU blocks its step
+//! the same way. [`watch_step`] notices that the stream
 //! is gone while the step still runs and, after a grace period in which a healthy step
 //! would have ended, calls the service's unrecoverable-worker hook once (the service also
 //! calls it when a step error left the GPU context unusable). The `tessera worker` binary's
