@@ -73,17 +73,19 @@ impl Backend {
         }
     }
 
-    /// Whether the GPU context is unusable (a kernel faulted or trapped): asked after a
-    /// step failed with a device error, which may have come from a library (NCCL,
-    /// cuBLASLt) that words it differently; the stream's own state holds the sticky error.
-    /// Polled, not waited for: work still queued may be blocked on a dead peer. Never on
-    /// the CPU.
-    pub fn context_lost(&self) -> bool {
-        match self {
-            Backend::Cpu { .. } => false,
-            Backend::Cuda(m, _) => m.device().poll_error().is_err_and(|e| e.context_lost()),
-            Backend::Hip(m) => m.context_lost(),
-        }
+    /// Whether `e`, the error of a failed step, left the GPU context unusable (a kernel
+    /// faulted or trapped): a device error that says so, or one from a library (NCCL,
+    /// cuBLASLt) worded otherwise, after which the stream's own state holds the sticky
+    /// error. Polled, not waited for: work still queued may be blocked on a dead peer.
+    /// Never on the CPU, nor for errors that are not the device's (a refused batch).
+    pub fn context_lost_by(&self, e: &WorkerError) -> bool {
+        let WorkerError::Kernel(k) = e else { return false };
+        k.context_lost()
+            || match self {
+                Backend::Cpu { .. } => false,
+                Backend::Cuda(m, _) => m.device().poll_error().is_err_and(|e| e.context_lost()),
+                Backend::Hip(m) => m.context_lost(),
+            }
     }
 
     /// `("cpu" | "cuda" | "hip", a description of the device)`.

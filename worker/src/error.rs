@@ -25,10 +25,3 @@ pub enum WorkerError {
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
 }
-
-impl WorkerError {
-    /// Whether the error left the GPU context unusable (see `KernelError::context_lost`).
-    pub fn context_lost(&self) -> bool {
-        matches!(self, WorkerError::Kernel(k) if k.context_lost())
-    }
-}

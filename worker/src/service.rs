@@ -9,7 +9,6 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
@@ -98,11 +97,6 @@ pub struct WorkerService {
     nccl_ids: Arc<NcclIds>,
     /// Step and collective timings (`GET /metrics` of the worker's admin endpoint).
     metrics: Arc<WorkerMetrics>,
-    /// Whether the loaded model's steps can block with no timeout of their own (a GPU
-    /// model: a collective on a peer that is gone, a hung kernel), so that a step
-    /// outliving its stream is watched (crate::step_watch). Apart from `state`, which a
-    /// running step holds.
-    watched: Arc<AtomicBool>,
     /// What Info reports of the loaded model, kept apart from `state` (which a running
     /// step holds, for good when it is stuck): Info must answer without waiting for it.
     summary: Arc<Mutex<Option<Summary>>>,
@@ -165,8 +159,6 @@ struct Summary {
 struct Loaded {
     name: String,
     exec: Executor,
-    /// A GPU model: its steps can block for good (see `WorkerService::watched`).
-    watched: bool,
 }
 
 impl Loaded {
@@ -199,7 +191,6 @@ impl WorkerService {
             collective: Arc::default(),
             nccl_ids: Arc::default(),
             metrics: Arc::default(),
-            watched: Arc::default(),
             summary: Arc::default(),
             stuck: None,
         }
@@ -364,10 +355,7 @@ fn load(
         let _ = std::thread::Builder::new().name("grammar-compiler".into()).spawn(move || warm.compiler().map(drop));
         exec = exec.with_grammars(grammars);
     }
-    // GPU steps have no timeout of their own: a collective on a peer that is gone, or a
-    // hung kernel, blocks them for good. CPU collectives time out (OP_TIMEOUT).
-    let watched = matches!(device, DeviceChoice::Cuda(_) | DeviceChoice::Hip(_));
-    Ok(Loaded { name, exec, watched })
+    Ok(Loaded { name, exec })
 }
 
 /// The worker's part of the model as the coordinator placed it.
@@ -585,15 +573,14 @@ impl pb::worker_server::Worker for WorkerService {
         let t0 = Instant::now();
         let (device, listeners, nccl_ids) = (self.device, self.collective.clone(), self.nccl_ids.clone());
         let metrics = self.metrics.clone();
-        let (state, summary, waits) = (self.state.clone(), self.summary.clone(), self.watched.clone());
+        let (state, summary) = (self.state.clone(), self.summary.clone());
         // On the blocking pool, the swap too: a step still holding the old model (stuck on
-        // a peer) must not block a runtime thread. What Info reports and whether steps are
-        // watched change with the model, under its lock, so a Load whose caller went away
-        // (the task runs on) still leaves them consistent.
+        // a peer) must not block a runtime thread. What Info reports changes with the
+        // model, under its lock, so a Load whose caller went away (the task runs on) still
+        // leaves the two consistent.
         tokio::task::spawn_blocking(move || {
             let loaded = load(&req, device, &listeners, &nccl_ids, &metrics)?;
             let mut model = state.lock().unwrap_or_else(|e| e.into_inner());
-            waits.store(loaded.watched, Ordering::Relaxed);
             *summary.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.summary());
             *model = Some(loaded);
             Ok::<_, Status>(())
@@ -613,7 +600,10 @@ impl pb::worker_server::Worker for WorkerService {
         let (tx, rx) = mpsc::channel(4);
         let state = self.state.clone();
         let metrics = self.metrics.clone();
-        let (watched, stuck) = (self.watched.clone(), self.stuck.clone());
+        // GPU steps have no timeout of their own (a collective on a peer that is gone, a
+        // hung kernel): they are watched. CPU collectives time out (OP_TIMEOUT).
+        let gpu = matches!(self.device, DeviceChoice::Cuda(_) | DeviceChoice::Hip(_));
+        let stuck = self.stuck.clone();
         tokio::spawn(async move {
             let mut tracer = StepTracer::default();
             while let Some(msg) = incoming.next().await {
@@ -636,22 +626,20 @@ impl pb::worker_server::Worker for WorkerService {
                     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
                     match guard.as_mut() {
                         None => Err(("no model is loaded".to_string(), false)),
-                        Some(l) => metrics.timed_step(step_input(msg), |i| l.exec.step(i)).map_err(|e| {
-                            let device = matches!(e, crate::WorkerError::Kernel(_));
-                            (e.to_string(), e.context_lost() || (device && l.exec.backend().context_lost()))
-                        }),
+                        Some(l) => metrics
+                            .timed_step(step_input(msg), |i| l.exec.step(i))
+                            .map_err(|e| (e.to_string(), l.exec.backend().context_lost_by(&e))),
                     }
                 });
-                let watch = stuck.as_ref().filter(|_| watched.load(Ordering::Relaxed)).map(|(g, h)| (*g, h));
+                let watch = stuck.as_ref().filter(|_| gpu).map(|(g, h)| (*g, h));
                 let result = watch_step(job, tx.closed(), watch, || format!("step {step_id}")).await;
-                let mut lost = false;
-                let reply = match result {
-                    Ok(Ok(out)) => step_reply(step_id, out),
-                    Ok(Err((e, l))) => {
-                        lost = l;
-                        pb::StepReply { step_id, error: e, ..Default::default() }
-                    }
-                    Err(e) => pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
+                let (reply, lost) = match result {
+                    Ok(Ok(out)) => (step_reply(step_id, out), false),
+                    Ok(Err((error, lost))) => (pb::StepReply { step_id, error, ..Default::default() }, lost),
+                    Err(e) => (
+                        pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
+                        false,
+                    ),
                 };
                 if let Some(t) = traced {
                     t.end(&reply, clock.map(|m| m.last_collective()));
@@ -679,6 +667,8 @@ mod tests {
     /// Info answers while a step holds the model (for good, when it is stuck on a peer):
     /// the coordinator's readiness checks must not hang, nor tie up a runtime thread.
     #[tokio::test]
+    // The guard held across the await is the point: it stands for a step stuck on a peer.
+    #[allow(clippy::await_holding_lock)]
     async fn info_answers_while_a_step_holds_the_model() {
         use pb::worker_server::Worker;
         let Some(path) = crate::test_model_path::default_model() else { return };

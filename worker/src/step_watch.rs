@@ -28,16 +28,22 @@ pub type StuckHook = Arc<dyn Fn(&str) + Send + Sync>;
 /// 30 s trap.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
-/// The grace period from `TESSERA_STUCK_STEP_GRACE_S`.
+/// The grace period from `TESSERA_STUCK_STEP_GRACE_S`, else [`DEFAULT_GRACE`].
 pub fn grace_from_env() -> Duration {
-    parse_grace(std::env::var("TESSERA_STUCK_STEP_GRACE_S").ok().as_deref())
+    env_seconds("TESSERA_STUCK_STEP_GRACE_S").unwrap_or(DEFAULT_GRACE)
 }
 
-/// Seconds (> 0, fractions allowed), else [`DEFAULT_GRACE`].
-fn parse_grace(v: Option<&str>) -> Duration {
+/// A duration from environment variable `name` in seconds (> 0, fractions allowed);
+/// `None` when unset or not such a number. Also the one-shot all-reduce's dead-peer wait
+/// (crate::cuda::allreduce).
+pub(crate) fn env_seconds(name: &str) -> Option<Duration> {
+    parse_seconds(std::env::var(name).ok().as_deref())
+}
+
+fn parse_seconds(v: Option<&str>) -> Option<Duration> {
     v.and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
-        .map_or(DEFAULT_GRACE, Duration::from_secs_f64)
+        .map(Duration::from_secs_f64)
 }
 
 /// Awaits `step`. If `hung_up` resolves first (the coordinator dropped the stream) and
@@ -107,11 +113,11 @@ mod tests {
     }
 
     #[test]
-    fn grace_parses_positive_seconds_and_falls_back_otherwise() {
-        assert_eq!(parse_grace(Some("2.5")), Duration::from_millis(2500));
-        assert_eq!(parse_grace(Some(" 30 ")), Duration::from_secs(30));
+    fn seconds_parse_positive_numbers_only() {
+        assert_eq!(parse_seconds(Some("2.5")), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_seconds(Some(" 30 ")), Some(Duration::from_secs(30)));
         for bad in [None, Some(""), Some("0"), Some("-1"), Some("soon"), Some("inf"), Some("NaN"), Some("1e300")] {
-            assert_eq!(parse_grace(bad), DEFAULT_GRACE, "{bad:?}");
+            assert_eq!(parse_seconds(bad), None, "{bad:?}");
         }
     }
 }

@@ -192,24 +192,18 @@ fn malformed_steps_are_errors_and_leave_others_working() {
 #[test]
 fn steps_over_the_loaded_token_budget_are_refused_before_any_change() {
     let mut ex = Executor::new(Backend::cpu(model(), 8, 4)).with_max_step_tokens(5);
-    let run = |id, n: usize| Run { seq_id: id, tokens: vec![1; n], first_pos: 0, sample: true, from_previous: false };
-    // Six tokens over two runs: refused, and the new sequences it carried are not created.
-    let err = ex
-        .step(StepInput {
-            new_sequences: vec![new_seq(1, vec![0, 1], vec![]), new_seq(2, vec![2, 3], vec![])],
-            runs: vec![run(1, 3), run(2, 3)],
-            ..Default::default()
-        })
-        .expect_err("six tokens with a budget of five");
+    // Two new sequences running `a` and `b` prompt tokens.
+    let two = |a: usize, b: usize| StepInput {
+        new_sequences: vec![new_seq(1, vec![0, 1], vec![]), new_seq(2, vec![2, 3], vec![])],
+        runs: [(1, a), (2, b)]
+            .map(|(id, n)| Run { seq_id: id, tokens: vec![1; n], first_pos: 0, sample: true, from_previous: false })
+            .to_vec(),
+        ..Default::default()
+    };
+    // Six tokens: refused, and the new sequences it carried are not created.
+    let err = ex.step(two(3, 3)).expect_err("six tokens with a budget of five");
     assert!(err.to_string().contains("6 tokens in one step") && err.to_string().contains("max_step_tokens"), "{err}");
     assert_eq!(ex.live_sequences(), 0);
     // Exactly the budget runs.
-    let out = ex
-        .step(StepInput {
-            new_sequences: vec![new_seq(1, vec![0, 1], vec![]), new_seq(2, vec![2, 3], vec![])],
-            runs: vec![run(1, 3), run(2, 2)],
-            ..Default::default()
-        })
-        .expect("five tokens");
-    assert_eq!(out.sampled.len(), 2);
+    assert_eq!(ex.step(two(3, 2)).expect("five tokens").sampled.len(), 2);
 }

@@ -53,12 +53,8 @@ impl TpAllReduce {
         let (oneshot, note) = match dev.ipc_all_reduce_setup(comm, cap) {
             Ok(mut ar) => {
                 ar.set_max_bytes(threshold);
-                if let Some(s) = std::env::var("TESSERA_ONESHOT_TIMEOUT_S")
-                    .ok()
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-                    .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
-                {
-                    ar.set_timeout_ns((s * 1e9) as u64);
+                if let Some(t) = crate::step_watch::env_seconds("TESSERA_ONESHOT_TIMEOUT_S") {
+                    ar.set_timeout_ns(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX));
                 }
                 // For A/B runs: TESSERA_ONESHOT_EARLY=0 makes the next kernel wait for the
                 // all-reduce's end before it launches.
