@@ -55,7 +55,7 @@ pub const ONESHOT_DEFAULT_MAX_BYTES: usize = 1 << 20;
 /// given the same, or the setup fails on all of them), else [`ONESHOT_BLOCKS`]. Measured on
 /// two H200s (bench/RESULTS.md 2026-12-01, llama-3.1-8b at tp=2): 64 blocks take 512 KB
 /// messages from 7.9 to 5.8 µs and 1 MB from 12.1 to 7.9 (+3% decode at 64 sequences, +5%
-/// at 128) but batch-1 decode is ~1% slower than with 16, which stays the default.
+/// at 128) but batch-1 decode ~1.4% slower than with 16, which stays the default.
 fn oneshot_blocks() -> u32 {
     std::env::var("TESSERA_ONESHOT_BLOCKS")
         .ok()
