@@ -11,6 +11,8 @@ mod drain;
 mod etcd_cmd;
 mod gateway_cmd;
 mod generate;
+#[cfg(test)]
+mod readme_commands_tests;
 mod serve_cmd;
 mod threads;
 mod tls;
