@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tessera_model::weights::ModelFiles;
 use tessera_worker::llama::LlamaModel;
+use tessera_worker::op_profile;
 use tessera_worker::sampling::argmax;
 use tessera_worker::session::Session;
 
@@ -89,12 +90,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let reps = args.repetitions.max(1);
     let mut pp = Vec::new();
     let mut tg = Vec::new();
+    // Per-op time of each test (TESSERA_CPU_OP_PROFILE=1), and the wall time it covers.
+    let mut pp_ops = OpTotals::default();
+    let mut tg_ops = OpTotals::default();
+    op_profile::take();
     for _ in 0..reps {
         if args.prompt_tokens > 0 {
             let mut s = Session::new(&model, args.prompt_tokens);
             let t = Instant::now();
             s.feed(&prompt, false)?;
             pp.push(args.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+            pp_ops.add(t.elapsed(), args.prompt_tokens);
         }
         if args.gen_tokens > 0 {
             let mut s = Session::new(&model, args.gen_tokens + 1);
@@ -105,6 +111,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 tok = argmax(&logits);
             }
             tg.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            tg_ops.add(t.elapsed(), args.gen_tokens);
         }
     }
     let threads = rayon::current_num_threads();
@@ -117,7 +124,36 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !tg.is_empty() {
         println!("| {name} | {threads} | tg{} | {} |", args.gen_tokens, mean_sd(&tg));
     }
+    if op_profile::enabled() {
+        for (label, ops) in
+            [(format!("pp{}", args.prompt_tokens), &pp_ops), (format!("tg{}", args.gen_tokens), &tg_ops)]
+        {
+            if ops.tokens > 0 {
+                println!("\n{}", op_profile::table(&label, &ops.totals, ops.wall_ns, ops.tokens));
+            }
+        }
+    }
     Ok(())
+}
+
+/// One test's per-op totals over its repetitions (see `op_profile`).
+#[derive(Default)]
+struct OpTotals {
+    totals: [(u64, u64); op_profile::Op::ALL.len()],
+    wall_ns: u64,
+    tokens: u64,
+}
+
+impl OpTotals {
+    /// Adds the ops timed since the last `take` and the run's wall time and tokens.
+    fn add(&mut self, wall: std::time::Duration, tokens: usize) {
+        for (t, (ns, calls)) in self.totals.iter_mut().zip(op_profile::take()) {
+            t.0 += ns;
+            t.1 += calls;
+        }
+        self.wall_ns += u64::try_from(wall.as_nanos()).unwrap_or(u64::MAX);
+        self.tokens += tokens as u64;
+    }
 }
 
 fn mean_sd(xs: &[f64]) -> String {

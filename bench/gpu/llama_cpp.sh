@@ -14,6 +14,14 @@
 #     decode - a random bf16 llama-3-8b-shaped GGUF (bench/gpu/make_gguf.py, SmolLM2's vocabulary):
 #              llama-bench (prefill 512/4096, batch-1 decode 128), llama-batched-bench (1..128
 #              sequences of 512 + 128) and `tessera bench --device cuda --model` on that file
+#     cpuserve - the CPU backends on the device host's cores (issue 3 on a many-core server):
+#              builds a CPU-only llama-server for this CPU (GGML_NATIVE, into /tmp/llcpu, ~2 min),
+#              then `tessera serve` (CPU) and that llama-server on SmolLM2, THREADS threads each
+#              (default: all), the same load as bench/serve_vs_llama_server.sh (1 and 16
+#              sessions, 128 + 128 tokens, DURATION s each, default 20)
+#     cpubench - after cpuserve's build: `tessera bench` (CPU) and llama-bench (CPU) on SmolLM2 at
+#              1, 2, 4, 8 and 16 threads (THREAD_LIST), prefill 128 and decode 64 tokens: how each
+#              engine scales with cores
 #     serve8b - the same 8B file through `tessera serve --device cuda` (loadgen at 1 and 16
 #              sessions, 128 + 128 tokens) next to `tessera bench` on it: what the serving path
 #              (gateway, coordinator, gRPC, per-step host work) costs on top of the engine's step
@@ -54,7 +62,7 @@ if [[ " $* " == *" build "* ]]; then
 fi
 
 BIN=/tmp/tessera-gpu-bin
-if [[ " $* " == *" serve "* || " $* " == *" decode "* || " $* " == *" serve8b "* ]]; then
+if [[ " $* " == *" serve "* || " $* " == *" decode "* || " $* " == *" serve8b "* || " $* " == *" cpuserve "* || " $* " == *" cpubench "* ]]; then
     mkdir -p "$BIN"
     # (a machine still warm from bench/gpu/run.sh already has the binary and the model)
     [[ -f .gpu/tessera.xz ]] && xz -dc .gpu/tessera.xz > "$BIN/tessera" && chmod +x "$BIN/tessera"
@@ -119,6 +127,57 @@ if [[ " $* " == *" serve8b "* ]]; then
         python3 bench/loadgen.py --url http://127.0.0.1:8126 --concurrency $c --duration 20 --prompt-tokens 128 \
             --max-tokens 128 --ignore-eos --label "tessera serve 8b c=$c" $H | tee -a "$LOG/serve8b.log"
         H=
+    done
+    kill $p; wait $p 2>/dev/null
+fi
+
+if [[ " $* " == *" cpuserve "* || " $* " == *" cpubench "* ]]; then
+    : > "$LOG/cpu-serve.log"
+    CPUB=/tmp/llcpu
+    if [[ ! -x $CPUB/bin/llama-server ]]; then
+        [[ -d $SRC/llama.cpp/ggml ]] || { rm -rf "$SRC" && mkdir -p "$SRC" && xz -dc .gpullama/llama.tar.xz | tar xf - -C "$SRC"; }
+        t0=$(date +%s)
+        cmake -S "$SRC/llama.cpp" -B "$CPUB" -G Ninja -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+            -DLLAMA_BUILD_UI=OFF -DCMAKE_BUILD_TYPE=Release >"$LOG/llama-cpu-build.log" 2>&1 &&
+            cmake --build "$CPUB" -j "$(nproc)" --target llama-server llama-bench >>"$LOG/llama-cpu-build.log" 2>&1
+        echo "== llama.cpp CPU build: rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$LOG/cpu-serve.log"
+    fi
+fi
+
+if [[ " $* " == *" cpubench "* ]]; then
+    for t in ${THREAD_LIST:-1 2 4 8 16}; do
+        echo "== $t threads" | tee -a "$LOG/cpu-serve.log"
+        CUDA_VISIBLE_DEVICES= "$BIN/tessera" bench --model /tmp/smollm2.gguf --threads "$t" --prompt-tokens 128 \
+            --gen-tokens 64 --repetitions 3 2>&1 | grep -E '^\|' | tee -a "$LOG/cpu-serve.log"
+        "$CPUB/bin/llama-bench" -m /tmp/smollm2.gguf -t "$t" -p 128 -n 64 -r 3 -o md 2>&1 | grep -E '^\|' \
+            | tee -a "$LOG/cpu-serve.log"
+    done
+fi
+
+if [[ " $* " == *" cpuserve "* ]]; then
+    T=${THREADS:-$(nproc)}
+    D=${DURATION:-20}
+    M=/tmp/smollm2.gguf
+    echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs, $T threads, ${D}s per point" \
+        | tee -a "$LOG/cpu-serve.log"
+    # CUDA_VISIBLE_DEVICES= keeps both on the CPU (the tessera binary has the CUDA backend too).
+    CUDA_VISIBLE_DEVICES= "$BIN/tessera" serve --model $M --port 8127 --threads "$T" \
+        --coordinator-args="--max-num-seqs 32 --max-num-batched-tokens 512" >/tmp/serve-cpu.log 2>&1 & p=$!
+    ready http://127.0.0.1:8127/ready
+    H=--header
+    for c in 1 16; do
+        python3 bench/loadgen.py --url http://127.0.0.1:8127 --concurrency $c --duration "$D" --prompt-tokens 128 \
+            --max-tokens 128 --ignore-eos --label "tessera cpu c=$c" $H | tee -a "$LOG/cpu-serve.log"
+        H=
+    done
+    kill $p; wait $p 2>/dev/null
+    CUDA_VISIBLE_DEVICES= "$CPUB/bin/llama-server" -m $M --host 127.0.0.1 --port 8128 -t "$T" -np 16 -c $((16 * 512)) \
+        >/tmp/serve-lcpu.log 2>&1 & p=$!
+    ready http://127.0.0.1:8128/health
+    for c in 1 16; do
+        python3 bench/loadgen.py --url http://127.0.0.1:8128 --concurrency $c --duration "$D" --prompt-tokens 128 \
+            --max-tokens 128 --ignore-eos --label "llama-server cpu c=$c" | tee -a "$LOG/cpu-serve.log"
     done
     kill $p; wait $p 2>/dev/null
 fi

@@ -13,6 +13,7 @@ pub mod hip;
 pub mod kv_cache;
 pub mod llama;
 pub mod metrics;
+pub mod op_profile;
 pub mod parallel;
 pub mod sampling;
 pub mod service;

@@ -8,17 +8,16 @@
 //! `[T, hidden]` activation so each weight matrix is streamed once per step for all
 //! sequences; only attention is per sequence (its own positions and block table).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
-
-use tessera_kernels::cpu::{activation, attention, attention_f16, matmul, norm, rope};
+use tessera_kernels::cpu::{activation, attention, attention_f16, matmul, norm, par, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
 
 use crate::batch::{Logits, SeqChunk};
 use crate::error::WorkerError;
 use crate::kv_cache::KvCache;
+use crate::op_profile::{self as prof, Op};
 use crate::parallel::{gather_columns, Comms, Shard};
 use crate::shard;
 use crate::weights::{Linear, WeightLoader};
@@ -269,9 +268,12 @@ impl LlamaModel {
         let mut x = vec![0.0f32; t_total * h];
         if sh.is_first_stage() {
             let embed = self.embed_tokens.weight();
-            for (row, &tok) in chunks.iter().flat_map(|s| s.tokens.iter()).enumerate() {
-                matmul::dequantize_rows(&embed, tok as usize, &mut x[row * h..(row + 1) * h])?;
-            }
+            prof::time(Op::Embed, || {
+                for (row, &tok) in chunks.iter().flat_map(|s| s.tokens.iter()).enumerate() {
+                    matmul::dequantize_rows(&embed, tok as usize, &mut x[row * h..(row + 1) * h])?;
+                }
+                Ok::<_, WorkerError>(())
+            })?;
         } else if let Some(pp) = comms.pp.as_mut() {
             pp.recv(sh.stage - 1, &mut x)?;
         }
@@ -301,31 +303,39 @@ impl LlamaModel {
 
         for (li, layer) in self.layers.iter().enumerate() {
             let sa = &layer.self_attn;
-            norm::rms_norm(&mut xn, &x, &layer.input_layernorm, t_total, c.rms_norm_eps)?;
-            sa.qkv_proj.forward(&xn, t_total, &mut [&mut q, &mut k, &mut v], &mut fused)?;
-            if let Some([bq, bk, bv]) = &sa.bias {
-                activation::add_row_bias(&mut q, bq)?;
-                activation::add_row_bias(&mut k, bk)?;
-                activation::add_row_bias(&mut v, bv)?;
-            }
-            if let Some([nq, nk]) = &sa.qk_norm {
-                norm::rms_norm_inplace(&mut q, nq, t_total * n_heads, c.rms_norm_eps)?;
-                norm::rms_norm_inplace(&mut k, nk, t_total * n_kv, c.rms_norm_eps)?;
-            }
-            rope::rope(&mut q, t_total, n_heads, hd, &positions, &self.rope, self.rope_style)?;
-            rope::rope(&mut k, t_total, n_kv, hd, &positions, &self.rope, self.rope_style)?;
+            prof::time(Op::Norm, || norm::rms_norm(&mut xn, &x, &layer.input_layernorm, t_total, c.rms_norm_eps))?;
+            prof::time(Op::Qkv, || {
+                sa.qkv_proj.forward(&xn, t_total, &mut [&mut q, &mut k, &mut v], &mut fused)?;
+                if let Some([bq, bk, bv]) = &sa.bias {
+                    activation::add_row_bias(&mut q, bq)?;
+                    activation::add_row_bias(&mut k, bk)?;
+                    activation::add_row_bias(&mut v, bv)?;
+                }
+                if let Some([nq, nk]) = &sa.qk_norm {
+                    norm::rms_norm_inplace(&mut q, nq, t_total * n_heads, c.rms_norm_eps)?;
+                    norm::rms_norm_inplace(&mut k, nk, t_total * n_kv, c.rms_norm_eps)?;
+                }
+                Ok::<_, WorkerError>(())
+            })?;
+            prof::time(Op::Rope, || {
+                rope::rope(&mut q, t_total, n_heads, hd, &positions, &self.rope, self.rope_style)?;
+                rope::rope(&mut k, t_total, n_kv, hd, &positions, &self.rope, self.rope_style)
+            })?;
 
             let cache = attention::PagedKv { block_size: kv.block_size, n_kv_heads: n_kv, head_dim: hd };
             // K/V of every chunk go into the cache first (each chunk writes only its own
             // new positions; shared prefix blocks are full and never written).
-            let mut row = 0;
-            for s in chunks {
-                let n = s.tokens.len();
-                let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
-                let (kr, vr) = (&k[row * kv_dim..(row + n) * kv_dim], &v[row * kv_dim..(row + n) * kv_dim]);
-                attention_f16::write_kv_f16(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
-                row += n;
-            }
+            prof::time(Op::KvWrite, || {
+                let mut row = 0;
+                for s in chunks {
+                    let n = s.tokens.len();
+                    let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
+                    let (kr, vr) = (&k[row * kv_dim..(row + n) * kv_dim], &v[row * kv_dim..(row + n) * kv_dim]);
+                    attention_f16::write_kv_f16(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
+                    row += n;
+                }
+                Ok::<_, WorkerError>(())
+            })?;
             // Then attention for all chunks in one parallel region: one region per
             // sequence cost more in waking threads than the work at decode batch sizes.
             let mut outs: Vec<&mut [f32]> = Vec::with_capacity(chunks.len());
@@ -345,34 +355,51 @@ impl LlamaModel {
                 .collect();
             let (k_cache, v_cache) = (&kv.k[li], &kv.v[li]);
             let scale = 1.0 / (hd as f32).sqrt();
-            outs.into_par_iter().zip(chunks.par_iter().zip(starts.par_iter())).try_for_each(|(out, (s, &r0))| {
-                let n = s.tokens.len();
-                let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
-                let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
-                attention_f16::attention_f16(&cache, k_cache, v_cache, out, qs, &seq, n_heads, scale)
+            prof::time(Op::Attention, || {
+                // One task per sequence (each its own output rows, behind an uncontended
+                // lock); a lone sequence's attention splits over heads instead.
+                let outs: Vec<Mutex<&mut [f32]>> = outs.into_iter().map(Mutex::new).collect();
+                let failed = Mutex::new(None);
+                par::for_each_task(chunks.len(), |i| {
+                    let (s, r0) = (&chunks[i], starts[i]);
+                    let n = s.tokens.len();
+                    let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
+                    let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
+                    let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
+                    if let Err(e) =
+                        attention_f16::attention_f16(&cache, k_cache, v_cache, &mut out, qs, &seq, n_heads, scale)
+                    {
+                        failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    }
+                });
+                failed.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
             })?;
-            match comms.tp.as_deref_mut().filter(|_| sharded) {
+            prof::time(Op::OProj, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &attn, t_total, &mut attn_full, &mut gathered)?;
                     matmul::matmul(&mut part, &attn_full, t_total, &sa.o_proj.weight())?;
-                    gather_columns(tp, &part, t_total, &mut o, &mut gathered)?;
+                    gather_columns(tp, &part, t_total, &mut o, &mut gathered)
                 }
-                None => matmul::matmul(&mut o, &attn, t_total, &sa.o_proj.weight())?,
-            }
-            activation::add_inplace(&mut x, &o)?;
+                None => Ok(matmul::matmul(&mut o, &attn, t_total, &sa.o_proj.weight())?),
+            })?;
+            prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
 
-            norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)?;
-            layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)?;
-            activation::silu_mul_ggml_inplace(&mut gate, &up)?;
-            match comms.tp.as_deref_mut().filter(|_| sharded) {
+            prof::time(Op::Norm, || {
+                norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)
+            })?;
+            prof::time(Op::GateUp, || {
+                layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)
+            })?;
+            prof::time(Op::Swiglu, || activation::silu_mul_ggml_inplace(&mut gate, &up))?;
+            prof::time(Op::Down, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &gate, t_total, &mut act_full, &mut gathered)?;
                     matmul::matmul(&mut part, &act_full, t_total, &layer.mlp.down_proj.weight())?;
-                    gather_columns(tp, &part, t_total, &mut o, &mut gathered)?;
+                    gather_columns(tp, &part, t_total, &mut o, &mut gathered)
                 }
-                None => matmul::matmul(&mut o, &gate, t_total, &layer.mlp.down_proj.weight())?,
-            }
-            activation::add_inplace(&mut x, &o)?;
+                None => Ok(matmul::matmul(&mut o, &gate, t_total, &layer.mlp.down_proj.weight())?),
+            })?;
+            prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
         }
 
         if !sh.is_last_stage() {
@@ -397,19 +424,22 @@ impl LlamaModel {
         for (i, &r) in picked.iter().enumerate() {
             sel[i * h..(i + 1) * h].copy_from_slice(&x[r * h..(r + 1) * h]);
         }
-        let mut seln = vec![0.0f32; sel.len()];
-        norm::rms_norm(&mut seln, &sel, &self.norm, picked.len(), c.rms_norm_eps)?;
-        let mut data = vec![0.0f32; picked.len() * c.vocab_size];
-        if !picked.is_empty() {
-            match comms.tp.as_deref_mut().filter(|_| sharded) {
-                Some(tp) => {
-                    let mut local = vec![0.0f32; picked.len() * self.lm_head.rows];
-                    matmul::matmul(&mut local, &seln, picked.len(), &self.lm_head.weight())?;
-                    gather_columns(tp, &local, picked.len(), &mut data, &mut gathered)?;
+        let data = prof::time(Op::Head, || {
+            let mut seln = vec![0.0f32; sel.len()];
+            norm::rms_norm(&mut seln, &sel, &self.norm, picked.len(), c.rms_norm_eps)?;
+            let mut data = vec![0.0f32; picked.len() * c.vocab_size];
+            if !picked.is_empty() {
+                match comms.tp.as_deref_mut().filter(|_| sharded) {
+                    Some(tp) => {
+                        let mut local = vec![0.0f32; picked.len() * self.lm_head.rows];
+                        matmul::matmul(&mut local, &seln, picked.len(), &self.lm_head.weight())?;
+                        gather_columns(tp, &local, picked.len(), &mut data, &mut gathered)?;
+                    }
+                    None => matmul::matmul(&mut data, &seln, picked.len(), &self.lm_head.weight())?,
                 }
-                None => matmul::matmul(&mut data, &seln, picked.len(), &self.lm_head.weight())?,
             }
-        }
+            Ok::<_, WorkerError>(data)
+        })?;
         Ok(Logits { vocab: c.vocab_size, data, spans })
     }
 }

@@ -22,10 +22,10 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 use super::attention::{write_kv_as, PagedKv, SeqSlice};
 use super::matmul::Isa;
+use super::par::{self, SharedOut};
 use crate::error::check;
 use crate::KernelError;
 
@@ -182,6 +182,13 @@ pub fn attention_f16_with(
     // that divides the group.
     let simd = isa.has_avx2() && matches!(hd, 64 | 128 | 256);
     let g = if simd { [4, 3, 2].into_iter().find(|g| group.is_multiple_of(*g)).unwrap_or(1) } else { 1 };
+    let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
+    let threads = rayon::current_num_threads();
+    let parallel = work >= PAR_MIN_WORK && threads > 1;
+    // One head per task where whole groups would leave threads idle (a decode token on
+    // many cores: SmolLM2 has 3 groups for 16 threads). Every width gives the scalar
+    // rows' bits, so this changes only the speed.
+    let g = if parallel && seq.n_tokens * n_heads / g < threads { 1 } else { g };
 
     // Task `i`: output rows `i * g .. (i + 1) * g`, row `t * n_heads + h` for (token,
     // head); `g` divides the group, so the rows share token and kv head.
@@ -201,9 +208,14 @@ pub fn attention_f16_with(
         scalar_row(b, rows, o);
     };
 
-    let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
-    if work >= PAR_MIN_WORK {
-        out.par_chunks_mut(g * hd).enumerate().for_each_init(|| Scratch::new(hd), heads);
+    if parallel {
+        let base = SharedOut::new(out.as_mut_ptr());
+        par::for_each_task(out.len() / (g * hd), |i| {
+            // SAFETY: `out` has `n_tokens * n_heads * hd` values, a multiple of `g * hd`;
+            // task `i` alone writes its `g * hd` of them.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.at(i * g * hd), g * hd) };
+            heads(&mut Scratch::new(hd), (i, o));
+        });
     } else {
         let mut scratch = Scratch::new(hd);
         out.chunks_mut(g * hd).enumerate().for_each(|item| heads(&mut scratch, item));

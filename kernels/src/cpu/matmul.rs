@@ -20,8 +20,7 @@
 //! `quant::q8::Q8_SCALES_F16`); on random data that is about 1e-3 of
 //! `‖W_r‖·‖x_t‖` (see `tests/matmul.rs`).
 
-use rayon::prelude::*;
-
+use super::par::{self, SharedOut};
 use crate::error::check;
 use crate::quant::q8::{ActsQ8, ActsQ8K};
 use crate::quant::{dequantize_unchecked, GgmlType, Weight};
@@ -272,23 +271,17 @@ fn q8k_kernel(isa: Isa, ty: GgmlType) -> Kernel<ActsQ8K> {
 /// up the call, but none so small that scheduling costs more than the rows.
 fn chunk_rows(rows: usize, row_bytes: usize, n: usize, threads: usize) -> usize {
     let by_balance = rows.div_ceil(threads * 4);
-    let by_size = (32 * 1024 / (row_bytes * n).max(1)).max(1);
+    let by_size = (task_bytes() / (row_bytes * n).max(1)).max(1);
     by_balance.max(by_size).min(rows)
 }
 
-/// `out`'s base pointer, shared by the tasks of [`run`], which write disjoint elements.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: tasks write only their own rows' columns of `out` (see `run`), so no element is
-// written by two threads or read while written.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// A method, not the field: a closure that used `.0` would capture the bare pointer.
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
+/// Smallest task, in weight bytes × tokens: `TESSERA_CPU_TASK_KB` KiB (tuning), else 32 KiB.
+fn task_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("TESSERA_CPU_TASK_KB").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&k| k > 0).unwrap_or(32)
+            * 1024
+    })
 }
 
 /// Drives `kernel` over all (row, token) pairs. `out`: `[n, rows]`; lengths checked.
@@ -299,18 +292,24 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
     let serial = threads <= 1 || work < min_work;
     let rows = w.rows;
     let rows_per = if serial { rows } else { chunk_rows(rows, row_bytes, n, threads) };
+    let tasks = rows.div_ceil(rows_per);
+    let base = SharedOut::new(out.as_mut_ptr());
     if n == 1 {
         // `[1, rows]` and `[rows, 1]` are the same layout: each task writes its rows in place.
-        let task = |(i, dst): (usize, &mut [f32])| {
+        let task = |i: usize| {
             let r0 = i * rows_per;
-            let wrows = &w.data[r0 * row_bytes..(r0 + dst.len()) * row_bytes];
+            let nrows = rows_per.min(rows - r0);
+            let wrows = &w.data[r0 * row_bytes..(r0 + nrows) * row_bytes];
+            // SAFETY: `out` has `rows` values (checked by `matmul_with`) and rows `r0 ..
+            // r0 + nrows` belong to task `i` only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.at(r0), nrows) };
             // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
             unsafe { kernel(wrows, row_bytes, acts, 0, 1, dst, 1) };
         };
         if serial {
-            task((0, out));
+            (0..tasks).for_each(task);
         } else {
-            out.par_chunks_mut(rows_per).enumerate().for_each(task);
+            par::for_each_task(tasks, task);
         }
         return;
     }
@@ -319,7 +318,6 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
     // `tile_w` = the widest token tile of this call: a batch of 16 decodes does not zero
     // and stride over 64 columns), which is then transposed into those columns of the
     // tile's `out` rows while it is still in cache.
-    let base = SharedOut(out.as_mut_ptr());
     let tile_w = TOKEN_TILE.min(n);
     let task = |i: usize| {
         let r0 = i * rows_per;
@@ -342,11 +340,10 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
             }
         }
     };
-    let tasks = rows.div_ceil(rows_per);
     if serial {
         (0..tasks).for_each(task);
     } else {
-        (0..tasks).into_par_iter().for_each(task);
+        par::for_each_task(tasks, task);
     }
 }
 

@@ -9,6 +9,7 @@ pub mod attention_f16;
 pub mod exp_ggml;
 pub mod matmul;
 pub mod norm;
+pub mod par;
 pub mod random;
 pub mod rope;
 pub mod softmax;

@@ -1,0 +1,147 @@
+//! How a CPU op's independent tasks are spread over rayon's pool.
+//!
+//! Two ways, chosen once per process by `TESSERA_CPU_PAR`:
+//! - `steal`: a parallel iterator over the tasks. Rayon splits the range in halves, one
+//!   join at a time, and idle threads steal the halves: each level of the split costs a
+//!   steal, so on many threads a small op waits for a cascade of them before every thread
+//!   has work.
+//! - `broadcast` (the default): one job per pool thread, injected at once
+//!   (`rayon::broadcast`), each thread claiming tasks from a shared counter until none are
+//!   left. No split tree; a thread that gets there late finds fewer tasks, so the balance
+//!   is still dynamic. The calling thread, when it is one of the pool's, runs its own job.
+//!
+//! Either way every task runs exactly once, on some thread, so results do not depend on
+//! the choice (each task writes its own outputs). A call from inside another call's task
+//! runs its tasks in place (the outer call already spread the work).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+/// The two dispatch methods (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParMode {
+    Steal,
+    Broadcast,
+}
+
+/// The process's dispatch method: `TESSERA_CPU_PAR` (`steal` or `broadcast`), else the
+/// default. An unknown value keeps the default (this is a tuning switch, not an input).
+pub fn mode() -> ParMode {
+    static MODE: OnceLock<ParMode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("TESSERA_CPU_PAR").as_deref() {
+        Ok("steal") => ParMode::Steal,
+        _ => ParMode::Broadcast,
+    })
+}
+
+/// Runs `task(i)` for every `i` in `0..tasks` on the current rayon pool (see the module
+/// docs); returns when all have run. A single task runs on the calling thread.
+pub fn for_each_task(tasks: usize, task: impl Fn(usize) + Sync) {
+    for_each_task_with(mode(), tasks, task)
+}
+
+/// [`for_each_task`] with an explicit method (tests and benchmarks).
+pub fn for_each_task_with(mode: ParMode, tasks: usize, task: impl Fn(usize) + Sync) {
+    if tasks <= 1 || rayon::current_num_threads() <= 1 || IN_TASK.get() {
+        (0..tasks).for_each(task);
+        return;
+    }
+    let run = |i: usize| {
+        let outer = IN_TASK.replace(true);
+        task(i);
+        IN_TASK.set(outer);
+    };
+    match mode {
+        ParMode::Steal => (0..tasks).into_par_iter().for_each(run),
+        ParMode::Broadcast => {
+            let next = AtomicUsize::new(0);
+            rayon::broadcast(|_| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= tasks {
+                    break;
+                }
+                run(i);
+            });
+        }
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs a task of a parallel [`for_each_task`]: a call made from
+    /// inside one runs its tasks in place, so nested ops (each sequence's attention inside
+    /// the loop over a batch's sequences) split the work once, at the outer level, instead
+    /// of broadcasting to every thread from every task.
+    static IN_TASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// An output buffer's base pointer, shared by tasks that each write their own disjoint
+/// range of it (split by index arithmetic rather than by `&mut` chunks, which
+/// [`for_each_task`]'s shared closure cannot hand out).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(*mut f32);
+// SAFETY: the tasks holding it write disjoint elements, and the buffer outlives them (the
+// dispatcher returns only after every task has run); no element is read while written.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    pub(crate) fn new(base: *mut f32) -> Self {
+        SharedOut(base)
+    }
+
+    /// Element `i`'s address. A method, not the field: a closure that used `.0` would
+    /// capture the bare pointer, which is not `Sync`.
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// Every task runs exactly once under both methods, from outside and from inside the
+    /// pool, for task counts below, at and above the thread count.
+    #[test]
+    fn every_task_runs_once() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().expect("pool");
+        for mode in [ParMode::Steal, ParMode::Broadcast] {
+            for tasks in [0usize, 1, 3, 4, 5, 64, 1000] {
+                let hits: Vec<AtomicU32> = (0..tasks).map(|_| AtomicU32::new(0)).collect();
+                let run = || {
+                    for_each_task_with(mode, tasks, |i| {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    })
+                };
+                pool.install(run);
+                pool.install(|| rayon::scope(|_| run()));
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{mode:?} {tasks} tasks");
+            }
+        }
+    }
+
+    /// A call nested in another's task runs in place, on the task's own thread, and every
+    /// inner task still runs once.
+    #[test]
+    fn nested_calls_run_in_place() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().expect("pool");
+        let hits: Vec<AtomicU32> = (0..8 * 16).map(|_| AtomicU32::new(0)).collect();
+        let moved = AtomicU32::new(0);
+        pool.install(|| {
+            for_each_task_with(ParMode::Broadcast, 8, |i| {
+                let me = std::thread::current().id();
+                for_each_task_with(ParMode::Broadcast, 16, |j| {
+                    if std::thread::current().id() != me {
+                        moved.fetch_add(1, Ordering::Relaxed);
+                    }
+                    hits[i * 16 + j].fetch_add(1, Ordering::Relaxed);
+                });
+            })
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        assert_eq!(moved.load(Ordering::Relaxed), 0);
+    }
+}
