@@ -4,7 +4,8 @@
 //   ldg     - plain 16-byte loads, 8 in flight per thread, grid-stride (a bound for simple code);
 //   cpasync - the GEMV's scheme (kernels/cuda/gemv.cu): per-warp rings of P stages of
 //             16 rows x 128 bytes, per-lane 16-byte cp.async.cg, one CTA of 8 warps per SM,
-//             a tile of 16 rows split in contiguous column runs over the warps;
+//             a tile of 16 rows split in contiguous column runs over the warps; also with
+//             W pre-tiled (each 16 x 64 block contiguous) to see what the layout costs;
 //   bulk    - the same tiles and runs, but each stage is 16 rows x SB bytes fetched by
 //             cp.async.bulk (one copy per row segment, issued by 16 lanes) completing on an
 //             mbarrier: the copy engine instead of 32 lanes' requests.
@@ -34,8 +35,12 @@ __global__ void ldg_kernel(const uint4* __restrict__ w, u64 n_vec, u32* out) {
     if (acc == 0x12345678u) out[0] = acc;
 }
 
-// ----- cp.async ring (gemv.cu's scheme, W only; copy_ring.cuh)
-template <int P>
+// ----- cp.async ring (gemv.cu's scheme, W only; copy_ring.cuh). LAYOUT 0: W row-major, as
+// the model stores it (a stage is 16 rows x 128 bytes, rows `cols` apart); 1: W pre-tiled,
+// each (16-row tile, 64-column chunk) block 2 KB contiguous, blocks in (tile, chunk) order,
+// so a warp's run of chunks is one contiguous stream; 2: pre-tiled, warp w taking chunks
+// w, w + nw, ... (the CTA's 8 warps read 16 KB contiguous per stage).
+template <int P, int LAYOUT>
 __global__ void __launch_bounds__(256) cpasync_kernel(const unsigned short* __restrict__ w, int rows, int cols, u32* out) {
     extern __shared__ uint4 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -48,8 +53,14 @@ __global__ void __launch_bounds__(256) cpasync_kernel(const unsigned short* __re
     const u32 ring = (u32)__cvta_generic_to_shared(smem) + warp * P * 2048 + lane * 16;
     auto issue = [&](int q, int p) {
         const int tile = blockIdx.x + (q / per_tile) * gridDim.x, j = q % per_tile;
-        const unsigned short* lo = w + (u64)(tile * 16 + g) * cols + t * 8 + (c0 + j) * 64;
-        ring_issue_rows(ring + p * 2048, lo, lo + (u64)8 * cols, policy);
+        if (LAYOUT == 0) {
+            const unsigned short* lo = w + (u64)(tile * 16 + g) * cols + t * 8 + (c0 + j) * 64;
+            ring_issue_rows(ring + p * 2048, lo, lo + (u64)8 * cols, policy);
+        } else {
+            const int chunk = LAYOUT == 1 ? c0 + j : warp + j * nw;
+            const unsigned short* lo = w + ((u64)tile * chunks + chunk) * 1024 + g * 64 + t * 8;
+            ring_issue_rows(ring + p * 2048, lo, lo + 8 * 64, policy);
+        }
     };
     const u32 acc = ring_drive<P>(per_tile * my_tiles, ring, issue, [](int) {});
     if (acc == 0x12345678u) out[0] = acc;
@@ -148,18 +159,18 @@ int main() {
         auto W = [&](int i) { return (const unsigned short*)(mem + (u64)(i % copies) * bytes); };
         auto report = [&](const char* scheme, float us) { printf("| %s | %s | %.1f | %.2f |\n", s.name, scheme, us, bytes / us / 1e6); };
         report("ldg x8, 4 CTAs/SM x 256", time_it([&](int i) { ldg_kernel<<<sms * 4, 256>>>((const uint4*)W(i), bytes / 16, out); }, 20));
-        {
-            auto k = cpasync_kernel<6>;
-            const int sm = 8 * 6 * 2048;
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
-            report("cp.async P=6, 1 CTA/SM", time_it([&](int i) { k<<<sms, 256, sm>>>(W(i), s.rows, s.cols, out); }, 20));
+#define CPA(P, L, NAME)                                                                                      \
+        {                                                                                                    \
+            auto k = cpasync_kernel<P, L>;                                                                   \
+            const int sm = 8 * P * 2048;                                                                     \
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);                        \
+            report(NAME, time_it([&](int i) { k<<<sms, 256, sm>>>(W(i), s.rows, s.cols, out); }, 20));      \
         }
-        {
-            auto k = cpasync_kernel<12>;
-            const int sm = 8 * 12 * 2048;
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
-            report("cp.async P=12, 1 CTA/SM", time_it([&](int i) { k<<<sms, 256, sm>>>(W(i), s.rows, s.cols, out); }, 20));
-        }
+        CPA(6, 0, "cp.async P=6, 1 CTA/SM")
+        CPA(6, 1, "cp.async P=6, pre-tiled W, contiguous runs")
+        CPA(6, 2, "cp.async P=6, pre-tiled W, strided chunks")
+        CPA(12, 0, "cp.async P=12, 1 CTA/SM")
+        CPA(12, 1, "cp.async P=12, pre-tiled W, contiguous runs")
 #define BULK(P, SB)                                                                                          \
         {                                                                                                    \
             auto k = bulk_kernel<P, SB>;                                                                     \
