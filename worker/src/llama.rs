@@ -336,8 +336,8 @@ impl LlamaModel {
                 }
                 Ok::<_, WorkerError>(())
             })?;
-            // Then attention for all chunks in one parallel region: one region per
-            // sequence cost more in waking threads than the work at decode batch sizes.
+            // Then attention: the decodes in one parallel region (one region per sequence
+            // cost more in waking threads than the work at decode batch sizes).
             let mut outs: Vec<&mut [f32]> = Vec::with_capacity(chunks.len());
             let mut rest: &mut [f32] = &mut attn;
             for s in chunks {
@@ -356,19 +356,25 @@ impl LlamaModel {
             let (k_cache, v_cache) = (&kv.k[li], &kv.v[li]);
             let scale = 1.0 / (hd as f32).sqrt();
             prof::time(Op::Attention, || {
-                // One task per sequence (each its own output rows, behind an uncontended
-                // lock); a lone sequence's attention splits over heads instead.
                 let outs: Vec<Mutex<&mut [f32]>> = outs.into_iter().map(Mutex::new).collect();
-                let failed = Mutex::new(None);
-                par::for_each_task(chunks.len(), |i| {
+                let run = |i: usize| {
                     let (s, r0) = (&chunks[i], starts[i]);
                     let n = s.tokens.len();
                     let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
                     let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
                     let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
-                    if let Err(e) =
-                        attention_f16::attention_f16(&cache, k_cache, v_cache, &mut out, qs, &seq, n_heads, scale)
-                    {
+                    attention_f16::attention_f16(&cache, k_cache, v_cache, &mut out, qs, &seq, n_heads, scale)
+                };
+                // A prefill chunk splits over its own (token, head) rows, one chunk after
+                // another; the decodes (a token each) are one task per sequence, each in
+                // place (a lone decode splits over its heads instead).
+                for i in (0..chunks.len()).filter(|&i| chunks[i].tokens.len() > 1) {
+                    run(i)?;
+                }
+                let decodes: Vec<usize> = (0..chunks.len()).filter(|&i| chunks[i].tokens.len() == 1).collect();
+                let failed = Mutex::new(None);
+                par::for_each_task(decodes.len(), |j| {
+                    if let Err(e) = run(decodes[j]) {
                         failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
                     }
                 });

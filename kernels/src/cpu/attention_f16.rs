@@ -184,7 +184,7 @@ pub fn attention_f16_with(
     let g = if simd { [4, 3, 2].into_iter().find(|g| group.is_multiple_of(*g)).unwrap_or(1) } else { 1 };
     let work = seq.n_tokens.saturating_mul(n_heads).saturating_mul(ctx).saturating_mul(hd);
     let threads = rayon::current_num_threads();
-    let parallel = work >= PAR_MIN_WORK && threads > 1;
+    let parallel = work >= PAR_MIN_WORK && threads > 1 && !par::in_task();
     // One head per task where whole groups would leave threads idle (a decode token on
     // many cores: SmolLM2 has 3 groups for 16 threads). Every width gives the scalar
     // rows' bits, so this changes only the speed.
@@ -214,7 +214,8 @@ pub fn attention_f16_with(
             // SAFETY: `out` has `n_tokens * n_heads * hd` values, a multiple of `g * hd`;
             // task `i` alone writes its `g * hd` of them.
             let o = unsafe { std::slice::from_raw_parts_mut(base.at(i * g * hd), g * hd) };
-            heads(&mut Scratch::new(hd), (i, o));
+            // Scratch is the portable path's only (the register kernel needs none).
+            heads(&mut if simd { Scratch::new(0) } else { Scratch::new(hd) }, (i, o));
         });
     } else {
         let mut scratch = Scratch::new(hd);

@@ -49,9 +49,8 @@ pub fn for_each_task_with(mode: ParMode, tasks: usize, task: impl Fn(usize) + Sy
         return;
     }
     let run = |i: usize| {
-        let outer = IN_TASK.replace(true);
+        let _flag = InTask::enter();
         task(i);
-        IN_TASK.set(outer);
     };
     match mode {
         ParMode::Steal => (0..tasks).into_par_iter().for_each(run),
@@ -65,6 +64,30 @@ pub fn for_each_task_with(mode: ParMode, tasks: usize, task: impl Fn(usize) + Sy
                 run(i);
             });
         }
+    }
+}
+
+/// Whether this thread is running a task of a parallel [`for_each_task`], where a nested
+/// call runs in place (ops that choose their split by the thread count should then plan
+/// for one thread).
+pub fn in_task() -> bool {
+    IN_TASK.get()
+}
+
+/// Sets [`IN_TASK`] for the life of a task and puts back the previous value on drop, also
+/// when the task unwinds (rayon catches a task's panic and keeps the thread, which must
+/// not go on running every later op in place).
+struct InTask(bool);
+
+impl InTask {
+    fn enter() -> Self {
+        InTask(IN_TASK.replace(true))
+    }
+}
+
+impl Drop for InTask {
+    fn drop(&mut self) {
+        IN_TASK.set(self.0);
     }
 }
 
@@ -120,6 +143,20 @@ mod tests {
                 pool.install(|| rayon::scope(|_| run()));
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{mode:?} {tasks} tasks");
             }
+        }
+    }
+
+    /// A task that panics leaves its thread able to run later calls in parallel again.
+    #[test]
+    fn a_panicking_task_does_not_leave_its_thread_in_place() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        for mode in [ParMode::Steal, ParMode::Broadcast] {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.install(|| for_each_task_with(mode, 4, |i| assert!(i != 1, "task 1 fails")))
+            }));
+            assert!(caught.is_err(), "{mode:?}: the panic reaches the caller");
+            let flags: Vec<bool> = pool.broadcast(|_| in_task());
+            assert!(flags.iter().all(|f| !f), "{mode:?}: {flags:?}");
         }
     }
 
