@@ -275,7 +275,8 @@ fn simd_equals_scalar(simd: Isa) {
     let mut r = ChaCha8Rng::seed_from_u64(23);
     let same =
         |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
-    for (n_heads, n_kv, hd) in [(9, 3, 64), (8, 2, 64), (5, 1, 64), (4, 2, 128), (14, 2, 128), (2, 1, 256), (4, 2, 80)] {
+    for (n_heads, n_kv, hd) in [(9, 3, 64), (8, 2, 64), (5, 1, 64), (4, 2, 128), (14, 2, 128), (2, 1, 256), (4, 2, 80)]
+    {
         // (q range, k range, v range): ordinary; V large enough that Σ w·v overflows f16;
         // tiny V (f16 subnormals and underflow); q beyond f16's range in places.
         for (qr, kr, vr) in [(2.0, 2.0, 1.0), (1.0, 1.0, 6.0e4), (1.0, 1.0, 3.0e-6), (1.0e5, 1.0e-3, 1.0)] {

@@ -6,7 +6,7 @@
 //! (the reference), and [`silu_mul_ggml_inplace`] with ggml's approximation
 //! ([`super::exp_ggml`]), which the CPU engine uses to reproduce llama.cpp.
 
-use rayon::prelude::*;
+use super::par;
 
 use super::exp_ggml::exp_ggml;
 use crate::error::check;
@@ -37,7 +37,7 @@ pub fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<(), KernelE
         }
     };
     if out.len() > CHUNK {
-        out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK)).zip(up.par_chunks(CHUNK)).for_each(run);
+        par::for_each_chunk_mut(out, CHUNK, |i, o| run(((o, chunk(gate, i)), chunk(up, i))));
     } else {
         run(((out, gate), up));
     }
@@ -55,7 +55,7 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError>
         }
     };
     if gate.len() > CHUNK {
-        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(run);
+        par::for_each_chunk_mut(gate, CHUNK, |i, g| run((g, chunk(up, i))));
     } else {
         run((gate, up));
     }
@@ -90,7 +90,7 @@ pub fn silu_mul_ggml_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelE
         }
     };
     if gate.len() > CHUNK {
-        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(run);
+        par::for_each_chunk_mut(gate, CHUNK, |i, g| run((g, chunk(up, i))));
     } else {
         run((gate, up));
     }
@@ -106,7 +106,7 @@ pub fn add_inplace(a: &mut [f32], b: &[f32]) -> Result<(), KernelError> {
         }
     };
     if a.len() > CHUNK {
-        a.par_chunks_mut(CHUNK).zip(b.par_chunks(CHUNK)).for_each(run);
+        par::for_each_chunk_mut(a, CHUNK, |i, x| run((x, chunk(b, i))));
     } else {
         run((a, b));
     }
@@ -124,7 +124,7 @@ pub fn add_row_bias(x: &mut [f32], bias: &[f32]) -> Result<(), KernelError> {
         }
     };
     if x.len() > CHUNK {
-        x.par_chunks_mut(bias.len()).for_each(run);
+        par::for_each_row_mut(x, bias.len(), |_, row| run(row));
     } else {
         x.chunks_mut(bias.len()).for_each(run);
     }
@@ -136,9 +136,15 @@ pub fn scale_inplace(x: &mut [f32], s: f32) -> Result<(), KernelError> {
     check(s.is_finite(), "scale_inplace", || format!("scale {s} is not finite"))?;
     let run = |c: &mut [f32]| c.iter_mut().for_each(|v| *v *= s);
     if x.len() > CHUNK {
-        x.par_chunks_mut(CHUNK).for_each(run);
+        par::for_each_chunk_mut(x, CHUNK, |_, c| run(c));
     } else {
         run(x);
     }
     Ok(())
+}
+
+/// Chunk `i` of [`CHUNK`] values of `x` (the last may be shorter): the partner of chunk `i`
+/// of an output split by [`par::for_each_chunk_mut`].
+fn chunk(x: &[f32], i: usize) -> &[f32] {
+    &x[i * CHUNK..((i + 1) * CHUNK).min(x.len())]
 }

@@ -10,6 +10,7 @@ pub mod exp_ggml;
 pub mod matmul;
 pub mod norm;
 pub mod par;
+mod par_team;
 pub mod random;
 pub mod rope;
 pub mod softmax;

@@ -7,7 +7,7 @@
 //! Precision follows llama.cpp: squares are formed in f32 and summed in f64, then
 //! the scale `1 / sqrt(mean + eps)` and the products are f32.
 
-use rayon::prelude::*;
+use super::par;
 
 use crate::error::check;
 use crate::KernelError;
@@ -28,7 +28,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], n_rows: usize, eps: f32) 
         }
     };
     if x.len() >= PAR_MIN_ELEMS {
-        out.par_chunks_mut(dim).zip(x.par_chunks(dim)).for_each(row);
+        par::for_each_row_mut(out, dim, |i, o| row((o, &x[i * dim..(i + 1) * dim])));
     } else {
         out.chunks_mut(dim).zip(x.chunks(dim)).for_each(row);
     }
@@ -45,7 +45,7 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], n_rows: usize, eps: f32) -> Re
         }
     };
     if x.len() >= PAR_MIN_ELEMS {
-        x.par_chunks_mut(dim).for_each(row);
+        par::for_each_row_mut(x, dim, |_, xr| row(xr));
     } else {
         x.chunks_mut(dim).for_each(row);
     }

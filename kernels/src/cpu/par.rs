@@ -1,6 +1,6 @@
 //! How a CPU op's independent tasks are spread over rayon's pool.
 //!
-//! Two ways, chosen once per process by `TESSERA_CPU_PAR`:
+//! Three ways, chosen once per process by `TESSERA_CPU_PAR`:
 //! - `steal`: a parallel iterator over the tasks. Rayon splits the range in halves, one
 //!   join at a time, and idle threads steal the halves: each level of the split costs a
 //!   steal, so on many threads a small op waits for a cascade of them before every thread
@@ -9,8 +9,10 @@
 //!   (`rayon::broadcast`), each thread claiming tasks from a shared counter until none are
 //!   left. No split tree; a thread that gets there late finds fewer tasks, so the balance
 //!   is still dynamic. The calling thread, when it is one of the pool's, runs its own job.
+//! - `team` (opt-in while it is measured): `par_team.rs`'s own threads, spinning between
+//!   ops instead of sleeping, so an op starts and ends in well under a microsecond.
 //!
-//! Either way every task runs exactly once, on some thread, so results do not depend on
+//! Every way, every task runs exactly once, on some thread, so results do not depend on
 //! the choice (each task writes its own outputs). A call from inside another call's task
 //! runs its tasks in place (the outer call already spread the work).
 
@@ -24,6 +26,9 @@ use rayon::prelude::*;
 pub enum ParMode {
     Steal,
     Broadcast,
+    /// `par_team.rs`'s spinning threads (falls back to a broadcast when the team is busy
+    /// with another caller or sized for another pool).
+    Team,
 }
 
 /// The process's dispatch method: `TESSERA_CPU_PAR` (`steal` or `broadcast`), else the
@@ -32,6 +37,7 @@ pub fn mode() -> ParMode {
     static MODE: OnceLock<ParMode> = OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("TESSERA_CPU_PAR").as_deref() {
         Ok("steal") => ParMode::Steal,
+        Ok("team") => ParMode::Team,
         _ => ParMode::Broadcast,
     })
 }
@@ -48,13 +54,11 @@ pub fn for_each_task_with(mode: ParMode, tasks: usize, task: impl Fn(usize) + Sy
         (0..tasks).for_each(task);
         return;
     }
-    let run = |i: usize| {
-        let _flag = InTask::enter();
-        task(i);
-    };
+    let run = |i: usize| run_task(&task, i);
     match mode {
         ParMode::Steal => (0..tasks).into_par_iter().for_each(run),
-        ParMode::Broadcast => {
+        ParMode::Team if team_fits() && super::par_team::team().try_run(tasks, &task) => {}
+        ParMode::Team | ParMode::Broadcast => {
             let next = AtomicUsize::new(0);
             rayon::broadcast(|_| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -65,6 +69,62 @@ pub fn for_each_task_with(mode: ParMode, tasks: usize, task: impl Fn(usize) + Sy
             });
         }
     }
+}
+
+/// Splits `data` into chunks of `chunk` values (the last may be shorter) and runs
+/// `f(i, chunk_i)` for each as a task of [`for_each_task`]. `chunk` 0 is taken as 1.
+pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    struct Base<T>(*mut T);
+    // SAFETY: each task builds the slice of its own chunk only (disjoint ranges of `data`,
+    // which outlives the call), so sharing the base pointer shares no element.
+    unsafe impl<T: Send> Sync for Base<T> {}
+    impl<T> Base<T> {
+        fn at(&self, i: usize) -> *mut T {
+            self.0.wrapping_add(i)
+        }
+    }
+    let (len, chunk) = (data.len(), chunk.max(1));
+    let base = Base(data.as_mut_ptr());
+    for_each_task(len.div_ceil(chunk), |i| {
+        let start = i * chunk;
+        // SAFETY: `start < len` for every task index, and chunk `i` is `[start, start + n)`.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.at(start), chunk.min(len - start)) };
+        f(i, part);
+    });
+}
+
+/// [`for_each_chunk_mut`] over rows of `row` values, a few rows per task (at least
+/// [`ROW_TASK_VALUES`] values, so that many short rows do not become as many tasks):
+/// `f(r, row_r)` for each row `r`.
+pub fn for_each_row_mut<T: Send>(data: &mut [T], row: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let row = row.max(1);
+    let per = rows_per_task(row);
+    for_each_chunk_mut(data, row * per, |i, rows| {
+        for (j, r) in rows.chunks_mut(row).enumerate() {
+            f(i * per + j, r);
+        }
+    });
+}
+
+/// Smallest task of [`for_each_row_mut`], in values.
+const ROW_TASK_VALUES: usize = 4096;
+
+/// Rows of `row` values per task in [`for_each_row_mut`] (for callers that group rows
+/// themselves, e.g. to share a scratch buffer across a task's rows).
+pub fn rows_per_task(row: usize) -> usize {
+    (ROW_TASK_VALUES / row.max(1)).max(1)
+}
+
+/// Runs task `i` of a parallel call, marked as such for nested calls.
+pub(crate) fn run_task(task: &(dyn Fn(usize) + Sync), i: usize) {
+    let _flag = InTask::enter();
+    task(i);
+}
+
+/// Whether the team matches the caller's pool: the same number of threads (the team is
+/// sized once for the global pool; a caller in another pool broadcasts instead).
+fn team_fits() -> bool {
+    super::par_team::team().workers() + 1 == rayon::current_num_threads()
 }
 
 /// Whether this thread is running a task of a parallel [`for_each_task`], where a nested
@@ -131,7 +191,7 @@ mod tests {
     #[test]
     fn every_task_runs_once() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().expect("pool");
-        for mode in [ParMode::Steal, ParMode::Broadcast] {
+        for mode in [ParMode::Steal, ParMode::Broadcast, ParMode::Team] {
             for tasks in [0usize, 1, 3, 4, 5, 64, 1000] {
                 let hits: Vec<AtomicU32> = (0..tasks).map(|_| AtomicU32::new(0)).collect();
                 let run = || {
@@ -143,6 +203,31 @@ mod tests {
                 pool.install(|| rayon::scope(|_| run()));
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{mode:?} {tasks} tasks");
             }
+        }
+    }
+
+    /// Chunks cover the slice exactly once, the last one short.
+    #[test]
+    fn chunks_cover_the_slice() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        let mut v = vec![0u32; 1000];
+        pool.install(|| {
+            for_each_chunk_mut(&mut v, 64, |i, c| {
+                assert!(c.len() == 64 || (i == 15 && c.len() == 40), "chunk {i}: {}", c.len());
+                c.iter_mut().for_each(|x| *x += 1 + i as u32);
+            })
+        });
+        assert!(v.iter().enumerate().all(|(j, &x)| x == 1 + (j / 64) as u32));
+    }
+
+    /// Rows are grouped into tasks but each is visited once, with its own index.
+    #[test]
+    fn rows_are_visited_once_with_their_index() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        for (rows, row) in [(1usize, 7usize), (100, 576), (1000, 3), (5, 10_000)] {
+            let mut v = vec![0usize; rows * row];
+            pool.install(|| for_each_row_mut(&mut v, row, |r, x| x.iter_mut().for_each(|e| *e += r + 1)));
+            assert!(v.iter().enumerate().all(|(j, &e)| e == j / row + 1), "{rows} x {row}");
         }
     }
 

@@ -15,7 +15,7 @@
 //! `x0·cos - x1·sin`, `x0·sin + x1·cos` with the `x0` product fused (one FMA each), as
 //! ggml's compiled loop does.
 
-use rayon::prelude::*;
+use super::par;
 
 use crate::error::check;
 use crate::KernelError;
@@ -228,7 +228,13 @@ pub fn rope(
         }
     };
     if x.len() >= PAR_MIN_ELEMS {
-        x.par_chunks_mut(row).zip(positions.par_iter()).for_each_init(|| Vec::with_capacity(half), token);
+        let per = par::rows_per_task(row);
+        par::for_each_chunk_mut(x, row * per, |i, rows| {
+            let mut cs = Vec::with_capacity(half);
+            for (j, xr) in rows.chunks_mut(row).enumerate() {
+                token(&mut cs, (xr, &positions[i * per + j]));
+            }
+        });
     } else {
         let mut cs = Vec::with_capacity(half);
         x.chunks_mut(row).zip(positions.iter()).for_each(|item| token(&mut cs, item));
