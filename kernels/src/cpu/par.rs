@@ -5,12 +5,14 @@
 //!   join at a time, and idle threads steal the halves: each level of the split costs a
 //!   steal, so on many threads a small op waits for a cascade of them before every thread
 //!   has work.
-//! - `broadcast` (the default): one job per pool thread, injected at once
+//! - `broadcast`: one job per pool thread, injected at once
 //!   (`rayon::broadcast`), each thread claiming tasks from a shared counter until none are
 //!   left. No split tree; a thread that gets there late finds fewer tasks, so the balance
 //!   is still dynamic. The calling thread, when it is one of the pool's, runs its own job.
-//! - `team` (opt-in while it is measured): `par_team.rs`'s own threads, spinning between
-//!   ops instead of sleeping, so an op starts and ends in well under a microsecond.
+//! - `team` (the default): `par_team.rs`'s own threads, spinning between ops instead of
+//!   sleeping, so an op starts and ends in well under a microsecond (16-core Xeon, SmolLM2:
+//!   decode +14%, prefill +6% over the broadcast, which was +37% / +8% over rayon's split;
+//!   bench/RESULTS.md). It falls back to the broadcast when busy or in another pool.
 //!
 //! Every way, every task runs exactly once, on some thread, so results do not depend on
 //! the choice (each task writes its own outputs). A call from inside another call's task
@@ -31,14 +33,14 @@ pub enum ParMode {
     Team,
 }
 
-/// The process's dispatch method: `TESSERA_CPU_PAR` (`steal` or `broadcast`), else the
-/// default. An unknown value keeps the default (this is a tuning switch, not an input).
+/// The process's dispatch method: `TESSERA_CPU_PAR` (`steal`, `broadcast` or `team`), else
+/// the default (`team`). An unknown value keeps the default (this is a tuning switch, not an input).
 pub fn mode() -> ParMode {
     static MODE: OnceLock<ParMode> = OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("TESSERA_CPU_PAR").as_deref() {
         Ok("steal") => ParMode::Steal,
-        Ok("team") => ParMode::Team,
-        _ => ParMode::Broadcast,
+        Ok("broadcast") => ParMode::Broadcast,
+        _ => ParMode::Team,
     })
 }
 
@@ -74,23 +76,45 @@ pub fn for_each_task_with(mode: ParMode, tasks: usize, task: impl Fn(usize) + Sy
 /// Splits `data` into chunks of `chunk` values (the last may be shorter) and runs
 /// `f(i, chunk_i)` for each as a task of [`for_each_task`]. `chunk` 0 is taken as 1.
 pub fn for_each_chunk_mut<T: Send>(data: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    struct Base<T>(*mut T);
-    // SAFETY: each task builds the slice of its own chunk only (disjoint ranges of `data`,
-    // which outlives the call), so sharing the base pointer shares no element.
-    unsafe impl<T: Send> Sync for Base<T> {}
-    impl<T> Base<T> {
-        fn at(&self, i: usize) -> *mut T {
-            self.0.wrapping_add(i)
-        }
-    }
     let (len, chunk) = (data.len(), chunk.max(1));
-    let base = Base(data.as_mut_ptr());
+    let base = SharedMut::new(data);
     for_each_task(len.div_ceil(chunk), |i| {
         let start = i * chunk;
-        // SAFETY: `start < len` for every task index, and chunk `i` is `[start, start + n)`.
-        let part = unsafe { std::slice::from_raw_parts_mut(base.at(start), chunk.min(len - start)) };
-        f(i, part);
+        // SAFETY: chunk `i` is `[start, min(start + chunk, len))`, disjoint from every
+        // other task's; `start < len` for every task index.
+        f(i, unsafe { base.slice(start, (start + chunk).min(len)) });
     });
+}
+
+/// A mutable buffer shared by tasks that each take their own disjoint range of it (split
+/// by index arithmetic rather than by `&mut` chunks, which [`for_each_task`]'s shared
+/// closure cannot hand out). Holds the buffer's borrow for its lifetime.
+pub(crate) struct SharedMut<'a, T> {
+    base: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: tasks get `&mut` to disjoint ranges only (see `slice`), as a split into `&mut`
+// chunks sent to other threads would give them; `T: Send` is what that needs.
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    pub(crate) fn new(data: &'a mut [T]) -> Self {
+        SharedMut { base: data.as_mut_ptr(), len: data.len(), _borrow: std::marker::PhantomData }
+    }
+
+    /// Elements `start..end` (panics outside the buffer).
+    ///
+    /// # Safety
+    /// No other live slice from this buffer may overlap `start..end`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, start: usize, end: usize) -> &mut [T] {
+        assert!(start <= end && end <= self.len, "range {start}..{end} of {}", self.len);
+        // SAFETY: in bounds (asserted), not aliased (the caller's contract), and the
+        // buffer is borrowed for 'a.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(start), end - start) }
+    }
 }
 
 /// [`for_each_chunk_mut`] over rows of `row` values, a few rows per task (at least

@@ -1,5 +1,5 @@
-//! A team of spinning threads for the CPU step's many small parallel ops
-//! (`TESSERA_CPU_PAR=team`, see `par.rs`).
+//! A team of spinning threads for the CPU step's many small parallel ops (the default
+//! dispatch, see `par.rs`).
 //!
 //! Why: a decode step on many cores is a few hundred ops of a few microseconds each, and
 //! waking rayon's threads for each (a broadcast, then a latch) costs about as much as the

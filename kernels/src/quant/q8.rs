@@ -16,7 +16,7 @@
 //! AVX2 enabled, so both give identical bytes. Large inputs are split over rayon by token
 //! rows.
 
-use rayon::prelude::*;
+use crate::cpu::par::{self, SharedMut};
 
 /// Activations in 32-value blocks; `n` rows of `cols` values.
 #[derive(Debug, Clone, Default)]
@@ -167,11 +167,21 @@ fn split_rows<A: Send, B: Send>(
         return f(x, qs, a, b);
     }
     let rows_per = (PAR_MIN_VALUES / 4).div_ceil(cols);
-    x.par_chunks(rows_per * cols)
-        .zip(qs.par_chunks_mut(rows_per * cols))
-        .zip(a.par_chunks_mut(rows_per * per_a))
-        .zip(b.par_chunks_mut(rows_per * per_b))
-        .for_each(|(((x, qs), a), b)| f(x, qs, a, b));
+    let rows = x.len() / cols;
+    let (qs_base, a_base, b_base) = (SharedMut::new(qs), SharedMut::new(a), SharedMut::new(b));
+    par::for_each_task(rows.div_ceil(rows_per), |i| {
+        let (r0, r1) = (i * rows_per, ((i + 1) * rows_per).min(rows));
+        // SAFETY: `qs`, `a` and `b` hold `rows` rows of `cols`, `per_a` and `per_b` entries
+        // (the callers size them so); task `i` alone takes rows `r0..r1` of each.
+        let (qs, a, b) = unsafe {
+            (
+                qs_base.slice(r0 * cols, r1 * cols),
+                a_base.slice(r0 * per_a, r1 * per_a),
+                b_base.slice(r0 * per_b, r1 * per_b),
+            )
+        };
+        f(&x[r0 * cols..r1 * cols], qs, a, b);
+    });
 }
 
 /// `v` = `(n, nb)` as `(n / TOKEN_GROUP rounded up, nb, TOKEN_GROUP)`, zero-padded.
