@@ -8,7 +8,7 @@
 //! The activations are quantised once per call to 8 bits ([`ActsQ8`] for Q4_0/Q4_1/Q8_0,
 //! [`ActsQ8K`] for the K types) and each weight block meets them in an integer dot
 //! product (exact in i32), scaled by the two block scales. F32/F16/BF16 weights take an
-//! f32 FMA dot instead. Work is split over rayon in chunks of output rows, all `n`
+//! f32 FMA dot instead. Work is split over the threads (`par.rs`) in chunks of output rows, all `n`
 //! tokens per chunk (tiled by [`TOKEN_TILE`]), so each weight row is read from memory
 //! once per call. Kernels: `matmul_scalar.rs` (portable), `simd_avx2*.rs` and
 //! `simd_vnni.rs` (AVX512-VNNI dots for Q4_0/Q4_1/Q8_0), picked by runtime CPU

@@ -1,7 +1,7 @@
 //! The CPU platform: the reference implementation of every op, and the engine of
 //! GPU-less machines. Each op works on `f32` slices in row-major `[rows, cols]` layout,
-//! checks its shapes first, and parallelises with rayon over rows/heads where the work
-//! is large enough to pay for it.
+//! checks its shapes first, and parallelises over rows/heads where the work is large
+//! enough to pay for it (`par.rs` spreads an op's tasks over rayon's pool size of threads).
 
 pub mod activation;
 pub mod attention;

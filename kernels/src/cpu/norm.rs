@@ -12,8 +12,8 @@ use super::par;
 use crate::error::check;
 use crate::KernelError;
 
-/// Below this many values a call runs on the calling thread: rayon's fork/join costs
-/// more than normalising a few rows.
+/// Below this many values a call runs on the calling thread: spreading it costs more
+/// than normalising a few rows.
 const PAR_MIN_ELEMS: usize = 1 << 15;
 
 /// `out[r] = rms_norm(x[r]) * w` for each of `n_rows` rows. `x`, `out`: `[n_rows, dim]`,

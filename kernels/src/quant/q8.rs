@@ -13,8 +13,8 @@
 //! from the f32 scale); [`Q8_SCALES_F16`] says whether [`ActsQ8`] does the same (ggml's
 //! `block_q8_K` keeps an f32 `d`, and so does [`ActsQ8K`]). The body is
 //! written so the compiler vectorises it; the AVX2 copy is the same code compiled with
-//! AVX2 enabled, so both give identical bytes. Large inputs are split over rayon by token
-//! rows.
+//! AVX2 enabled, so both give identical bytes. Large inputs are split by token rows over
+//! the CPU threads (`cpu::par`).
 
 use crate::cpu::par::{self, SharedMut};
 
