@@ -99,8 +99,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let mut s = Session::new(&model, args.prompt_tokens);
             let t = Instant::now();
             s.feed(&prompt, false)?;
-            pp.push(args.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-            pp_ops.add(t.elapsed(), args.prompt_tokens);
+            let took = t.elapsed();
+            pp.push(args.prompt_tokens as f64 / took.as_secs_f64());
+            pp_ops.add(took, args.prompt_tokens);
         }
         if args.gen_tokens > 0 {
             let mut s = Session::new(&model, args.gen_tokens + 1);
@@ -110,8 +111,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let logits = s.feed(&[tok], false)?;
                 tok = argmax(&logits);
             }
-            tg.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());
-            tg_ops.add(t.elapsed(), args.gen_tokens);
+            let took = t.elapsed();
+            tg.push(args.gen_tokens as f64 / took.as_secs_f64());
+            tg_ops.add(took, args.gen_tokens);
         }
     }
     let threads = rayon::current_num_threads();

@@ -25,7 +25,7 @@ use half::slice::HalfFloatSliceExt;
 
 use super::attention::{write_kv_as, PagedKv, SeqSlice};
 use super::matmul::Isa;
-use super::par::{self, SharedOut};
+use super::par;
 use crate::error::check;
 use crate::KernelError;
 
@@ -209,11 +209,7 @@ pub fn attention_f16_with(
     };
 
     if parallel {
-        let base = SharedOut::new(out.as_mut_ptr());
-        par::for_each_task(out.len() / (g * hd), |i| {
-            // SAFETY: `out` has `n_tokens * n_heads * hd` values, a multiple of `g * hd`;
-            // task `i` alone writes its `g * hd` of them.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.at(i * g * hd), g * hd) };
+        par::for_each_chunk_mut(out, g * hd, |i, o| {
             // Scratch is the portable path's only (the register kernel needs none).
             heads(&mut if simd { Scratch::new(0) } else { Scratch::new(hd) }, (i, o));
         });

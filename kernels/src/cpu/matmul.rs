@@ -20,7 +20,7 @@
 //! `quant::q8::Q8_SCALES_F16`); on random data that is about 1e-3 of
 //! `‖W_r‖·‖x_t‖` (see `tests/matmul.rs`).
 
-use super::par::{self, SharedOut};
+use super::par::{self, SharedMut};
 use crate::error::check;
 use crate::quant::q8::{ActsQ8, ActsQ8K};
 use crate::quant::{dequantize_unchecked, GgmlType, Weight};
@@ -293,26 +293,22 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
     let rows = w.rows;
     let rows_per = if serial { rows } else { chunk_rows(rows, row_bytes, n, threads) };
     let tasks = rows.div_ceil(rows_per);
-    let base = SharedOut::new(out.as_mut_ptr());
     if n == 1 {
         // `[1, rows]` and `[rows, 1]` are the same layout: each task writes its rows in place.
-        let task = |i: usize| {
+        let task = |i: usize, dst: &mut [f32]| {
             let r0 = i * rows_per;
-            let nrows = rows_per.min(rows - r0);
-            let wrows = &w.data[r0 * row_bytes..(r0 + nrows) * row_bytes];
-            // SAFETY: `out` has `rows` values (checked by `matmul_with`) and rows `r0 ..
-            // r0 + nrows` belong to task `i` only.
-            let dst = unsafe { std::slice::from_raw_parts_mut(base.at(r0), nrows) };
+            let wrows = &w.data[r0 * row_bytes..(r0 + dst.len()) * row_bytes];
             // SAFETY: `kernel` came from a constructed `Isa`, so its CPU features exist.
             unsafe { kernel(wrows, row_bytes, acts, 0, 1, dst, 1) };
         };
         if serial {
-            (0..tasks).for_each(task);
+            task(0, out);
         } else {
-            par::for_each_task(tasks, task);
+            par::for_each_chunk_mut(out, rows_per, task);
         }
         return;
     }
+    let base = SharedMut::new(out);
     // Task `i` owns output columns (weight rows) `i * rows_per ..`: for each tile of
     // tokens the kernel fills `tile` (`[nrows, tile_w]`, the kernels' row-major layout,
     // `tile_w` = the widest token tile of this call: a batch of 16 decodes does not zero
@@ -333,7 +329,8 @@ fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &
             for j in 0..tn {
                 // SAFETY: `out` is `[n, rows]` (checked by `matmul_with`), `t0 + j < n` and
                 // `r0 + nrows <= rows`; columns `r0 .. r0 + nrows` belong to this task only.
-                let dst = unsafe { std::slice::from_raw_parts_mut(base.at((t0 + j) * rows + r0), nrows) };
+                let at = (t0 + j) * rows + r0;
+                let dst = unsafe { base.slice(at, at + nrows) };
                 for (d, vals) in dst.iter_mut().zip(tile.chunks_exact(tile_w)) {
                     *d = vals[j];
                 }

@@ -183,28 +183,6 @@ thread_local! {
     static IN_TASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// An output buffer's base pointer, shared by tasks that each write their own disjoint
-/// range of it (split by index arithmetic rather than by `&mut` chunks, which
-/// [`for_each_task`]'s shared closure cannot hand out).
-#[derive(Clone, Copy)]
-pub(crate) struct SharedOut(*mut f32);
-// SAFETY: the tasks holding it write disjoint elements, and the buffer outlives them (the
-// dispatcher returns only after every task has run); no element is read while written.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    pub(crate) fn new(base: *mut f32) -> Self {
-        SharedOut(base)
-    }
-
-    /// Element `i`'s address. A method, not the field: a closure that used `.0` would
-    /// capture the bare pointer, which is not `Sync`.
-    pub(crate) fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
