@@ -5,7 +5,8 @@
 //!
 //! Run: `cargo run -p tessera-kernels --release --example matmul_bench [-- --types --scalar]`
 //! (`--types`: the other quantised types too; `--scalar`: the portable kernels too;
-//! `--vnni`: only AVX2 against AVX512-VNNI at n = 1, 4, 16, 64 on 1 and 2 threads)
+//! `--vnni`: only AVX2 against AVX512-VNNI at n = 1, 4, 16, 64 on 1 and 2 threads;
+//! `--packed`: row-major against packed kernels at n = 1, 16, 64, 128, `THREADS` threads)
 //! (threads come from local rayon pools of 1 and 2 threads, the same as RAYON_NUM_THREADS).
 
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::matmul::{matmul_with, Isa};
+use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::quant::{GgmlType, Weight};
 
 /// Random blocks with small f16 scales (the values do not matter for speed, only that
@@ -111,8 +113,51 @@ fn bench_model_step(isa: Isa, threads: usize, rng: &mut ChaCha8Rng) {
     );
 }
 
+/// Row-major kernels against the packed ones (`cpu::packed`) on the same weight, the
+/// fastest instruction set of this CPU, for decode and prefill token counts.
+fn bench_packed(ty: GgmlType, rows: usize, cols: usize, threads: usize, rng: &mut ChaCha8Rng) {
+    let isa = Isa::best();
+    let data = random_blocks(ty, rows, cols, rng);
+    let w = Weight::new(ty, rows, cols, &data).expect("consistent weight");
+    let Some(packed) = PackedWeight::pack(&w, isa).expect("consistent weight") else {
+        println!("{} has no packed {} kernel", isa.name(), ty.name());
+        return;
+    };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    for n in [1, 16, 64, 128] {
+        let x = random_x(n * cols, rng);
+        let mut out = vec![0.0f32; n * rows];
+        let s_row = pool.install(|| time(|| matmul_with(isa, &mut out, &x, n, &w).expect("valid shapes")));
+        let s_packed = pool.install(|| time(|| packed.matmul(&mut out, &x, n).expect("valid shapes")));
+        let gflops = |s: f64| 2.0 * (rows * cols * n) as f64 / s / 1e9;
+        println!(
+            "{:10} {:5} {rows:5}x{cols:4} n={n:3} threads={threads:2}: row-major {:9.1} us {:7.1} GFLOP/s | packed {:9.1} us {:7.1} GFLOP/s | {:.2}x",
+            isa.name(),
+            ty.name(),
+            s_row * 1e6,
+            gflops(s_row),
+            s_packed * 1e6,
+            gflops(s_packed),
+            s_row / s_packed
+        );
+    }
+}
+
 fn main() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
+    if std::env::args().any(|a| a == "--packed") {
+        // THREADS="1 2 16" picks the thread counts (default 1 and 2).
+        let threads: Vec<usize> = std::env::var("THREADS")
+            .ok()
+            .map(|v| v.split_whitespace().filter_map(|t| t.parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 2]);
+        for &t in &threads {
+            bench_packed(GgmlType::Q4_1, 576, 1536, t, &mut rng);
+            bench_packed(GgmlType::Q4_1, 1536, 576, t, &mut rng);
+            bench_packed(GgmlType::Q8_0, 49152, 576, t, &mut rng);
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--vnni") {
         let Some(vnni) = Isa::vnni() else {
             println!("this CPU lacks AVX512-VNNI");

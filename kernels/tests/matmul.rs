@@ -20,6 +20,7 @@ use half::f16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::matmul::{dequantize_rows, matmul, matmul_with, Isa};
+use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::quant::q8::Q8_SCALES_F16;
 use tessera_kernels::quant::{dequantize_row, GgmlType, Weight};
 
@@ -154,12 +155,25 @@ fn block_offsets(ty: GgmlType, row: &[u8]) -> Vec<f64> {
 /// Checks `matmul_with(isa)` against both references; returns the worst error relative to
 /// `‖W_r‖·‖x_t‖` (for information).
 fn check_case(isa: Isa, ty: GgmlType, rows: usize, cols: usize, n: usize, seed: u64) -> f64 {
+    check_case_of(isa.name(), ty, rows, cols, n, seed, |out, x, w| matmul_with(isa, out, x, n, w).unwrap())
+}
+
+/// [`check_case`] for any implementation `mm(out, x, w)` of the matmul (`label` names it).
+fn check_case_of(
+    label: &str,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    seed: u64,
+    mut mm: impl FnMut(&mut [f32], &[f32], &Weight),
+) -> f64 {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let data = random_weight(ty, rows, cols, &mut rng);
     let x = random_x(n, cols, &mut rng);
     let w = Weight::new(ty, rows, cols, &data).unwrap();
     let mut out = vec![f32::NAN; n * rows];
-    matmul_with(isa, &mut out, &x, n, &w).unwrap();
+    mm(&mut out, &x, &w);
 
     let row_bytes = ty.bytes_for(cols).unwrap();
     let mut wrow = vec![0.0f32; cols];
@@ -185,7 +199,7 @@ fn check_case(isa: Isa, ty: GgmlType, rows: usize, cols: usize, n: usize, seed: 
                     (q + s_term, bound + s_bound, qa)
                 }
             };
-            let ctx = || format!("{} {ty} rows={rows} cols={cols} n={n} r={r} t={t}", isa.name());
+            let ctx = || format!("{label} {ty} rows={rows} cols={cols} n={n} r={r} t={t}");
             let err = (got - exact).abs();
             assert!(
                 err <= bound + 1e-5 * abs_sum,
@@ -377,4 +391,111 @@ fn dequantize_rows_matches_dequantize_row() {
         assert!(dequantize_rows(&w, 0, &mut got[..cols + 1]).is_err(), "{ty}: partial row");
         assert!(dequantize_rows(&w, 8, &mut got[..cols]).is_ok());
     }
+}
+
+/// The packed-weight types: every instruction set with a packed kernel for them.
+const PACKED: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+fn packed(w: &Weight, isa: Isa) -> Option<PackedWeight> {
+    PackedWeight::pack(w, isa).unwrap()
+}
+
+/// The packed kernels (`cpu/packed.rs`) against the same references as the row-major
+/// ones: row counts that leave a partial group of 16, and token counts around the tile of 8.
+#[test]
+fn packed_matches_reference() {
+    let mut seed = 500;
+    for isa in isas() {
+        for ty in PACKED {
+            let mut worst = 0.0f64;
+            let mut ran = false;
+            for &cols in &[32usize, 96, 576] {
+                for &rows in &[5usize, 16, 37, 64] {
+                    for &n in &[1usize, 3, 8, 9, 20] {
+                        seed += 1;
+                        let label = format!("packed {}", isa.name());
+                        worst = worst.max(check_case_of(&label, ty, rows, cols, n, seed, |out, x, w| {
+                            if let Some(p) = packed(w, isa) {
+                                ran = true;
+                                p.matmul(out, x, n).unwrap();
+                            } else {
+                                out.fill(0.0);
+                                matmul_with(isa, out, x, n, w).unwrap();
+                            }
+                        }));
+                    }
+                }
+            }
+            assert!(worst < 1e-2, "packed {} {ty}: relative error {worst:e}", isa.name());
+            println!("packed {:10} {ty:5}: ran {ran}, worst |err| / (‖W_r‖·‖x_t‖) = {worst:.2e}", isa.name());
+        }
+    }
+}
+
+/// Every SIMD packed kernel gives the scalar packed kernel's bits, on every tile width
+/// (n = 1..9 and 21: tiles of 8 with every remainder) and a partial last group; and a
+/// token computed alone gives the bits it gets in any batch (batch invariance).
+#[test]
+fn packed_simd_equals_scalar_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let mut compared = Vec::new();
+    for isa in [Isa::avx2(), Isa::vnni()].into_iter().flatten() {
+        for ty in PACKED {
+            for &(rows, cols) in &[(37usize, 576usize), (16, 64), (200, 96)] {
+                let data = random_weight(ty, rows, cols, &mut rng);
+                let w = Weight::new(ty, rows, cols, &data).unwrap();
+                let Some(fast) = packed(&w, isa) else { continue };
+                let slow = packed(&w, Isa::scalar()).expect("the scalar path packs every packed type");
+                compared.push(format!("{} {ty}", isa.name()));
+                for n in (1..=9).chain([21]) {
+                    let x = random_x(n, cols, &mut rng);
+                    let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                    slow.matmul(&mut a, &x, n).unwrap();
+                    fast.matmul(&mut b, &x, n).unwrap();
+                    for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                        assert!(
+                            p.to_bits() == q.to_bits(),
+                            "{} {ty} {rows}x{cols} n={n} out[{i}]: scalar {p} simd {q}",
+                            isa.name()
+                        );
+                    }
+                    let mut one = vec![0.0f32; rows];
+                    for t in 0..n {
+                        fast.matmul(&mut one, &x[t * cols..(t + 1) * cols], 1).unwrap();
+                        let batched = &b[t * rows..(t + 1) * rows];
+                        assert!(
+                            one.iter().zip(batched).all(|(p, q)| p.to_bits() == q.to_bits()),
+                            "{} {ty} n={n} token {t}: alone {one:?} batched {batched:?}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("packed kernels bit-equal to the scalar packed kernel: {compared:?}");
+}
+
+/// What packs: Q4_0/Q4_1/Q8_0 only, AVX2 without Q8_0; shapes are checked.
+#[test]
+fn packed_types_and_errors() {
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4K, GgmlType::Q6K] {
+        let data = random_weight(ty, 16, 256, &mut rng);
+        let w = Weight::new(ty, 16, 256, &data).unwrap();
+        assert!(packed(&w, Isa::best()).is_none() && packed(&w, Isa::scalar()).is_none(), "{ty} packed");
+    }
+    let data = random_weight(GgmlType::Q8_0, 16, 64, &mut rng);
+    let w = Weight::new(GgmlType::Q8_0, 16, 64, &data).unwrap();
+    if let Some(avx2) = Isa::avx2() {
+        assert!(packed(&w, avx2).is_none(), "AVX2 has no packed Q8_0 kernel");
+    }
+    let p = packed(&w, Isa::scalar()).unwrap();
+    assert_eq!((p.rows(), p.cols(), p.ty()), (16, 64, GgmlType::Q8_0));
+    let mut out = vec![0.0f32; 2 * 16];
+    assert!(p.matmul(&mut out, &[0.5; 63], 1).is_err(), "short x");
+    assert!(p.matmul(&mut out, &[0.5; 128], 1).is_err(), "x of two tokens for n = 1");
+    assert!(p.matmul(&mut out[..31], &[0.5; 128], 2).is_err(), "short out");
+    let bad = Weight { ty: GgmlType::Q4_1, rows: 2, cols: 32, data: &data[..10] };
+    assert!(PackedWeight::pack(&bad, Isa::scalar()).is_err(), "short weight data");
 }

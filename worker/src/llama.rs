@@ -22,6 +22,11 @@ use crate::parallel::{gather_columns, Comms, Shard};
 use crate::shard;
 use crate::weights::{Linear, WeightLoader};
 
+/// `TESSERA_CPU_PACKED`: `0` loads models with the row-major matmul kernels.
+fn packed_by_default() -> bool {
+    std::env::var("TESSERA_CPU_PACKED").map(|v| v != "0").unwrap_or(true)
+}
+
 /// A loaded model, ready to run batches.
 pub struct LlamaModel {
     pub config: ModelConfig,
@@ -70,18 +75,26 @@ impl Stacked {
         }
     }
 
+    /// The matrices this holds.
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Stacked::Fused(w, _) => vec![w],
+            Stacked::Separate(parts) => parts.iter_mut().collect(),
+        }
+    }
+
     /// `x` is `[n, cols]`; writes part `i`'s output `[n, rows_i]` into `outs[i]`.
     /// `scratch` holds the fused output.
     fn forward(&self, x: &[f32], n: usize, outs: &mut [&mut [f32]], scratch: &mut Vec<f32>) -> Result<(), WorkerError> {
         match self {
             Stacked::Separate(parts) => {
                 for (w, out) in parts.iter().zip(outs.iter_mut()) {
-                    matmul::matmul(out, x, n, &w.weight())?;
+                    w.matmul(out, x, n)?;
                 }
             }
             Stacked::Fused(w, rows) => {
                 scratch.resize(n * w.rows, 0.0);
-                matmul::matmul(scratch, x, n, &w.weight())?;
+                w.matmul(scratch, x, n)?;
                 for (t, row) in scratch.chunks_exact(w.rows).enumerate() {
                     let mut c0 = 0;
                     for (out, &r) in outs.iter_mut().zip(rows) {
@@ -186,7 +199,7 @@ impl LlamaModel {
         let rope_style = rope_style(c);
         let norm = w.vector("output_norm.weight", h)?;
         debug_assert!(matches!(c.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3));
-        Ok(LlamaModel {
+        let mut model = LlamaModel {
             config,
             shard,
             embed_tokens,
@@ -198,7 +211,35 @@ impl LlamaModel {
             rope,
             rope_style,
             _files: w.files().clone(),
-        })
+        };
+        model.set_packed_kernels(packed_by_default())?;
+        Ok(model)
+    }
+
+    /// Whether the layer and output matmuls take the packed kernels (`cpu::packed`:
+    /// Q4_0/Q4_1/Q8_0 weights repacked sixteen rows side by side, about twice as fast on
+    /// AVX2 and AVX-512 VNNI) or the row-major ones, which round exactly as llama.cpp's
+    /// generic CPU dots do (`tests/llama_cpp_agreement.rs`). Both are batch invariant;
+    /// their outputs differ in the last bits. On by default (`TESSERA_CPU_PACKED=0` turns
+    /// it off); packing copies the weights of those types once (the file's stay mapped).
+    pub fn set_packed_kernels(&mut self, on: bool) -> Result<(), WorkerError> {
+        self.lm_head.pack(on)?;
+        for layer in &mut self.layers {
+            let (sa, mlp) = (&mut layer.self_attn, &mut layer.mlp);
+            let mut all = sa.qkv_proj.linears_mut();
+            all.extend(mlp.gate_up_proj.linears_mut());
+            all.push(&mut sa.o_proj);
+            all.push(&mut mlp.down_proj);
+            for w in all {
+                w.pack(on)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any matmul takes the packed kernels (see [`LlamaModel::set_packed_kernels`]).
+    pub fn packed_kernels(&self) -> bool {
+        self.lm_head.is_packed() || self.layers.iter().any(|l| l.mlp.down_proj.is_packed())
     }
 
     /// Bytes of KV one block of `block_size` positions takes for this shard.
@@ -383,10 +424,10 @@ impl LlamaModel {
             prof::time(Op::OProj, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &attn, t_total, &mut attn_full, &mut gathered)?;
-                    matmul::matmul(&mut part, &attn_full, t_total, &sa.o_proj.weight())?;
+                    sa.o_proj.matmul(&mut part, &attn_full, t_total)?;
                     gather_columns(tp, &part, t_total, &mut o, &mut gathered)
                 }
-                None => Ok(matmul::matmul(&mut o, &attn, t_total, &sa.o_proj.weight())?),
+                None => sa.o_proj.matmul(&mut o, &attn, t_total),
             })?;
             prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
 
@@ -400,10 +441,10 @@ impl LlamaModel {
             prof::time(Op::Down, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &gate, t_total, &mut act_full, &mut gathered)?;
-                    matmul::matmul(&mut part, &act_full, t_total, &layer.mlp.down_proj.weight())?;
+                    layer.mlp.down_proj.matmul(&mut part, &act_full, t_total)?;
                     gather_columns(tp, &part, t_total, &mut o, &mut gathered)
                 }
-                None => Ok(matmul::matmul(&mut o, &gate, t_total, &layer.mlp.down_proj.weight())?),
+                None => layer.mlp.down_proj.matmul(&mut o, &gate, t_total),
             })?;
             prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
         }
@@ -438,10 +479,10 @@ impl LlamaModel {
                 match comms.tp.as_deref_mut().filter(|_| sharded) {
                     Some(tp) => {
                         let mut local = vec![0.0f32; picked.len() * self.lm_head.rows];
-                        matmul::matmul(&mut local, &seln, picked.len(), &self.lm_head.weight())?;
+                        self.lm_head.matmul(&mut local, &seln, picked.len())?;
                         gather_columns(tp, &local, picked.len(), &mut data, &mut gathered)?;
                     }
-                    None => matmul::matmul(&mut data, &seln, picked.len(), &self.lm_head.weight())?,
+                    None => self.lm_head.matmul(&mut data, &seln, picked.len())?,
                 }
             }
             Ok::<_, WorkerError>(data)

@@ -8,6 +8,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use tessera_kernels::cpu::matmul::{self, Isa};
+use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::quant::Weight;
 use tessera_kernels::GgmlType;
 use tessera_model::weights::{ModelFiles, TensorView};
@@ -45,13 +47,15 @@ impl Storage {
     }
 }
 
-/// A 2-D weight, `[rows, cols]` row-major in its stored type.
+/// A 2-D weight, `[rows, cols]` row-major in its stored type, plus (CPU engine) the same
+/// weight repacked for the packed matmul kernels when [`Linear::pack`] made one.
 #[derive(Clone)]
 pub struct Linear {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     data: Storage,
+    packed: Option<Arc<PackedWeight>>,
 }
 
 impl Linear {
@@ -65,7 +69,33 @@ impl Linear {
     pub(crate) fn from_parts(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Linear, WorkerError> {
         Weight::new(ty, rows, cols, &bytes)?;
         let len = bytes.len();
-        Ok(Linear { ty, rows, cols, data: Storage::Owned(bytes.into(), 0..len) })
+        Ok(Linear { ty, rows, cols, data: Storage::Owned(bytes.into(), 0..len), packed: None })
+    }
+
+    /// `out = x · Wᵀ` on the CPU (`out`: `[n, rows]`, `x`: `[n, cols]`): the packed kernels
+    /// when this weight has a packed copy, else the row-major ones.
+    pub fn matmul(&self, out: &mut [f32], x: &[f32], n: usize) -> Result<(), WorkerError> {
+        match &self.packed {
+            Some(p) => p.matmul(out, x, n)?,
+            None => matmul::matmul(out, x, n, &self.weight())?,
+        }
+        Ok(())
+    }
+
+    /// With `on`, makes the packed copy for this CPU's kernels (kept if there is one; a
+    /// no-op for types without packed kernels); without, drops it.
+    pub fn pack(&mut self, on: bool) -> Result<(), WorkerError> {
+        if !on {
+            self.packed = None;
+        } else if self.packed.is_none() {
+            self.packed = PackedWeight::pack(&self.weight(), Isa::best())?.map(Arc::new);
+        }
+        Ok(())
+    }
+
+    /// Whether [`Linear::matmul`] takes the packed kernels.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
     }
 
     /// Rows `range` as a view sharing this weight's storage; `None` when out of bounds.
@@ -76,7 +106,7 @@ impl Linear {
         }
         let bytes = range.start.checked_mul(row_bytes)?..range.end.checked_mul(row_bytes)?;
         let data = self.data.slice(bytes)?;
-        Some(Linear { ty: self.ty, rows: range.len(), cols: self.cols, data })
+        Some(Linear { ty: self.ty, rows: range.len(), cols: self.cols, data, packed: None })
     }
 
     /// The matrices stacked row-wise into one (`[sum of rows, cols]`), so one matmul
@@ -97,6 +127,7 @@ impl Linear {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             data: Storage::Owned(bytes.into(), 0..len),
+            packed: None,
         })
     }
 }
@@ -140,7 +171,7 @@ impl WeightLoader {
                 found: format!("[{}, {}]", v.rows, v.cols),
             });
         }
-        Ok(Linear { ty, rows, cols, data: Storage::Mapped(v.data) })
+        Ok(Linear { ty, rows, cols, data: Storage::Mapped(v.data), packed: None })
     }
 
     /// A 1-D tensor of `len` values, converted to f32 (norm weights, biases, rope factors).

@@ -182,18 +182,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], n: usize, w: &Weight) -> Result<(), Ke
 pub fn matmul_with(isa: Isa, out: &mut [f32], x: &[f32], n: usize, w: &Weight) -> Result<(), KernelError> {
     const OP: &str = "matmul";
     let row_bytes = w.check(OP)?;
-    let (x_len, out_len) = (n.checked_mul(w.cols), n.checked_mul(w.rows));
-    check(x_len == Some(x.len()), OP, || {
-        format!("x has {} values, expected n={n} x cols={} for a {}x{} weight", x.len(), w.cols, w.rows, w.cols)
-    })?;
-    check(out_len == Some(out.len()), OP, || {
-        format!("out has {} values, expected n={n} x rows={} for a {}x{} weight", out.len(), w.rows, w.rows, w.cols)
-    })?;
-    if n == 0 || w.rows == 0 {
-        return Ok(());
-    }
-    if w.cols == 0 {
-        out.fill(0.0);
+    if !check_io(OP, out, x, n, w.rows, w.cols)? {
         return Ok(());
     }
     match w.ty {
@@ -211,6 +200,29 @@ pub fn matmul_with(isa: Isa, out: &mut [f32], x: &[f32], n: usize, w: &Weight) -
         }
     }
     Ok(())
+}
+
+/// Checks `x` (`[n, cols]`) and `out` (`[n, rows]`) of a matmul named `op`; `Ok(false)`
+/// when nothing is left to compute (no tokens, no rows, or no columns: `out` zeroed).
+pub(crate) fn check_io(
+    op: &'static str,
+    out: &mut [f32],
+    x: &[f32],
+    n: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<bool, KernelError> {
+    let (x_len, out_len) = (n.checked_mul(cols), n.checked_mul(rows));
+    check(x_len == Some(x.len()), op, || {
+        format!("x has {} values, expected n={n} x cols={cols} for a {rows}x{cols} weight", x.len())
+    })?;
+    check(out_len == Some(out.len()), op, || {
+        format!("out has {} values, expected n={n} x rows={rows} for a {rows}x{cols} weight", out.len())
+    })?;
+    if cols == 0 {
+        out.fill(0.0);
+    }
+    Ok(n > 0 && rows > 0 && cols > 0)
 }
 
 fn float_kernel<'a>(isa: Isa, ty: GgmlType) -> Kernel<ActsF32<'a>> {

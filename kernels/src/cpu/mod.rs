@@ -9,6 +9,7 @@ pub mod attention_f16;
 pub mod exp_ggml;
 pub mod matmul;
 pub mod norm;
+pub mod packed;
 pub mod par;
 mod par_team;
 pub mod random;

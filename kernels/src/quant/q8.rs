@@ -205,6 +205,18 @@ impl ActsQ8 {
     /// Quantises `x` = (n, cols); `cols` must be a multiple of 32 and `x.len()` of `cols`
     /// (the matmul checks both before calling).
     pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let mut acts = Self::quantize_plain(x, cols);
+        // One token takes the one-row kernel, which reads `d` and `s`.
+        if x.len() > cols {
+            acts.d4 = group_major(&acts.d, cols / 32);
+            acts.s4 = group_major(&acts.s, cols / 32);
+        }
+        acts
+    }
+
+    /// [`ActsQ8::quantize`] without the group-major `d4` / `s4` (left empty), for kernels
+    /// that read `d` and `s` only (`cpu::packed`).
+    pub fn quantize_plain(x: &[f32], cols: usize) -> Self {
         let nb = x.len() / 32;
         let mut acts =
             ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb], d4: Vec::new(), s4: Vec::new() };
@@ -218,11 +230,6 @@ impl ActsQ8 {
             let _ = avx2;
             quantize_q8_body(x, qs, d, s)
         });
-        // One token takes the one-row kernel, which reads `d` and `s`.
-        if x.len() > cols {
-            acts.d4 = group_major(&acts.d, cols / 32);
-            acts.s4 = group_major(&acts.s, cols / 32);
-        }
         acts
     }
 

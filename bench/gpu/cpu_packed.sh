@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The packed CPU matmul kernels (kernels/src/cpu/packed.rs) on the device host's AVX-512
+# VNNI cores, in one call (issue 3): their tests (bit-equality with the scalar packed
+# kernel, batch invariance, the references), `matmul_bench --packed` at 1 and 16 threads,
+# `tessera bench` with the row-major against the packed kernels (cpu_ab.sh), then the
+# served comparison with llama-server (llama_cpp.sh cpuserve, which builds llama.cpp for
+# this CPU first) and llama-bench at 1 and 16 threads (cpubench).
+# Carried: .gpu2/{tessera,matmul,matmul_bench}.xz (here: `bash bench/gpu/cpu_packed.sh
+# prepare`) and .gpullama; /tmp/smollm2.gguf assembled from the halves of run.sh prepare.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=/tmp/tessera-gpu-bin
+if [[ "${1:-}" == prepare ]]; then
+    set -e
+    cargo build --release
+    cargo build --release -p tessera-kernels --example matmul_bench
+    t=$(cargo test --release -p tessera-kernels --test matmul --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("profile", {}).get("test") and m.get("executable"): print(m["executable"])')
+    rm -rf .gpu2 && mkdir -p .gpu2
+    for f in target/release/tessera target/release/examples/matmul_bench "$t"; do
+        strip -o ".gpu2/$(basename "$f" | sed 's/-[0-9a-f]*$//')" "$f"
+    done
+    xz -T0 .gpu2/*
+    grep -qx "/.gpu2/" .git/info/exclude || echo "/.gpu2/" >> .git/info/exclude
+    du -sh .gpu2
+    exit 0
+fi
+mkdir -p "$BIN"
+for f in tessera matmul matmul_bench; do xz -dc ".gpu2/$f.xz" > "$BIN/$f" && chmod +x "$BIN/$f"; done
+echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
+echo "== kernel tests (matmul)"
+"$BIN/matmul" --test-threads 4 2>&1 | grep -E '^test |test result|bit-equal|packed ' | sed 's/^/  /'
+echo "== matmul_bench --packed"
+THREADS="1 16" "$BIN/matmul_bench" --packed | sed 's/^/  /'
+echo "== tessera bench: row-major vs packed"
+ROUNDS=${ROUNDS:-2} THREAD_LIST=16 BIN=$BIN bash bench/gpu/cpu_ab.sh "rowmajor=TESSERA_CPU_PACKED=0" "packed=TESSERA_CPU_PACKED=1"
+[[ ${SKIP_SERVE:-0} == 1 ]] && exit 0
+OUT=${OUT:-/tmp} DURATION=${DURATION:-15} BIN=$BIN bash bench/gpu/llama_cpp.sh cpuserve
+THREAD_LIST="1 16" OUT=${OUT:-/tmp} BIN=$BIN bash bench/gpu/llama_cpp.sh cpubench
