@@ -427,6 +427,7 @@ fn packed_matches_reference() {
                 }
             }
             assert!(worst < 1e-2, "packed {} {ty}: relative error {worst:e}", isa.name());
+            assert!(ran, "packed {} {ty}: nothing packed", isa.name());
             println!("packed {:10} {ty:5}: ran {ran}, worst |err| / (‖W_r‖·‖x_t‖) = {worst:.2e}", isa.name());
         }
     }
@@ -476,7 +477,8 @@ fn packed_simd_equals_scalar_bit_for_bit() {
     eprintln!("packed kernels bit-equal to the scalar packed kernel: {compared:?}");
 }
 
-/// What packs: Q4_0/Q4_1/Q8_0 only, AVX2 without Q8_0; shapes are checked.
+/// What packs: Q4_0/Q4_1/Q8_0 only, with SIMD kernels on AVX2 and AVX-512 VNNI; shapes
+/// are checked, and empty shapes give empty (or zero) outputs.
 #[test]
 fn packed_types_and_errors() {
     let mut rng = ChaCha8Rng::seed_from_u64(22);
@@ -484,12 +486,16 @@ fn packed_types_and_errors() {
         let data = random_weight(ty, 16, 256, &mut rng);
         let w = Weight::new(ty, 16, 256, &data).unwrap();
         assert!(packed(&w, Isa::best()).is_none() && packed(&w, Isa::scalar()).is_none(), "{ty} packed");
+        assert!(!PackedWeight::has_simd_kernel(Isa::best(), ty));
+    }
+    for ty in PACKED {
+        assert!(!PackedWeight::has_simd_kernel(Isa::scalar(), ty), "the scalar packed kernel is a reference only");
+        for isa in [Isa::avx2(), Isa::vnni()].into_iter().flatten() {
+            assert!(PackedWeight::has_simd_kernel(isa, ty), "{} {ty}", isa.name());
+        }
     }
     let data = random_weight(GgmlType::Q8_0, 16, 64, &mut rng);
     let w = Weight::new(GgmlType::Q8_0, 16, 64, &data).unwrap();
-    if let Some(avx2) = Isa::avx2() {
-        assert!(packed(&w, avx2).is_none(), "AVX2 has no packed Q8_0 kernel");
-    }
     let p = packed(&w, Isa::scalar()).unwrap();
     assert_eq!((p.rows(), p.cols(), p.ty()), (16, 64, GgmlType::Q8_0));
     let mut out = vec![0.0f32; 2 * 16];
@@ -498,4 +504,103 @@ fn packed_types_and_errors() {
     assert!(p.matmul(&mut out[..31], &[0.5; 128], 2).is_err(), "short out");
     let bad = Weight { ty: GgmlType::Q4_1, rows: 2, cols: 32, data: &data[..10] };
     assert!(PackedWeight::pack(&bad, Isa::scalar()).is_err(), "short weight data");
+    let other = Weight::new(GgmlType::Q8_0, 16, 32, &data[..16 * 34]).unwrap();
+    assert!(PackedWeight::pack_parts(&[w, other], Isa::scalar()).is_err(), "parts of different widths");
+    assert!(PackedWeight::pack_parts(&[], Isa::scalar()).is_err(), "no parts");
+    // Empty shapes: no rows, no columns (zeros out), no tokens.
+    for isa in isas() {
+        let none = Weight::new(GgmlType::Q4_1, 0, 64, &[]).unwrap();
+        let p = packed(&none, isa).unwrap();
+        p.matmul(&mut [], &[0.5; 128], 2).unwrap();
+        let narrow = Weight::new(GgmlType::Q4_1, 3, 0, &[]).unwrap();
+        let p = packed(&narrow, isa).unwrap();
+        let mut out = [f32::NAN; 6];
+        p.matmul(&mut out, &[], 2).unwrap();
+        assert_eq!(out, [0.0; 6]);
+        let p = packed(&w, isa).unwrap();
+        p.matmul(&mut [], &[], 0).unwrap();
+    }
+}
+
+/// Extreme values within the format: every nibble 15 (or Q8_0 quant -128 / 127) against
+/// activation blocks quantised to all +127 or all -127, the largest integer block sums
+/// (the i16 bound of the AVX2 kernels); the SIMD kernels must still give the scalar bits,
+/// and the scalar kernel the exact sum.
+#[test]
+fn packed_extreme_values() {
+    let (rows, cols, n) = (19usize, 64usize, 4usize);
+    // Token t: constant blocks of +v or -v, so every activation quantises to +-127.
+    let x: Vec<f32> = (0..n * cols).map(|i| if (i / 32 + i / cols) % 2 == 0 { 0.75 } else { -0.75 }).collect();
+    let one = f16::from_f32(1.0).to_bits().to_le_bytes();
+    for ty in PACKED {
+        let bb = ty.block_bytes();
+        let mut data = vec![0u8; rows * ty.bytes_for(cols).unwrap()];
+        for (i, blk) in data.chunks_exact_mut(bb).enumerate() {
+            blk[0..2].copy_from_slice(&one);
+            match ty {
+                GgmlType::Q4_1 => {
+                    blk[2..4].copy_from_slice(&one);
+                    blk[4..].fill(0xFF);
+                }
+                GgmlType::Q4_0 => blk[2..].fill(0xFF),
+                _ => blk[2..].fill(if i % 2 == 0 { 0x80 } else { 0x7F }),
+            }
+        }
+        let w = Weight::new(ty, rows, cols, &data).unwrap();
+        let slow = packed(&w, Isa::scalar()).unwrap();
+        let mut want = vec![0.0f32; n * rows];
+        slow.matmul(&mut want, &x, n).unwrap();
+        // Exact: x quantises to +-127 with d = 0.75 / 127 (f16-rounded); the weights are
+        // 15 (Q4_1: 15 + 1; Q4_0: 15 - 8) or -128 / 127 in every row.
+        let d = f16::from_f32(0.75 / 127.0).to_f32() as f64;
+        for t in 0..n {
+            for r in 0..rows {
+                let mut exact = 0.0f64;
+                for b in 0..cols / 32 {
+                    let sign = if (b + t) % 2 == 0 { 1.0 } else { -1.0 };
+                    let wv = match ty {
+                        GgmlType::Q4_1 => 16.0,
+                        GgmlType::Q4_0 => 7.0,
+                        _ => {
+                            if (r * (cols / 32) + b) % 2 == 0 {
+                                -128.0
+                            } else {
+                                127.0
+                            }
+                        }
+                    };
+                    exact += sign * 32.0 * 127.0 * d * wv;
+                }
+                let got = want[t * rows + r] as f64;
+                assert!((got - exact).abs() <= 1e-3 * exact.abs().max(1.0), "{ty} t={t} r={r}: {got} vs exact {exact}");
+            }
+        }
+        for isa in [Isa::avx2(), Isa::vnni()].into_iter().flatten() {
+            let fast = packed(&w, isa).unwrap();
+            let mut got = vec![0.0f32; n * rows];
+            fast.matmul(&mut got, &x, n).unwrap();
+            assert!(
+                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} {ty}: {got:?} vs scalar {want:?}",
+                isa.name()
+            );
+        }
+    }
+}
+
+/// Packing parts stacked row-wise is packing their concatenation.
+#[test]
+fn packed_parts_equal_the_concatenation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for ty in PACKED {
+        let (a, b) = (random_weight(ty, 21, 96, &mut rng), random_weight(ty, 8, 96, &mut rng));
+        let (wa, wb) = (Weight::new(ty, 21, 96, &a).unwrap(), Weight::new(ty, 8, 96, &b).unwrap());
+        let joined: Vec<u8> = a.iter().chain(&b).copied().collect();
+        let wj = Weight::new(ty, 29, 96, &joined).unwrap();
+        let x = random_x(5, 96, &mut rng);
+        let (mut p, mut q) = (vec![0.0f32; 5 * 29], vec![0.0f32; 5 * 29]);
+        PackedWeight::pack_parts(&[wa, wb], Isa::best()).unwrap().unwrap().matmul(&mut p, &x, 5).unwrap();
+        packed(&wj, Isa::best()).unwrap().matmul(&mut q, &x, 5).unwrap();
+        assert!(p.iter().zip(&q).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty}");
+    }
 }

@@ -10,6 +10,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use tessera_kernels::cpu::matmul::Isa;
+use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::cpu::{activation, attention, attention_f16, matmul, norm, par, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
@@ -58,50 +60,90 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
-/// Weights whose outputs are computed together: one stacked matrix when the parts share
-/// a type (one pass over the input, one activation quantisation), else the parts.
-enum Stacked {
-    /// `[sum of the parts' rows, hidden]`; the parts' row counts.
-    Fused(Linear, Vec<usize>),
-    Separate(Vec<Linear>),
+/// Weights whose outputs are computed together (q/k/v, gate/up): one pass over the input
+/// and one activation quantisation for all of them when the parts share a type.
+struct Stacked {
+    /// The parts (views into the model file, or shards of them).
+    parts: Vec<Linear>,
+    /// How the parts are multiplied.
+    joint: Joint,
+}
+
+enum Joint {
+    /// The parts packed as one stacked matrix (`cpu::packed`), built straight from them.
+    Packed(Arc<PackedWeight>),
+    /// A row-major copy of the stacked parts, `[sum of the parts' rows, hidden]`.
+    Fused(Linear),
+    /// One matmul per part (types differ; each part may be packed on its own).
+    Separate,
 }
 
 impl Stacked {
+    /// The parts, not yet joined: [`Stacked::set_packed`] (which loading calls) forms the
+    /// joint matrix.
     fn new(parts: Vec<Linear>) -> Self {
-        let refs: Vec<&Linear> = parts.iter().collect();
-        match Linear::fuse(&refs) {
-            Some(f) => Stacked::Fused(f, parts.iter().map(|p| p.rows).collect()),
-            None => Stacked::Separate(parts),
-        }
+        Stacked { parts, joint: Joint::Separate }
     }
 
-    /// The matrices this holds.
-    fn linears_mut(&mut self) -> Vec<&mut Linear> {
-        match self {
-            Stacked::Fused(w, _) => vec![w],
-            Stacked::Separate(parts) => parts.iter_mut().collect(),
+    /// See [`LlamaModel::set_packed_kernels`]. Packed (where this CPU has a SIMD kernel
+    /// for the parts' shared type), the joint matrix is packed straight from the parts and
+    /// no row-major copy is kept; otherwise the row-major copy of the stack when the parts
+    /// share a type, else each part on its own (packed if it can be).
+    fn set_packed(&mut self, on: bool) -> Result<(), WorkerError> {
+        for p in &mut self.parts {
+            p.pack(false)?;
         }
+        let weights: Vec<_> = self.parts.iter().map(|p| p.weight()).collect();
+        let Some(first) = weights.first() else { return Ok(()) };
+        let same = weights.iter().all(|w| w.ty == first.ty && w.cols == first.cols);
+        if on && same && PackedWeight::has_simd_kernel(Isa::best(), first.ty) {
+            if let Some(p) = PackedWeight::pack_parts(&weights, Isa::best())? {
+                self.joint = Joint::Packed(Arc::new(p));
+                return Ok(());
+            }
+        }
+        if !matches!(self.joint, Joint::Fused(_)) {
+            let refs: Vec<&Linear> = self.parts.iter().collect();
+            self.joint = Linear::fuse(&refs).map_or(Joint::Separate, Joint::Fused);
+        }
+        if on && matches!(self.joint, Joint::Separate) {
+            for p in &mut self.parts {
+                p.pack(true)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn is_packed(&self) -> bool {
+        matches!(self.joint, Joint::Packed(_)) || self.parts.iter().any(Linear::is_packed)
     }
 
     /// `x` is `[n, cols]`; writes part `i`'s output `[n, rows_i]` into `outs[i]`.
-    /// `scratch` holds the fused output.
+    /// `scratch` holds the joint output.
     fn forward(&self, x: &[f32], n: usize, outs: &mut [&mut [f32]], scratch: &mut Vec<f32>) -> Result<(), WorkerError> {
-        match self {
-            Stacked::Separate(parts) => {
-                for (w, out) in parts.iter().zip(outs.iter_mut()) {
+        let total: usize = self.parts.iter().map(|p| p.rows).sum();
+        match &self.joint {
+            Joint::Separate => {
+                for (w, out) in self.parts.iter().zip(outs.iter_mut()) {
                     w.matmul(out, x, n)?;
                 }
+                return Ok(());
             }
-            Stacked::Fused(w, rows) => {
-                scratch.resize(n * w.rows, 0.0);
+            Joint::Packed(p) => {
+                scratch.resize(n * total, 0.0);
+                p.matmul(scratch, x, n)?;
+            }
+            Joint::Fused(w) => {
+                scratch.resize(n * total, 0.0);
                 w.matmul(scratch, x, n)?;
-                for (t, row) in scratch.chunks_exact(w.rows).enumerate() {
-                    let mut c0 = 0;
-                    for (out, &r) in outs.iter_mut().zip(rows) {
-                        out[t * r..(t + 1) * r].copy_from_slice(&row[c0..c0 + r]);
-                        c0 += r;
-                    }
-                }
+            }
+        }
+        for (t, row) in scratch.chunks_exact(total).enumerate() {
+            let mut c0 = 0;
+            for (out, p) in outs.iter_mut().zip(&self.parts) {
+                let r = p.rows;
+                out[t * r..(t + 1) * r].copy_from_slice(&row[c0..c0 + r]);
+                c0 += r;
             }
         }
         Ok(())
@@ -223,23 +265,23 @@ impl LlamaModel {
     /// their outputs differ in the last bits. On by default (`TESSERA_CPU_PACKED=0` turns
     /// it off); packing copies the weights of those types once (the file's stay mapped).
     pub fn set_packed_kernels(&mut self, on: bool) -> Result<(), WorkerError> {
-        self.lm_head.pack(on)?;
+        // Only the last pipeline stage multiplies by the LM head.
+        self.lm_head.pack(on && self.shard.is_last_stage())?;
         for layer in &mut self.layers {
-            let (sa, mlp) = (&mut layer.self_attn, &mut layer.mlp);
-            let mut all = sa.qkv_proj.linears_mut();
-            all.extend(mlp.gate_up_proj.linears_mut());
-            all.push(&mut sa.o_proj);
-            all.push(&mut mlp.down_proj);
-            for w in all {
-                w.pack(on)?;
-            }
+            layer.self_attn.qkv_proj.set_packed(on)?;
+            layer.mlp.gate_up_proj.set_packed(on)?;
+            layer.self_attn.o_proj.pack(on)?;
+            layer.mlp.down_proj.pack(on)?;
         }
         Ok(())
     }
 
     /// Whether any matmul takes the packed kernels (see [`LlamaModel::set_packed_kernels`]).
     pub fn packed_kernels(&self) -> bool {
-        self.lm_head.is_packed() || self.layers.iter().any(|l| l.mlp.down_proj.is_packed())
+        self.lm_head.is_packed()
+            || self.layers.iter().any(|l| {
+                l.mlp.down_proj.is_packed() || l.self_attn.o_proj.is_packed() || l.mlp.gate_up_proj.is_packed()
+            })
     }
 
     /// Bytes of KV one block of `block_size` positions takes for this shard.

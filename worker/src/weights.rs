@@ -76,18 +76,21 @@ impl Linear {
     /// when this weight has a packed copy, else the row-major ones.
     pub fn matmul(&self, out: &mut [f32], x: &[f32], n: usize) -> Result<(), WorkerError> {
         match &self.packed {
-            Some(p) => p.matmul(out, x, n)?,
+            Some(p) => {
+                debug_assert!(p.rows() == self.rows && p.cols() == self.cols && p.ty() == self.ty);
+                p.matmul(out, x, n)?
+            }
             None => matmul::matmul(out, x, n, &self.weight())?,
         }
         Ok(())
     }
 
     /// With `on`, makes the packed copy for this CPU's kernels (kept if there is one; a
-    /// no-op for types without packed kernels); without, drops it.
+    /// no-op where this CPU has no SIMD packed kernel for the type); without, drops it.
     pub fn pack(&mut self, on: bool) -> Result<(), WorkerError> {
         if !on {
             self.packed = None;
-        } else if self.packed.is_none() {
+        } else if self.packed.is_none() && PackedWeight::has_simd_kernel(Isa::best(), self.ty) {
             self.packed = PackedWeight::pack(&self.weight(), Isa::best())?.map(Arc::new);
         }
         Ok(())

@@ -56,9 +56,10 @@ const CLEAR_MARGIN: f64 = 0.5;
 /// What a run must reach. The row-major kernels round as llama.cpp does (the strict
 /// bounds of issue 2). The packed kernels (`cpu::packed`, the default) sum each block in
 /// another order, so near-ties fall either way as they do between two llama.cpp builds
-/// (flash attention on vs off: 6 of 12 equal); measured on this fixture (2026-12-01):
-/// 98.31% top-1 (755/768), 8 of 12 equal, mean |logprob - llama.cpp| 0.097, every
-/// divergence at a llama.cpp margin under 0.16 nats.
+/// (flash attention on vs off: 6 of 12 equal); measured on this fixture (2026-12-01, the
+/// same with the LM head packed or not): 98.31% top-1 (755/768), 8 of 12 equal, mean
+/// |logprob - llama.cpp| 0.097, every divergence at a llama.cpp margin under 0.16 nats.
+/// The bounds sit just under those, so a real loss of accuracy still fails.
 struct Bounds {
     packed: bool,
     top1: f64,
@@ -67,7 +68,7 @@ struct Bounds {
 }
 
 const EXACT: Bounds = Bounds { packed: false, top1: 0.98, mean_logprob_err: 0.03, equal_prompts: 10 };
-const PACKED: Bounds = Bounds { packed: true, top1: 0.97, mean_logprob_err: 0.15, equal_prompts: 6 };
+const PACKED: Bounds = Bounds { packed: true, top1: 0.975, mean_logprob_err: 0.12, equal_prompts: 7 };
 
 /// The model (with the kernels `b` names) and its end-of-generation ids (what
 /// `ignore_eos` bans).

@@ -138,6 +138,15 @@ impl Isa {
         self.0 != IsaKind::Scalar
     }
 
+    /// Whether this set includes AVX-512F/BW/VL and VNNI (the VNNI kind checked for them).
+    pub(crate) fn has_avx512vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.0 == IsaKind::Vnni {
+            return true;
+        }
+        false
+    }
+
     /// Whether this set includes AVX-512F/VL (the VNNI kind checked for them).
     pub(crate) fn has_avx512vl(self) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -296,14 +305,24 @@ fn task_bytes() -> usize {
     })
 }
 
+/// How a call over `units` units of work (weight rows, or packed groups of rows) of
+/// `unit_bytes` weight bytes each, for `n` tokens, is split: (whether it stays on this
+/// thread, units per task).
+pub(crate) fn split_plan(units: usize, unit_bytes: usize, n: usize) -> (bool, usize) {
+    let threads = rayon::current_num_threads();
+    let work = units.saturating_mul(unit_bytes).saturating_mul(n);
+    let min_work = if rayon::current_thread_index().is_some() { PAR_MIN_WORK_IN_POOL } else { PAR_MIN_WORK_OUTSIDE };
+    if threads <= 1 || work < min_work {
+        (true, units.max(1))
+    } else {
+        (false, chunk_rows(units, unit_bytes, n, threads))
+    }
+}
+
 /// Drives `kernel` over all (row, token) pairs. `out`: `[n, rows]`; lengths checked.
 fn run<A: Sync>(out: &mut [f32], n: usize, w: &Weight, row_bytes: usize, acts: &A, kernel: Kernel<A>) {
-    let threads = rayon::current_num_threads();
-    let work = w.data.len().saturating_mul(n);
-    let min_work = if rayon::current_thread_index().is_some() { PAR_MIN_WORK_IN_POOL } else { PAR_MIN_WORK_OUTSIDE };
-    let serial = threads <= 1 || work < min_work;
     let rows = w.rows;
-    let rows_per = if serial { rows } else { chunk_rows(rows, row_bytes, n, threads) };
+    let (serial, rows_per) = split_plan(rows, row_bytes, n);
     let tasks = rows.div_ceil(rows_per);
     if n == 1 {
         // `[1, rows]` and `[rows, 1]` are the same layout: each task writes its rows in place.

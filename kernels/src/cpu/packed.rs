@@ -28,8 +28,9 @@
 //! bits differ from the row-major kernels' (another f32 summation order); a model runs
 //! all its matmuls of one weight on one of the two, so it stays batch invariant.
 
-use super::matmul::{check_io, Isa};
+use super::matmul::{check_io, split_plan, Isa};
 use super::par::{self, SharedMut};
+use crate::error::check;
 use crate::quant::q8::ActsQ8;
 use crate::quant::{GgmlType, Weight};
 use crate::KernelError;
@@ -71,6 +72,11 @@ pub struct PackedWeight {
     lines: Vec<Line>,
 }
 
+/// Whether `ty` has packed kernels.
+fn packable(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
 /// Bytes of quant data in a record of `ty`.
 fn quant_bytes(ty: GgmlType) -> usize {
     if ty == GgmlType::Q8_0 {
@@ -81,34 +87,56 @@ fn quant_bytes(ty: GgmlType) -> usize {
 }
 
 impl PackedWeight {
-    /// Packs `w` for `isa`, or `None` when `isa` has no packed kernel for its type: the
-    /// AVX-512 VNNI set takes Q4_0, Q4_1 and Q8_0, AVX2 Q4_0 and Q4_1, and the scalar
-    /// set (a reference for tests, slower than the row-major scalar kernels) all three.
+    /// Packs `w` for `isa`, or `None` when `isa` has no packed kernel for its type: every
+    /// set takes Q4_0, Q4_1 and Q8_0 (the scalar one is a reference for tests, slower than
+    /// the row-major scalar kernels: see [`PackedWeight::has_simd_kernel`]).
     pub fn pack(w: &Weight, isa: Isa) -> Result<Option<Self>, KernelError> {
-        let row_bytes = w.check("PackedWeight::pack")?;
-        let q4 = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1);
-        if !q4 && w.ty != GgmlType::Q8_0 {
+        Self::pack_parts(std::slice::from_ref(w), isa)
+    }
+
+    /// Whether `isa` multiplies packed `ty` weights with SIMD kernels (faster than the
+    /// row-major ones): AVX2 or AVX-512 VNNI, and Q4_0, Q4_1 or Q8_0.
+    pub fn has_simd_kernel(isa: Isa, ty: GgmlType) -> bool {
+        packable(ty) && isa.packed_path() != Path::Scalar
+    }
+
+    /// The matrices `parts` stacked row-wise (one `[Σ rows, cols]` weight, e.g. the q, k
+    /// and v projections), packed for `isa` without first copying them into one buffer;
+    /// `None` when the type has no packed kernel. The parts must share type and columns.
+    pub fn pack_parts(parts: &[Weight], isa: Isa) -> Result<Option<Self>, KernelError> {
+        const OP: &str = "PackedWeight::pack";
+        let Some(first) = parts.first() else {
+            return Err(KernelError::Shape { op: OP, detail: "no matrices to pack".into() });
+        };
+        let (ty, cols) = (first.ty, first.cols);
+        let (mut rows, mut n_rows): (Vec<&[u8]>, usize) = (Vec::new(), 0);
+        for w in parts {
+            let row_bytes = w.check(OP)?;
+            check(w.ty == ty && w.cols == cols, OP, || {
+                format!("parts of {ty} x {cols} and {} x {} columns", w.ty, w.cols)
+            })?;
+            if row_bytes > 0 {
+                rows.extend(w.data.chunks_exact(row_bytes));
+            }
+            n_rows += w.rows;
+        }
+        if !packable(ty) {
             return Ok(None);
         }
         let path = isa.packed_path();
-        #[cfg(target_arch = "x86_64")]
-        if path == Path::Avx2 && !q4 {
-            return Ok(None);
-        }
-        let (nb, groups) = (w.cols / 32, w.rows.div_ceil(GROUP));
-        let rec = quant_bytes(w.ty) + 64;
+        let (nb, groups) = (cols / 32, n_rows.div_ceil(GROUP));
+        let rec = quant_bytes(ty) + 64;
         let mut lines = vec![Line([0; 64]); groups * nb * rec / 64];
+        let packed = |lines| PackedWeight { ty, rows: n_rows, cols, path, rec, lines };
         if lines.is_empty() {
-            return Ok(Some(PackedWeight { ty: w.ty, rows: w.rows, cols: w.cols, path, rec, lines }));
+            return Ok(Some(packed(lines)));
         }
-        let (block, qb, ty) = (w.ty.block_bytes(), quant_bytes(w.ty), w.ty);
+        let (block, qb) = (ty.block_bytes(), quant_bytes(ty));
         // One task per group of rows (the engine packs every layer at load).
         par::for_each_chunk_mut(&mut lines, nb * rec / 64, |g, group| {
             // SAFETY: `Line` is 64 plain bytes; the view covers exactly this group's lines.
             let bytes = unsafe { std::slice::from_raw_parts_mut(group.as_mut_ptr() as *mut u8, group.len() * 64) };
-            let first = g * GROUP;
-            let rows = &w.data[first * row_bytes..(first + GROUP).min(w.rows) * row_bytes];
-            for (lane, row) in rows.chunks_exact(row_bytes).enumerate() {
+            for (lane, row) in rows.iter().skip(g * GROUP).take(GROUP).enumerate() {
                 for (b, blk) in row.chunks_exact(block).enumerate() {
                     let out = &mut bytes[b * rec..(b + 1) * rec];
                     out[qb + 2 * lane..qb + 2 * lane + 2].copy_from_slice(&blk[0..2]);
@@ -130,7 +158,7 @@ impl PackedWeight {
                 }
             }
         });
-        Ok(Some(PackedWeight { ty: w.ty, rows: w.rows, cols: w.cols, path, rec, lines }))
+        Ok(Some(packed(lines)))
     }
 
     pub fn ty(&self) -> GgmlType {
@@ -174,16 +202,7 @@ impl PackedWeight {
     fn run(&self, out: &mut [f32], n: usize, a: &Acts) {
         let groups = self.rows.div_ceil(GROUP);
         let group_bytes = self.rec * a.nb;
-        let threads = rayon::current_num_threads();
-        let work = group_bytes * groups * n;
-        let serial = threads <= 1 || work < 64 * 1024;
-        let per = if serial {
-            groups
-        } else {
-            let by_balance = groups.div_ceil(threads * 4);
-            let by_size = ((32 * 1024) / (group_bytes * n).max(1)).max(1);
-            by_balance.max(by_size).min(groups)
-        };
+        let (serial, per) = split_plan(groups, group_bytes, n);
         let base = SharedMut::new(out);
         let rows = self.rows;
         let task = |i: usize| {
@@ -246,7 +265,7 @@ impl Isa {
     fn packed_path(self) -> Path {
         #[cfg(target_arch = "x86_64")]
         {
-            if self.has_avx512vl() {
+            if self.has_avx512vnni() {
                 return Path::Avx512;
             }
             if self.has_avx2() {

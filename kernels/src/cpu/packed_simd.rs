@@ -6,7 +6,7 @@
 //!
 //! AVX2's i16 sums cannot overflow: a nibble (<= 15) times an activation (|q| <= 127, the
 //! quantiser clamps) twice is at most 3,810 per `vpmaddubsw` lane, and eight chunks sum to
-//! at most 30,480 < 32,767. (Q8_0's 255 · 127 · 2 would saturate: AVX2 does not pack Q8_0.)
+//! at most 30,480 < 32,767. Q8_0 (255 · 127 · 2 would saturate) takes the sign form below.
 
 use std::arch::x86_64::*;
 
@@ -72,7 +72,7 @@ pub(super) unsafe fn avx512_tile(
 const SUB: usize = 4;
 
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `ty` is Q4_0 or Q4_1.
+/// The CPU has AVX2, FMA and F16C.
 pub(super) unsafe fn avx2_tile(
     ty: GgmlType,
     recs: &[u8],
@@ -83,7 +83,6 @@ pub(super) unsafe fn avx2_tile(
     tile: &mut [[f32; GROUP]; TILE],
 ) {
     check(ty, recs, rec, a, t0, tn);
-    assert!(ty != GgmlType::Q8_0);
     // Four tokens per pass: AVX2 has sixteen registers, eight of which hold the weights.
     for s0 in (0..tn).step_by(SUB) {
         let w = SUB.min(tn - s0);
@@ -92,6 +91,7 @@ pub(super) unsafe fn avx2_tile(
         // SAFETY: features by the caller's contract, lengths checked above.
         unsafe {
             match ty {
+                GgmlType::Q8_0 => by_width!(w, k256_q8, [], (p, rec, a, t, sub)),
                 GgmlType::Q4_1 => by_width!(w, k256, [OFF_M], (p, rec, a, t, sub)),
                 _ => by_width!(w, k256, [OFF_D8], (p, rec, a, t, sub)),
             }
@@ -204,6 +204,47 @@ unsafe fn k256<const N: usize, const OFF: u8>(
                     let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(t * nb + b)));
                     *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), sc, *f);
                     *f = _mm256_fmadd_ps(mw, _mm256_set1_ps(*s.add(t * nb + b)), *f);
+                }
+            }
+            for (t, f) in facc.iter().enumerate() {
+                _mm256_storeu_ps(tile[t].as_mut_ptr().add(8 * h), *f);
+            }
+        }
+    }
+}
+
+/// Sixteen rows (two halves of eight) × `N <= 4` tokens `t0 ..` of a Q8_0 weight: the
+/// stored `w + 128` turned back into `w` in the register, and each product formed as
+/// `|w| · (x with w's sign)` (`vpmaddubsw` wants one unsigned side); a lane pair is at
+/// most 128 · 127 · 2 = 32,512, so no i16 saturates, and each chunk widens to i32 at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k256_q8<const N: usize>(recs: *const u8, rec: usize, a: &Acts, t0: usize, tile: &mut [[f32; GROUP]]) {
+    let (nb, cols) = (a.nb, a.cols);
+    // SAFETY (the whole body): `check` bounded every read below; `tile` has `N` rows.
+    unsafe {
+        let qs = a.qs.as_ptr().add(t0 * cols);
+        let d = a.d.as_ptr().add(t0 * nb);
+        let flip = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        for h in 0..2 {
+            let mut facc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                let r = recs.add(b * rec);
+                let mut ws = [_mm256_setzero_si256(); 8];
+                for (k, wk) in ws.iter_mut().enumerate() {
+                    *wk = _mm256_xor_si256(_mm256_loadu_si256(r.add(64 * k + 32 * h) as *const __m256i), flip);
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(r.add(512 + 16 * h) as *const __m128i));
+                for (t, f) in facc.iter_mut().enumerate() {
+                    let xp = qs.add(t * cols + b * 32) as *const i32;
+                    let mut acc = _mm256_setzero_si256();
+                    for (k, &wk) in ws.iter().enumerate() {
+                        let x = _mm256_sign_epi8(_mm256_set1_epi32(xp.add(k).read_unaligned()), wk);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wk), x), ones);
+                        acc = _mm256_add_epi32(acc, p);
+                    }
+                    let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(t * nb + b)));
+                    *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), sc, *f);
                 }
             }
             for (t, f) in facc.iter().enumerate() {
