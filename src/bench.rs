@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use tessera_model::weights::ModelFiles;
+use tessera_worker::batch::{LogitsWanted, SeqChunk};
 use tessera_worker::llama::LlamaModel;
 use tessera_worker::op_profile;
 use tessera_worker::sampling::argmax;
@@ -35,6 +36,10 @@ pub struct BenchArgs {
     /// Where to run: `cpu`, or `cuda` / `cuda:N` for the GPU benchmark (bench_gpu.rs).
     #[arg(long, default_value = "cpu")]
     pub device: tessera_worker::service::DeviceChoice,
+    /// CPU: also decode this many sequences together (each after the prompt of the prefill
+    /// test), `--gen-tokens` steps of one token each: the batched decode of a served load.
+    #[arg(long, default_value_t = 0)]
+    pub cpu_batch: usize,
     /// GPU only: a random-weight model of this shape instead of a file (llama-3.1-8b,
     /// llama-3-8b-v49k, qwen3-8b, qwen3-32b, ...).
     #[arg(long)]
@@ -116,6 +121,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             tg_ops.add(took, args.gen_tokens);
         }
     }
+    let mut bg = Vec::new();
+    let mut bg_ops = OpTotals::default();
+    if args.cpu_batch > 0 && args.gen_tokens > 0 {
+        for _ in 0..reps {
+            let (rate, took) = batched_decode(&model, &prompt, args.cpu_batch, args.gen_tokens)?;
+            bg.push(rate);
+            bg_ops.add(took, args.cpu_batch * args.gen_tokens);
+        }
+    }
     let threads = rayon::current_num_threads();
     println!("| model | threads | test | tok/s |");
     println!("|---|---|---|---|");
@@ -126,16 +140,66 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !tg.is_empty() {
         println!("| {name} | {threads} | tg{} | {} |", args.gen_tokens, mean_sd(&tg));
     }
+    let batch_label = format!("tg{} x{} after pp{}", args.gen_tokens, args.cpu_batch, args.prompt_tokens);
+    if !bg.is_empty() {
+        println!("| {name} | {threads} | {batch_label} | {} |", mean_sd(&bg));
+    }
     if op_profile::enabled() {
-        for (label, ops) in
-            [(format!("pp{}", args.prompt_tokens), &pp_ops), (format!("tg{}", args.gen_tokens), &tg_ops)]
-        {
+        for (label, ops) in [
+            (format!("pp{}", args.prompt_tokens), &pp_ops),
+            (format!("tg{}", args.gen_tokens), &tg_ops),
+            (batch_label, &bg_ops),
+        ] {
             if ops.tokens > 0 {
                 println!("\n{}", op_profile::table(&label, &ops.totals, ops.wall_ns, ops.tokens));
             }
         }
     }
     Ok(())
+}
+
+/// `batch` sequences, each prefilled with `prompt` (untimed), then `steps` decode steps
+/// of all of them in one forward pass each (greedy): aggregate tok/s and the time taken.
+fn batched_decode(
+    model: &LlamaModel,
+    prompt: &[u32],
+    batch: usize,
+    steps: usize,
+) -> Result<(f64, std::time::Duration)> {
+    const BLOCK: usize = 16;
+    let per_seq = (prompt.len() + steps + 1).div_ceil(BLOCK);
+    let mut kv = model.new_kv_cache(per_seq * batch, BLOCK);
+    let tables: Vec<Vec<u32>> =
+        (0..batch).map(|b| ((b * per_seq) as u32..((b + 1) * per_seq) as u32).collect()).collect();
+    let vocab = model.config.vocab_size;
+    let mut next = vec![prompt.first().copied().unwrap_or(1); batch];
+    for (b, table) in tables.iter().enumerate() {
+        if !prompt.is_empty() {
+            let chunk = SeqChunk { tokens: prompt, first_pos: 0, block_table: table, logits: LogitsWanted::Last };
+            next[b] = argmax(&model.forward(std::slice::from_ref(&chunk), &mut kv)?.data[..vocab]);
+        }
+    }
+    op_profile::take(); // the prefills are not part of this test
+    let t = Instant::now();
+    for step in 0..steps {
+        let toks = next.clone();
+        let chunks: Vec<SeqChunk> = toks
+            .iter()
+            .zip(&tables)
+            .map(|(tok, table)| SeqChunk {
+                tokens: std::slice::from_ref(tok),
+                first_pos: prompt.len() + step,
+                block_table: table,
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let logits = model.forward(&chunks, &mut kv)?;
+        for (b, n) in next.iter_mut().enumerate() {
+            *n = argmax(logits.chunk(b));
+        }
+    }
+    let took = t.elapsed();
+    Ok(((batch * steps) as f64 / took.as_secs_f64(), took))
 }
 
 /// One test's per-op totals over its repetitions (see `op_profile`).

@@ -37,6 +37,9 @@ echo "== matmul_bench --packed"
 THREADS="1 16" "$BIN/matmul_bench" --packed | sed 's/^/  /'
 echo "== tessera bench: row-major vs packed"
 ROUNDS=${ROUNDS:-2} THREAD_LIST=16 BIN=$BIN bash bench/gpu/cpu_ab.sh "rowmajor=TESSERA_CPU_PACKED=0" "packed=TESSERA_CPU_PACKED=1"
+echo "== tessera bench: 16 sequences decoding together, per-op profile"
+CUDA_VISIBLE_DEVICES= TESSERA_CPU_OP_PROFILE=1 "$BIN/tessera" bench --model "${MODEL:-/tmp/smollm2.gguf}" --threads 16 \
+    --prompt-tokens 128 --gen-tokens 64 --repetitions 2 --cpu-batch 16 2>&1 | grep -E '^\|' | sed 's/^/  /'
 [[ ${SKIP_SERVE:-0} == 1 ]] && exit 0
 OUT=${OUT:-/tmp} DURATION=${DURATION:-15} BIN=$BIN bash bench/gpu/llama_cpp.sh cpuserve
 THREAD_LIST="1 16" OUT=${OUT:-/tmp} BIN=$BIN bash bench/gpu/llama_cpp.sh cpubench

@@ -165,11 +165,17 @@ if [[ " $* " == *" cpuserve "* ]]; then
     CUDA_VISIBLE_DEVICES= "$BIN/tessera" serve --model $M --port 8127 --threads "$T" \
         --coordinator-args="--max-num-seqs 32 --max-num-batched-tokens 512" >/tmp/serve-cpu.log 2>&1 & p=$!
     ready http://127.0.0.1:8127/ready
+    # Where each point's steps went (bench/step_breakdown.py, the coordinator's histograms).
+    C=$(grep -o "tessera coordinator admin on \S*" /tmp/serve-cpu.log | awk '{print $5}')
     H=--header
     for c in 1 16; do
+        python3 bench/step_breakdown.py "http://$C/metrics" --save /tmp/steps.json
         python3 bench/loadgen.py --url http://127.0.0.1:8127 --concurrency $c --duration "$D" --prompt-tokens 128 \
             --max-tokens 128 --ignore-eos --label "tessera cpu c=$c" $H | tee -a "$LOG/cpu-serve.log"
         H=
+        echo "  steps | count | step ms | coordinator ms | worker ms | between ms | tokens | seqs" >>"$LOG/cpu-serve.log"
+        python3 bench/step_breakdown.py "http://$C/metrics" --since /tmp/steps.json --label "  c=$c" \
+            | tee -a "$LOG/cpu-serve.log"
     done
     kill $p; wait $p 2>/dev/null
     CUDA_VISIBLE_DEVICES= "$CPUB/bin/llama-server" -m $M --host 127.0.0.1 --port 8128 -t "$T" -np 16 -c $((16 * 512)) \
