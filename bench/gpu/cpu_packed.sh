@@ -4,7 +4,8 @@
 # kernel, batch invariance, the references), `matmul_bench --packed` at 1 and 16 threads,
 # `tessera bench` with the row-major against the packed kernels (cpu_ab.sh), then the
 # served comparison with llama-server (llama_cpp.sh cpuserve, which builds llama.cpp for
-# this CPU first) and llama-bench at 1 and 16 threads (cpubench).
+# this CPU first) and llama-bench at 1 and 16 threads (cpubench). SKIP_AB=1 leaves out the
+# matmul_bench and row-major/packed steps, SKIP_SERVE=1 everything after the batched bench.
 # Carried: .gpu2/{tessera,matmul,matmul_bench}.xz (here: `bash bench/gpu/cpu_packed.sh
 # prepare`) and .gpullama; /tmp/smollm2.gguf assembled from the halves of run.sh prepare.
 set -uo pipefail
@@ -33,13 +34,22 @@ for f in tessera matmul matmul_bench; do xz -dc ".gpu2/$f.xz" > "$BIN/$f" && chm
 echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
 echo "== kernel tests (matmul)"
 "$BIN/matmul" --test-threads 4 2>&1 | grep -E '^test |test result|bit-equal|packed ' | sed 's/^/  /'
-echo "== matmul_bench --packed"
-THREADS="1 16" "$BIN/matmul_bench" --packed | sed 's/^/  /'
-echo "== tessera bench: row-major vs packed"
-ROUNDS=${ROUNDS:-2} THREAD_LIST=16 BIN=$BIN bash bench/gpu/cpu_ab.sh "rowmajor=TESSERA_CPU_PACKED=0" "packed=TESSERA_CPU_PACKED=1"
+if [[ ${SKIP_AB:-0} != 1 ]]; then
+    echo "== matmul_bench --packed"
+    THREADS="1 16" "$BIN/matmul_bench" --packed | sed 's/^/  /'
+    echo "== tessera bench: row-major vs packed"
+    ROUNDS=${ROUNDS:-2} THREAD_LIST=16 BIN=$BIN bash bench/gpu/cpu_ab.sh "rowmajor=TESSERA_CPU_PACKED=0" "packed=TESSERA_CPU_PACKED=1"
+fi
 echo "== tessera bench: 16 sequences decoding together, per-op profile"
 CUDA_VISIBLE_DEVICES= TESSERA_CPU_OP_PROFILE=1 "$BIN/tessera" bench --model "${MODEL:-/tmp/smollm2.gguf}" --threads 16 \
     --prompt-tokens 128 --gen-tokens 64 --repetitions 2 --cpu-batch 16 2>&1 | grep -E '^\|' | sed 's/^/  /'
 [[ ${SKIP_SERVE:-0} == 1 ]] && exit 0
 OUT=${OUT:-/tmp} DURATION=${DURATION:-15} BIN=$BIN bash bench/gpu/llama_cpp.sh cpuserve
+# An earlier build carried as .gpu2/tessera-old.xz: served the same way, right after.
+if [[ -f .gpu2/tessera-old.xz ]]; then
+    echo "== the same load on the earlier binary (.gpu2/tessera-old.xz)" | tee -a "${OUT:-/tmp}/cpu-serve.log"
+    cp "$BIN/tessera" "$BIN/tessera-new" && xz -dc .gpu2/tessera-old.xz > "$BIN/tessera"
+    OUT=${OUT:-/tmp} DURATION=${DURATION:-15} SKIP_LLAMA_SERVER=1 bash bench/gpu/llama_cpp.sh cpuserve
+    mv "$BIN/tessera-new" "$BIN/tessera"
+fi
 THREAD_LIST="1 16" OUT=${OUT:-/tmp} BIN=$BIN bash bench/gpu/llama_cpp.sh cpubench

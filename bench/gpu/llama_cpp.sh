@@ -178,6 +178,8 @@ if [[ " $* " == *" cpuserve "* ]]; then
             | tee -a "$LOG/cpu-serve.log"
     done
     kill $p; wait $p 2>/dev/null
+    # SKIP_LLAMA_SERVER=1: tessera only (an A/B of two tessera binaries in one call).
+    [[ ${SKIP_LLAMA_SERVER:-0} == 1 ]] && exit 0
     CUDA_VISIBLE_DEVICES= "$CPUB/bin/llama-server" -m $M --host 127.0.0.1 --port 8128 -t "$T" -np 16 -c $((16 * 512)) \
         >/tmp/serve-lcpu.log 2>&1 & p=$!
     ready http://127.0.0.1:8128/health

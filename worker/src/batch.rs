@@ -58,6 +58,24 @@ impl Logits {
         let (start, rows) = self.spans[i];
         &mut self.data[start * self.vocab..(start + rows) * self.vocab]
     }
+
+    /// Every chunk's logit rows at once (as [`Logits::chunk_mut`] gives them one at a
+    /// time); the spans are consecutive, in chunk order. Empty for a chunk past the data.
+    pub fn rows_mut(&mut self) -> Vec<&mut [f32]> {
+        let mut out = Vec::with_capacity(self.spans.len());
+        let mut rest: &mut [f32] = &mut self.data;
+        let mut at = 0;
+        for &(start, rows) in &self.spans {
+            let skip = start.saturating_sub(at).saturating_mul(self.vocab).min(rest.len());
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+            let len = rows.saturating_mul(self.vocab).min(tail.len());
+            let (chunk, tail) = tail.split_at_mut(len);
+            out.push(chunk);
+            rest = tail;
+            at = start.max(at) + rows;
+        }
+        out
+    }
 }
 
 /// Rejects a batch that would index outside the vocabulary or the KV cache: every

@@ -10,15 +10,17 @@
 //! constrained sampled rows spawns nothing.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use tessera_kernels::cpu::par;
+
 use crate::backend::Backend;
-use crate::batch::{LogitsWanted, SeqChunk};
+use crate::batch::{Logits, LogitsWanted, SeqChunk};
 use crate::constrained::{apply_mask, compute_masks, Grammars, MaskJob, SeqGrammar};
 use crate::cuda::RowRequest;
 use crate::error::WorkerError;
-use crate::sampling::{Sampled, Sampler, SamplingParams};
+use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
 
 /// A sequence the executor has not seen before.
 #[derive(Debug, Clone)]
@@ -273,31 +275,36 @@ impl Executor {
         let t1 = Instant::now();
         let mut sampled = Vec::new();
         let mut errors = Vec::new();
+        // History covers exactly the positions now in the cache.
+        let mut picks = Vec::new();
         for (i, r) in input.runs.iter().enumerate() {
             let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
-            // History covers exactly the positions now in the cache.
             st.history.truncate(r.first_pos);
             st.history.extend_from_slice(&r.tokens);
-            if !r.sample || !samples {
-                continue;
+            if r.sample && samples {
+                picks.push(i);
             }
-            // Unconstrained batches skip both lookups.
-            let mask = if masks.is_empty() { None } else { masks.remove(&i) };
-            let drawn = match (&mut logits, &mut gpu_sampled) {
-                (Some(l), _) => {
-                    let row = l.chunk_mut(i);
-                    if let Some(Some(m)) = &mask {
-                        apply_mask(row, m);
-                    }
-                    st.sampler.sample(row, &st.history)
-                }
-                (None, Some(g)) => {
+        }
+        let draws: Vec<Result<Sampled, SamplingError>> = match (&mut logits, &mut gpu_sampled) {
+            (Some(l), _) => draw_rows(&mut self.seqs, l, &input.runs, &picks, &mut masks)?,
+            (None, Some(g)) => {
+                let mut out = Vec::with_capacity(picks.len());
+                for &i in &picks {
+                    let st = self.seqs.get_mut(&input.runs[i].seq_id).ok_or_else(|| unknown(input.runs[i].seq_id))?;
                     let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
                     st.sampler.note_external_draw();
-                    s
+                    out.push(s);
                 }
-                (None, None) => return Err(WorkerError::InvalidBatch("no logits were computed".into())),
-            };
+                out
+            }
+            (None, None) if !picks.is_empty() => {
+                return Err(WorkerError::InvalidBatch("no logits were computed".into()));
+            }
+            (None, None) => Vec::new(),
+        };
+        for (&i, drawn) in picks.iter().zip(draws) {
+            let r = &input.runs[i];
+            let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             // A sequence whose logits cannot be sampled (every token banned, say) fails
             // alone, as a failed grammar does; the batch goes on.
             let s = match drawn {
@@ -323,6 +330,61 @@ impl Executor {
         }
         Ok(StepOutput { sampled, errors, forward_us, sample_us: t1.elapsed().as_micros() as u64 })
     }
+}
+
+/// The draws of the runs `picks` (indices into `runs`) from their logit rows, after their
+/// grammar masks: the sequences in parallel when there are several (each sampler and row
+/// belongs to one sequence; a greedy draw is a few passes over the vocabulary, ~16
+/// sequences' worth of which held up a CPU step's other threads), in `picks`' order.
+fn draw_rows(
+    seqs: &mut HashMap<u64, SeqState>,
+    logits: &mut Logits,
+    runs: &[Run],
+    picks: &[usize],
+    masks: &mut HashMap<usize, Option<Vec<u32>>>,
+) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
+    let mut rows: Vec<Option<&mut [f32]>> = logits.rows_mut().into_iter().map(Some).collect();
+    let at: HashMap<u64, usize> = picks.iter().enumerate().map(|(j, &i)| (runs[i].seq_id, j)).collect();
+    let mut states: Vec<Option<&mut SeqState>> = (0..picks.len()).map(|_| None).collect();
+    for (id, st) in seqs.iter_mut() {
+        if let Some(&j) = at.get(id) {
+            states[j] = Some(st);
+        }
+    }
+    let mut jobs = Vec::with_capacity(picks.len());
+    for (j, &i) in picks.iter().enumerate() {
+        // A sequence sampled twice in one step (not sent by the coordinator) has one state.
+        let st = states[j].take().ok_or_else(|| {
+            WorkerError::InvalidBatch(format!("sequence {} is sampled twice in one step", runs[i].seq_id))
+        })?;
+        let row = rows.get_mut(i).and_then(Option::take).ok_or_else(|| unknown(runs[i].seq_id))?;
+        let mask = if masks.is_empty() { None } else { masks.remove(&i).flatten() };
+        jobs.push(Mutex::new(Some((st, row, mask))));
+    }
+    let draws: Vec<Mutex<Option<Result<Sampled, SamplingError>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let draw = |j: usize| {
+        let job = jobs[j].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((st, row, mask)) = job {
+            if let Some(m) = &mask {
+                apply_mask(row, m);
+            }
+            let SeqState { sampler, history, .. } = st;
+            *draws[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(sampler.sample(row, history));
+        }
+    };
+    if jobs.len() > 1 {
+        par::for_each_task(jobs.len(), draw);
+    } else {
+        (0..jobs.len()).for_each(draw);
+    }
+    draws
+        .into_iter()
+        .map(|d| {
+            d.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .ok_or_else(|| WorkerError::InvalidBatch("a draw did not run".into()))
+        })
+        .collect()
 }
 
 fn unknown(id: u64) -> WorkerError {

@@ -150,8 +150,12 @@ fn has_avx2() -> bool {
     }
 }
 
-/// Below this many values quantisation stays on the calling thread.
-const PAR_MIN_VALUES: usize = 1 << 16;
+/// Below this many values quantisation stays on the calling thread: a batched decode's
+/// activations (16 tokens of 576 values) are worth splitting on many cores, where each
+/// matmul's threads would otherwise wait on one of them (`TASK_VALUES` each, at least a
+/// row).
+const PAR_MIN_VALUES: usize = 8192;
+const TASK_VALUES: usize = 2048;
 
 /// Runs `f` over the (x, qs, per-block a, per-block b) slices of groups of whole token
 /// rows, in parallel when there is enough work. `per_a`, `per_b`: entries per row.
@@ -163,10 +167,10 @@ fn split_rows<A: Send, B: Send>(
     (b, per_b): (&mut [B], usize),
     f: impl Fn(&[f32], &mut [i8], &mut [A], &mut [B]) + Sync,
 ) {
-    if x.len() < PAR_MIN_VALUES || cols == 0 {
+    if x.len() < PAR_MIN_VALUES || cols == 0 || x.len() <= cols {
         return f(x, qs, a, b);
     }
-    let rows_per = (PAR_MIN_VALUES / 4).div_ceil(cols);
+    let rows_per = TASK_VALUES.div_ceil(cols);
     let rows = x.len() / cols;
     let (qs_base, a_base, b_base) = (SharedMut::new(qs), SharedMut::new(a), SharedMut::new(b));
     par::for_each_task(rows.div_ceil(rows_per), |i| {
