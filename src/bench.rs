@@ -197,6 +197,7 @@ fn batched_decode(
         for (b, n) in next.iter_mut().enumerate() {
             *n = argmax(logits.chunk(b));
         }
+        model.recycle_logits(logits.data); // as the serving executor does
     }
     let took = t.elapsed();
     Ok(((batch * steps) as f64 / took.as_secs_f64(), took))

@@ -328,7 +328,11 @@ impl Executor {
             }
             sampled.push((r.seq_id, s));
         }
-        Ok(StepOutput { sampled, errors, forward_us, sample_us: t1.elapsed().as_micros() as u64 })
+        let sample_us = t1.elapsed().as_micros() as u64;
+        if let (Some(l), Backend::Cpu { model, .. }) = (logits, &self.backend) {
+            model.recycle_logits(l.data);
+        }
+        Ok(StepOutput { sampled, errors, forward_us, sample_us })
     }
 }
 

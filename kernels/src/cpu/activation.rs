@@ -19,6 +19,11 @@ mod swiglu_avx2;
 /// Values per parallel task; calls shorter than this stay on the calling thread.
 const CHUNK: usize = 1 << 14;
 
+/// The same for SwiGLU, whose `e^x` per value costs more than an add: a batched decode's
+/// 16 x 1536 values are worth 12 tasks on many cores (a multiple of 8, so the AVX2 body's
+/// lanes fall the same way in any split).
+const EXP_CHUNK: usize = 2048;
+
 /// `silu(x) = x * sigmoid(x) = x / (1 + e^-x)`; large negative `x` gives -0, not NaN.
 #[inline]
 pub fn silu(x: f32) -> f32 {
@@ -36,8 +41,8 @@ pub fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<(), KernelE
             *o = silu(g) * u;
         }
     };
-    if out.len() > CHUNK {
-        par::for_each_chunk_mut(out, CHUNK, |i, o| run(((o, chunk(gate, i)), chunk(up, i))));
+    if out.len() > EXP_CHUNK {
+        par::for_each_chunk_mut(out, EXP_CHUNK, |i, o| run(((o, chunk(gate, i, EXP_CHUNK)), chunk(up, i, EXP_CHUNK))));
     } else {
         run(((out, gate), up));
     }
@@ -54,8 +59,8 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError>
             *g = silu(*g) * u;
         }
     };
-    if gate.len() > CHUNK {
-        par::for_each_chunk_mut(gate, CHUNK, |i, g| run((g, chunk(up, i))));
+    if gate.len() > EXP_CHUNK {
+        par::for_each_chunk_mut(gate, EXP_CHUNK, |i, g| run((g, chunk(up, i, EXP_CHUNK))));
     } else {
         run((gate, up));
     }
@@ -89,8 +94,8 @@ pub fn silu_mul_ggml_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelE
             *g = silu_ggml(*g) * u;
         }
     };
-    if gate.len() > CHUNK {
-        par::for_each_chunk_mut(gate, CHUNK, |i, g| run((g, chunk(up, i))));
+    if gate.len() > EXP_CHUNK {
+        par::for_each_chunk_mut(gate, EXP_CHUNK, |i, g| run((g, chunk(up, i, EXP_CHUNK))));
     } else {
         run((gate, up));
     }
@@ -106,7 +111,7 @@ pub fn add_inplace(a: &mut [f32], b: &[f32]) -> Result<(), KernelError> {
         }
     };
     if a.len() > CHUNK {
-        par::for_each_chunk_mut(a, CHUNK, |i, x| run((x, chunk(b, i))));
+        par::for_each_chunk_mut(a, CHUNK, |i, x| run((x, chunk(b, i, CHUNK))));
     } else {
         run((a, b));
     }
@@ -143,8 +148,8 @@ pub fn scale_inplace(x: &mut [f32], s: f32) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// Chunk `i` of [`CHUNK`] values of `x` (the last may be shorter): the partner of chunk `i`
-/// of an output split by [`par::for_each_chunk_mut`].
-fn chunk(x: &[f32], i: usize) -> &[f32] {
-    &x[i * CHUNK..((i + 1) * CHUNK).min(x.len())]
+/// Chunk `i` of `size` values of `x` (the last may be shorter): the partner of chunk `i`
+/// of an output split by [`par::for_each_chunk_mut`] into chunks of `size`.
+fn chunk(x: &[f32], i: usize, size: usize) -> &[f32] {
+    &x[i * size..((i + 1) * size).min(x.len())]
 }

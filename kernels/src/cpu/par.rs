@@ -131,7 +131,7 @@ pub fn for_each_row_mut<T: Send>(data: &mut [T], row: usize, f: impl Fn(usize, &
 }
 
 /// Smallest task of [`for_each_row_mut`], in values.
-const ROW_TASK_VALUES: usize = 4096;
+const ROW_TASK_VALUES: usize = 1024;
 
 /// Rows of `row` values per task in [`for_each_row_mut`] (for callers that group rows
 /// themselves, e.g. to share a scratch buffer across a task's rows).

@@ -21,7 +21,7 @@ use crate::error::check;
 use crate::KernelError;
 
 /// Below this many values a call runs on the calling thread.
-const PAR_MIN_ELEMS: usize = 1 << 14;
+const PAR_MIN_ELEMS: usize = 2048;
 
 /// Which dimensions form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
