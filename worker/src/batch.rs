@@ -60,21 +60,26 @@ impl Logits {
     }
 
     /// Every chunk's logit rows at once (as [`Logits::chunk_mut`] gives them one at a
-    /// time); the spans are consecutive, in chunk order. Empty for a chunk past the data.
-    pub fn rows_mut(&mut self) -> Vec<&mut [f32]> {
+    /// time), or an error when the spans do not run back to back from row 0 over exactly
+    /// the data (every backend builds them so).
+    pub fn rows_mut(&mut self) -> Result<Vec<&mut [f32]>, String> {
+        let total: usize = self.spans.iter().map(|s| s.1).sum();
+        if total.checked_mul(self.vocab) != Some(self.data.len()) {
+            return Err(format!("{} logit values for {total} rows of {}", self.data.len(), self.vocab));
+        }
         let mut out = Vec::with_capacity(self.spans.len());
         let mut rest: &mut [f32] = &mut self.data;
         let mut at = 0;
         for &(start, rows) in &self.spans {
-            let skip = start.saturating_sub(at).saturating_mul(self.vocab).min(rest.len());
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
-            let len = rows.saturating_mul(self.vocab).min(tail.len());
-            let (chunk, tail) = tail.split_at_mut(len);
+            if start != at {
+                return Err(format!("logit rows of a chunk start at {start}, expected {at}"));
+            }
+            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(rows * self.vocab);
             out.push(chunk);
             rest = tail;
-            at = start.max(at) + rows;
+            at += rows;
         }
-        out
+        Ok(out)
     }
 }
 
@@ -141,4 +146,37 @@ pub fn validate_chunks(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Logits;
+
+    fn logits(spans: Vec<(usize, usize)>, rows: usize) -> Logits {
+        Logits { vocab: 3, data: (0..rows * 3).map(|v| v as f32).collect(), spans }
+    }
+
+    #[test]
+    fn rows_mut_gives_each_chunk_its_rows() {
+        // Chunks of 2, 0 (no logits wanted) and 1 rows.
+        let mut l = logits(vec![(0, 2), (2, 0), (2, 1)], 3);
+        let want: Vec<Vec<f32>> = (0..3).map(|i| l.chunk_mut(i).to_vec()).collect();
+        let rows = l.rows_mut().unwrap();
+        assert_eq!(rows.len(), 3);
+        for (got, want) in rows.iter().zip(&want) {
+            assert_eq!(&got[..], &want[..]);
+        }
+        assert_eq!(&rows[0][..], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!(rows[1].is_empty());
+        assert_eq!(&rows[2][..], &[6.0, 7.0, 8.0]);
+    }
+
+    #[test]
+    fn rows_mut_refuses_spans_that_do_not_cover_the_data() {
+        assert!(logits(vec![(0, 2)], 3).rows_mut().is_err(), "a row left over");
+        assert!(logits(vec![(0, 2), (2, 2)], 3).rows_mut().is_err(), "short data");
+        assert!(logits(vec![(1, 2)], 3).rows_mut().is_err(), "a gap before the first chunk");
+        assert!(logits(vec![(0, 1), (2, 1), (1, 1)], 3).rows_mut().is_err(), "out of order");
+        assert!(logits(vec![], 0).rows_mut().unwrap().is_empty());
+    }
 }

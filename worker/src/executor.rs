@@ -187,8 +187,13 @@ impl Executor {
         let mut chunks = Vec::with_capacity(input.runs.len());
         // GPU backend: what each sampled row needs, built while the histories are borrowed.
         let mut requests = Vec::new();
+        let mut sampled_ids = std::collections::HashSet::new();
         for r in &input.runs {
             let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
+            // One draw per sequence and step: a second would need the sampler twice at once.
+            if r.sample && !sampled_ids.insert(r.seq_id) {
+                return Err(WorkerError::InvalidBatch(format!("sequence {} is sampled twice in one step", r.seq_id)));
+            }
             if st.history.len() < r.first_pos {
                 return Err(WorkerError::InvalidBatch(format!(
                     "sequence {}: run starts at position {} but only {} earlier tokens are known",
@@ -347,7 +352,8 @@ fn draw_rows(
     picks: &[usize],
     masks: &mut HashMap<usize, Option<Vec<u32>>>,
 ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
-    let mut rows: Vec<Option<&mut [f32]>> = logits.rows_mut().into_iter().map(Some).collect();
+    let mut rows: Vec<Option<&mut [f32]>> =
+        logits.rows_mut().map_err(WorkerError::InvalidBatch)?.into_iter().map(Some).collect();
     let at: HashMap<u64, usize> = picks.iter().enumerate().map(|(j, &i)| (runs[i].seq_id, j)).collect();
     let mut states: Vec<Option<&mut SeqState>> = (0..picks.len()).map(|_| None).collect();
     for (id, st) in seqs.iter_mut() {
@@ -361,7 +367,10 @@ fn draw_rows(
         let st = states[j].take().ok_or_else(|| {
             WorkerError::InvalidBatch(format!("sequence {} is sampled twice in one step", runs[i].seq_id))
         })?;
-        let row = rows.get_mut(i).and_then(Option::take).ok_or_else(|| unknown(runs[i].seq_id))?;
+        let row = rows
+            .get_mut(i)
+            .and_then(Option::take)
+            .ok_or_else(|| WorkerError::InvalidBatch(format!("no logits for run {i} (sequence {})", runs[i].seq_id)))?;
         let mask = if masks.is_empty() { None } else { masks.remove(&i).flatten() };
         jobs.push(Mutex::new(Some((st, row, mask))));
     }

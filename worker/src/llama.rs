@@ -94,6 +94,9 @@ impl Stacked {
     /// no row-major copy is kept; otherwise the row-major copy of the stack when the parts
     /// share a type, else each part on its own (packed if it can be).
     fn set_packed(&mut self, on: bool) -> Result<(), WorkerError> {
+        if on && matches!(self.joint, Joint::Packed(_)) {
+            return Ok(());
+        }
         for p in &mut self.parts {
             p.pack(false)?;
         }
@@ -293,7 +296,10 @@ impl LlamaModel {
     pub fn packed_kernels(&self) -> bool {
         self.lm_head.is_packed()
             || self.layers.iter().any(|l| {
-                l.mlp.down_proj.is_packed() || l.self_attn.o_proj.is_packed() || l.mlp.gate_up_proj.is_packed()
+                l.mlp.down_proj.is_packed()
+                    || l.self_attn.o_proj.is_packed()
+                    || l.mlp.gate_up_proj.is_packed()
+                    || l.self_attn.qkv_proj.is_packed()
             })
     }
 

@@ -75,6 +75,13 @@ pub fn gather_columns(
 ) -> Result<(), WorkerError> {
     let world = tp.world();
     let part = local.len() / rows.max(1);
+    if part * rows != local.len() || out.len() != rows * part * world {
+        return Err(WorkerError::InvalidBatch(format!(
+            "gather of {} values as {rows} rows from {world} ranks into {} values",
+            local.len(),
+            out.len()
+        )));
+    }
     gathered.resize(local.len() * world, 0.0);
     tp.all_gather(local, gathered)?;
     let cols = part * world;

@@ -170,6 +170,8 @@ fn malformed_steps_are_errors_and_leave_others_working() {
     );
     assert!(ex.step(StepInput { runs: vec![run(1, 3)], ..Default::default() }).is_err(), "gap before the run");
     assert!(ex.step(StepInput { runs: vec![run(1, 7)], ..Default::default() }).is_err(), "past the block table");
+    let twice = ex.step(StepInput { runs: vec![run(1, 0), run(1, 2)], ..Default::default() });
+    assert!(twice.expect_err("one sequence sampled twice").to_string().contains("sampled twice"));
     let bad_params = NewSequence {
         seq_id: 2,
         params: SamplingParams { temperature: 9.0, ..SamplingParams::greedy() },
