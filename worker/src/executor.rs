@@ -10,7 +10,7 @@
 //! constrained sampled rows spawns nothing.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tessera_kernels::cpu::par;
@@ -361,9 +361,12 @@ fn draw_rows(
             states[j] = Some(st);
         }
     }
-    let mut jobs = Vec::with_capacity(picks.len());
+    // One job per draw: its sequence, logit row, mask and (after the draw) the result;
+    // each task takes its own job, so nothing is locked.
+    let mut jobs: Vec<Job> = Vec::with_capacity(picks.len());
     for (j, &i) in picks.iter().enumerate() {
-        // A sequence sampled twice in one step (not sent by the coordinator) has one state.
+        // A sequence sampled twice in one step is refused before the forward pass; the
+        // second run would find no state here.
         let st = states[j].take().ok_or_else(|| {
             WorkerError::InvalidBatch(format!("sequence {} is sampled twice in one step", runs[i].seq_id))
         })?;
@@ -372,33 +375,27 @@ fn draw_rows(
             .and_then(Option::take)
             .ok_or_else(|| WorkerError::InvalidBatch(format!("no logits for run {i} (sequence {})", runs[i].seq_id)))?;
         let mask = if masks.is_empty() { None } else { masks.remove(&i).flatten() };
-        jobs.push(Mutex::new(Some((st, row, mask))));
+        jobs.push((st, row, mask, None));
     }
-    let draws: Vec<Mutex<Option<Result<Sampled, SamplingError>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
-    let draw = |j: usize| {
-        let job = jobs[j].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((st, row, mask)) = job {
-            if let Some(m) = &mask {
+    let draw = |_: usize, part: &mut [Job]| {
+        for (st, row, mask, out) in part.iter_mut() {
+            if let Some(m) = mask {
                 apply_mask(row, m);
             }
-            let SeqState { sampler, history, .. } = st;
-            *draws[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(sampler.sample(row, history));
+            let SeqState { sampler, history, .. } = &mut **st;
+            *out = Some(sampler.sample(row, history));
         }
     };
     if jobs.len() > 1 {
-        par::for_each_task(jobs.len(), draw);
+        par::for_each_chunk_mut(&mut jobs, 1, draw);
     } else {
-        (0..jobs.len()).for_each(draw);
+        draw(0, &mut jobs);
     }
-    draws
-        .into_iter()
-        .map(|d| {
-            d.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .ok_or_else(|| WorkerError::InvalidBatch("a draw did not run".into()))
-        })
-        .collect()
+    jobs.into_iter().map(|job| job.3.ok_or_else(|| WorkerError::InvalidBatch("a draw did not run".into()))).collect()
 }
+
+/// A draw of [`draw_rows`]: the sequence, its logit row, its grammar mask, the result.
+type Job<'a> = (&'a mut SeqState, &'a mut [f32], Option<Vec<u32>>, Option<Result<Sampled, SamplingError>>);
 
 fn unknown(id: u64) -> WorkerError {
     WorkerError::InvalidBatch(format!("unknown sequence {id}"))
