@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use tessera_kernels::cpu::matmul::Isa;
 use tessera_kernels::cpu::packed::PackedWeight;
-use tessera_kernels::cpu::{activation, attention, attention_f16, matmul, norm, par, rope};
+use tessera_kernels::cpu::{activation, attention, attention_f16, attention_tiled, matmul, norm, par, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
 
@@ -53,6 +53,9 @@ pub struct LlamaModel {
     /// ([`LlamaModel::recycle_logits`]): a batch's `[rows, vocab]` (3 MB for 16 rows of
     /// SmolLM2) is then neither allocated nor zeroed again each step.
     spare_logits: Mutex<Vec<f32>>,
+    /// Attention by `cpu::attention_tiled` (f32 softmax, the whole batch in one call),
+    /// else by `cpu::attention_f16` (llama.cpp's rounding): set with the packed kernels.
+    fast_attention: bool,
 }
 
 struct DecoderLayer {
@@ -261,6 +264,7 @@ impl LlamaModel {
             rope_style,
             _files: w.files().clone(),
             spare_logits: Mutex::new(Vec::new()),
+            fast_attention: false,
         };
         model.set_packed_kernels(packed_by_default())?;
         Ok(model)
@@ -268,11 +272,14 @@ impl LlamaModel {
 
     /// Whether the layer and output matmuls take the packed kernels (`cpu::packed`:
     /// Q4_0/Q4_1/Q8_0 weights repacked sixteen rows side by side, about twice as fast on
-    /// AVX2 and AVX-512 VNNI) or the row-major ones, which round exactly as llama.cpp's
-    /// generic CPU dots do (`tests/llama_cpp_agreement.rs`). Both are batch invariant;
-    /// their outputs differ in the last bits. On by default (`TESSERA_CPU_PACKED=0` turns
-    /// it off); packing copies the weights of those types once (the file's stay mapped).
+    /// AVX2 and AVX-512 VNNI) and attention the tiled f32-softmax kernel
+    /// (`cpu::attention_tiled`), or the row-major matmuls and the f16-accumulator
+    /// attention, which round exactly as llama.cpp's CPU kernels do
+    /// (`tests/llama_cpp_agreement.rs`). Both are batch invariant; their outputs differ in
+    /// the last bits. On by default (`TESSERA_CPU_PACKED=0` turns it off); packing copies
+    /// the weights of those types once (the file's stay mapped).
     pub fn set_packed_kernels(&mut self, on: bool) -> Result<(), WorkerError> {
+        self.fast_attention = on;
         // Only the last pipeline stage multiplies by the LM head.
         self.lm_head.pack(on && self.shard.is_last_stage())?;
         for layer in &mut self.layers {
@@ -366,6 +373,16 @@ impl LlamaModel {
         let positions: Vec<u32> =
             chunks.iter().flat_map(|s| (s.first_pos..s.first_pos + s.tokens.len()).map(|p| p as u32)).collect();
 
+        // Each chunk as the attention kernels take it (the same for every layer).
+        let seqs: Vec<attention::SeqSlice> = chunks
+            .iter()
+            .map(|s| attention::SeqSlice {
+                block_table: s.block_table,
+                first_pos: s.first_pos,
+                n_tokens: s.tokens.len(),
+            })
+            .collect();
+
         // Residual stream, `[T, hidden]`: embedded here on the first stage, else received.
         let mut x = vec![0.0f32; t_total * h];
         if sh.is_first_stage() {
@@ -429,59 +446,26 @@ impl LlamaModel {
             // new positions; shared prefix blocks are full and never written).
             prof::time(Op::KvWrite, || {
                 let mut row = 0;
-                for s in chunks {
-                    let n = s.tokens.len();
-                    let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
+                for seq in &seqs {
+                    let n = seq.n_tokens;
                     let (kr, vr) = (&k[row * kv_dim..(row + n) * kv_dim], &v[row * kv_dim..(row + n) * kv_dim]);
-                    attention_f16::write_kv_f16(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, &seq)?;
+                    attention_f16::write_kv_f16(&cache, &mut kv.k[li], &mut kv.v[li], kr, vr, seq)?;
                     row += n;
                 }
                 Ok::<_, WorkerError>(())
             })?;
-            // Then attention: the decodes in one parallel region (one region per sequence
-            // cost more in waking threads than the work at decode batch sizes).
-            let mut outs: Vec<&mut [f32]> = Vec::with_capacity(chunks.len());
-            let mut rest: &mut [f32] = &mut attn;
-            for s in chunks {
-                let (head, tail) = rest.split_at_mut(s.tokens.len() * q_dim);
-                outs.push(head);
-                rest = tail;
-            }
-            let starts: Vec<usize> = chunks
-                .iter()
-                .scan(0, |acc, s| {
-                    let r = *acc;
-                    *acc += s.tokens.len();
-                    Some(r)
-                })
-                .collect();
             let (k_cache, v_cache) = (&kv.k[li], &kv.v[li]);
             let scale = 1.0 / (hd as f32).sqrt();
-            prof::time(Op::Attention, || {
-                let outs: Vec<Mutex<&mut [f32]>> = outs.into_iter().map(Mutex::new).collect();
-                let run = |i: usize| {
-                    let (s, r0) = (&chunks[i], starts[i]);
-                    let n = s.tokens.len();
-                    let seq = attention::SeqSlice { block_table: s.block_table, first_pos: s.first_pos, n_tokens: n };
-                    let qs = &q[r0 * q_dim..(r0 + n) * q_dim];
-                    let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
-                    attention_f16::attention_f16(&cache, k_cache, v_cache, &mut out, qs, &seq, n_heads, scale)
-                };
-                // A prefill chunk splits over its own (token, head) rows, one chunk after
-                // another; the decodes (a token each) are one task per sequence, each in
-                // place (a lone decode splits over its heads instead).
-                for i in (0..chunks.len()).filter(|&i| chunks[i].tokens.len() > 1) {
-                    run(i)?;
-                }
-                let decodes: Vec<usize> = (0..chunks.len()).filter(|&i| chunks[i].tokens.len() == 1).collect();
-                let failed = Mutex::new(None);
-                par::for_each_task(decodes.len(), |j| {
-                    if let Err(e) = run(decodes[j]) {
-                        failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-                    }
-                });
-                failed.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
-            })?;
+            if self.fast_attention {
+                // Every chunk in one call, split over (token, kv group) units.
+                prof::time(Op::Attention, || {
+                    attention_tiled::attention_tiled(&cache, k_cache, v_cache, &mut attn, &q, &seqs, n_heads, scale)
+                })?;
+            } else {
+                prof::time(Op::Attention, || {
+                    attention_exact(&cache, k_cache, v_cache, &mut attn, &q, &seqs, n_heads, scale)
+                })?;
+            }
             prof::time(Op::OProj, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &attn, t_total, &mut attn_full, &mut gathered)?;
@@ -604,4 +588,48 @@ fn check_shard(c: &ModelConfig, s: &Shard) -> Result<(), WorkerError> {
         return bad(format!("{} KV heads cannot be split or replicated over tp {}", c.num_kv_heads, s.tp));
     }
     Ok(())
+}
+
+/// Attention with llama.cpp's rounding (`attention_f16`, one call per sequence) over a
+/// step's chunks: each prefill chunk split over its own (token, head) rows, one after
+/// another; the decodes in one parallel region, a task per sequence, each in place (one
+/// region per sequence costs more in waking threads than the work at decode batch sizes).
+/// `q`, `attn`: `[rows, n_heads * head_dim]`, the chunks' rows in order.
+#[allow(clippy::too_many_arguments)]
+fn attention_exact(
+    cache: &attention::PagedKv,
+    k_cache: &[half::f16],
+    v_cache: &[half::f16],
+    attn: &mut [f32],
+    q: &[f32],
+    seqs: &[attention::SeqSlice],
+    n_heads: usize,
+    scale: f32,
+) -> Result<(), WorkerError> {
+    let q_dim = n_heads * cache.head_dim;
+    let (mut outs, mut starts) = (Vec::with_capacity(seqs.len()), Vec::with_capacity(seqs.len()));
+    let (mut rest, mut row) = (attn, 0);
+    for s in seqs {
+        let (head, tail) = rest.split_at_mut(s.n_tokens * q_dim);
+        outs.push(Mutex::new(head));
+        starts.push(row);
+        (rest, row) = (tail, row + s.n_tokens);
+    }
+    let run = |i: usize| -> Result<(), WorkerError> {
+        let (s, r0) = (&seqs[i], starts[i]);
+        let qs = &q[r0 * q_dim..(r0 + s.n_tokens) * q_dim];
+        let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
+        Ok(attention_f16::attention_f16(cache, k_cache, v_cache, &mut out, qs, s, n_heads, scale)?)
+    };
+    for i in (0..seqs.len()).filter(|&i| seqs[i].n_tokens > 1) {
+        run(i)?;
+    }
+    let decodes: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].n_tokens == 1).collect();
+    let failed = Mutex::new(None);
+    par::for_each_task(decodes.len(), |j| {
+        if let Err(e) = run(decodes[j]) {
+            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    });
+    failed.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
 }

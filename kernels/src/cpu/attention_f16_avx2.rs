@@ -19,9 +19,8 @@
 
 use std::arch::x86_64::*;
 
-use half::f16;
-
 use super::RowInputs;
+use crate::cpu::attention_x86::{by_head_dim_and_rows, round_f16, widen8};
 
 /// The kernels for one set of target features: AVX2 + FMA + F16C, and the same code with
 /// AVX-512VL enabled, where the compiler has 32 vector registers instead of 16 (the
@@ -101,44 +100,11 @@ kernels!("avx2,fma,f16c,avx512f,avx512vl", attend_avx512vl);
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C, and AVX-512F/VL if `avx512vl`.
 pub(super) unsafe fn attend(avx512vl: bool, hd: usize, g: usize, rows: RowInputs, out: &mut [f32]) {
-    macro_rules! by_size {
-        ($f:ident) => {
-            match (hd, g) {
-                (64, 1) => $f::<8, 1>(rows, out),
-                (64, 2) => $f::<8, 2>(rows, out),
-                (64, 3) => $f::<8, 3>(rows, out),
-                (64, 4) => $f::<8, 4>(rows, out),
-                (128, 1) => $f::<16, 1>(rows, out),
-                (128, 2) => $f::<16, 2>(rows, out),
-                (128, 3) => $f::<16, 3>(rows, out),
-                (128, 4) => $f::<16, 4>(rows, out),
-                (256, 1) => $f::<32, 1>(rows, out),
-                (256, 2) => $f::<32, 2>(rows, out),
-                (256, 3) => $f::<32, 3>(rows, out),
-                (256, 4) => $f::<32, 4>(rows, out),
-                _ => panic!("attention_f16 register kernel: no variant for head_dim {hd} x {g} rows"),
-            }
-        };
-    }
     if avx512vl {
-        by_size!(attend_avx512vl)
+        by_head_dim_and_rows!("attention_f16", attend_avx512vl, hd, g, (rows, out))
     } else {
-        by_size!(attend_avx2)
+        by_head_dim_and_rows!("attention_f16", attend_avx2, hd, g, (rows, out))
     }
-}
-
-/// The 8 f16 at `p` as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn widen8(p: *const f16) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-}
-
-/// Each lane rounded to f16 (nearest, ties to even) and widened back.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn round_f16(x: __m256) -> __m256 {
-    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
 }
 
 /// `Σ q[i]·k[i]` over `8 * NV` values (`NV % 8 == 0`) in `dot_lanes`'s order; both hold
@@ -157,74 +123,4 @@ unsafe fn dot<const NV: usize>(q: &[__m256; NV], k: &[__m256; NV]) -> f32 {
     // [r0 + r2, r1 + r3, ..], then lane 0 + lane 1.
     let r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
     _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-
-    use super::round_f16;
-
-    /// f32 -> f16 -> f32 with nearest-even rounding, from the f16 format's definition:
-    /// the value's f16 quantum is `2^(e - 10)` for exponent `e >= -14`, `2^-24` below
-    /// (subnormals); a magnitude that rounds to `2^16` or more is infinity.
-    fn reference(x: f32) -> f32 {
-        if x.is_nan() {
-            return f32::NAN;
-        }
-        let a = f64::from(x.abs());
-        let e = ((x.to_bits() >> 23) & 0xff) as i32 - 127;
-        let quantum = 2f64.powi(if a < 2f64.powi(-14) { -24 } else { e - 10 });
-        let r = (a / quantum).round_ties_even() * quantum;
-        let r = if r >= 65536.0 { f64::INFINITY } else { r };
-        (r as f32).copysign(x)
-    }
-
-    fn check(bits: impl Iterator<Item = u32>) -> usize {
-        let mut n = 0;
-        let mut lanes = [0f32; 8];
-        let mut batch = Vec::with_capacity(8);
-        let mut flush = |batch: &mut Vec<f32>, n: &mut usize| {
-            let mut x = [0f32; 8];
-            x[..batch.len()].copy_from_slice(batch);
-            // SAFETY: the caller checked the CPU features.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), round_f16(_mm256_loadu_ps(x.as_ptr()))) };
-            for (&v, &got) in batch.iter().zip(&lanes) {
-                let (want, by_half) = (reference(v), f16::from_f32(v).to_f32());
-                let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-                assert!(same(got, want), "{v:e} ({:#x}): simd {got:e}, reference {want:e}", v.to_bits());
-                assert!(same(by_half, want), "{v:e}: half {by_half:e}, reference {want:e}");
-                *n += 1;
-            }
-            batch.clear();
-        };
-        for b in bits {
-            batch.push(f32::from_bits(b));
-            if batch.len() == 8 {
-                flush(&mut batch, &mut n);
-            }
-        }
-        if !batch.is_empty() {
-            flush(&mut batch, &mut n);
-        }
-        n
-    }
-
-    #[test]
-    fn round_f16_matches_the_f16_format_and_half() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
-            return;
-        }
-        // A sparse sweep of every f32 (both signs, NaN and infinity included), then every
-        // f32 of the binades where f16 overflows (2^15), turns subnormal (2^-15, 2^-14)
-        // and underflows to zero (2^-25, 2^-24), each sign.
-        let mut n = check((0..=u32::MAX).step_by(9973));
-        for e in [15i32, -14, -15, -24, -25] {
-            let base = ((e + 127) as u32) << 23;
-            n += check((base..base + (1 << 23)).step_by(3).flat_map(|b| [b, b | 0x8000_0000]));
-        }
-        assert!(n > 10_000_000);
-    }
 }

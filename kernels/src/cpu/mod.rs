@@ -6,6 +6,9 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_f16;
+pub mod attention_tiled;
+#[cfg(target_arch = "x86_64")]
+mod attention_x86;
 pub mod exp_ggml;
 pub mod matmul;
 pub mod norm;
