@@ -588,7 +588,8 @@ fn packed_extreme_values() {
     }
 }
 
-/// Packing parts stacked row-wise is packing their concatenation.
+/// Packing parts stacked row-wise is packing their concatenation, and `matmul_parts`
+/// gives each part's output columns in a buffer of its own.
 #[test]
 fn packed_parts_equal_the_concatenation() {
     let mut rng = ChaCha8Rng::seed_from_u64(23);
@@ -599,8 +600,36 @@ fn packed_parts_equal_the_concatenation() {
         let wj = Weight::new(ty, 29, 96, &joined).unwrap();
         let x = random_x(5, 96, &mut rng);
         let (mut p, mut q) = (vec![0.0f32; 5 * 29], vec![0.0f32; 5 * 29]);
-        PackedWeight::pack_parts(&[wa, wb], Isa::best()).unwrap().unwrap().matmul(&mut p, &x, 5).unwrap();
+        let stacked = PackedWeight::pack_parts(&[wa, wb], Isa::best()).unwrap().unwrap();
+        stacked.matmul(&mut p, &x, 5).unwrap();
         packed(&wj, Isa::best()).unwrap().matmul(&mut q, &x, 5).unwrap();
         assert!(p.iter().zip(&q).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty}");
+
+        // The outputs split between buffers (at, across and between the 16-row groups;
+        // 14 tokens: a whole tile of 8 and a part one) equal the joint output's columns.
+        let x = random_x(14, 96, &mut rng);
+        let mut joint = vec![0.0f32; 14 * 29];
+        stacked.matmul(&mut joint, &x, 14).unwrap();
+        for split in [vec![21, 8], vec![16, 13], vec![3, 17, 9], vec![29], vec![0, 29], vec![1; 29]] {
+            let mut bufs: Vec<Vec<f32>> = split.iter().map(|r| vec![f32::NAN; 14 * r]).collect();
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            stacked.matmul_parts(&mut outs, &x, 14).unwrap();
+            let mut c0 = 0;
+            for (b, &r) in bufs.iter().zip(&split) {
+                for t in 0..14 {
+                    let want = &joint[t * 29 + c0..t * 29 + c0 + r];
+                    assert!(b[t * r..(t + 1) * r].iter().zip(want).all(|(a, w)| a.to_bits() == w.to_bits()), "{ty} {split:?}");
+                }
+                c0 += r;
+            }
+        }
+        // Outputs that do not add up to the rows, or are not whole rows, are refused.
+        for split in [vec![21, 7], vec![21, 9], vec![29, 1]] {
+            let mut bufs: Vec<Vec<f32>> = split.iter().map(|r| vec![0.0; 14 * r]).collect();
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            assert!(stacked.matmul_parts(&mut outs, &x, 14).is_err(), "{ty} {split:?}");
+        }
+        let (mut a, mut b) = (vec![0.0f32; 14 * 21 + 1], vec![0.0f32; 14 * 8 - 1]);
+        assert!(stacked.matmul_parts(&mut [&mut a, &mut b], &x, 14).is_err(), "{ty}: rows split mid-row");
     }
 }

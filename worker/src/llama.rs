@@ -129,7 +129,8 @@ impl Stacked {
     }
 
     /// `x` is `[n, cols]`; writes part `i`'s output `[n, rows_i]` into `outs[i]`.
-    /// `scratch` holds the joint output.
+    /// `scratch` holds the joint output of a row-major fused matrix (the packed one
+    /// writes each part's rows straight into its output).
     fn forward(&self, x: &[f32], n: usize, outs: &mut [&mut [f32]], scratch: &mut Vec<f32>) -> Result<(), WorkerError> {
         let total: usize = self.parts.iter().map(|p| p.rows).sum();
         match &self.joint {
@@ -139,10 +140,8 @@ impl Stacked {
                 }
                 return Ok(());
             }
-            Joint::Packed(p) => {
-                scratch.resize(n * total, 0.0);
-                p.matmul(scratch, x, n)?;
-            }
+            // Each part's rows straight into its output.
+            Joint::Packed(p) => return Ok(p.matmul_parts(outs, x, n)?),
             Joint::Fused(w) => {
                 scratch.resize(n * total, 0.0);
                 w.matmul(scratch, x, n)?;

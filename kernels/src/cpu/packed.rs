@@ -28,7 +28,7 @@
 //! bits differ from the row-major kernels' (another f32 summation order); a model runs
 //! all its matmuls of one weight on one of the two, so it stays batch invariant.
 
-use super::matmul::{check_io, split_plan, Isa};
+use super::matmul::{split_plan, Isa};
 use super::par::{self, SharedMut};
 use crate::error::check;
 use crate::quant::q8::ActsQ8;
@@ -180,10 +180,43 @@ impl PackedWeight {
 
     /// `out = x · Wᵀ`: `out` is `[n, rows]`, `x` is `[n, cols]`.
     pub fn matmul(&self, out: &mut [f32], x: &[f32], n: usize) -> Result<(), KernelError> {
+        self.matmul_parts(&mut [out], x, n)
+    }
+
+    /// [`PackedWeight::matmul`] with the output rows split between buffers in order:
+    /// `outs[i]` is `[n, rows_i]`, the `rows_i` adding up to the weight's rows (the parts
+    /// of [`PackedWeight::pack_parts`]), so a stacked weight's outputs land where their
+    /// consumers read them, with no copy out of a joint `[n, rows]` buffer.
+    pub fn matmul_parts(&self, outs: &mut [&mut [f32]], x: &[f32], n: usize) -> Result<(), KernelError> {
         const OP: &str = "packed matmul";
-        if !check_io(OP, out, x, n, self.rows, self.cols)? {
+        check(n.checked_mul(self.cols) == Some(x.len()), OP, || {
+            format!("x has {} values, expected n={n} x cols={} for a {}x{} weight", x.len(), self.cols, self.rows, self.cols)
+        })?;
+        let mut total = 0usize;
+        for out in outs.iter() {
+            let rows = out.len().checked_div(n).unwrap_or(0);
+            check(rows * n == out.len(), OP, || format!("an output of {} values is not n={n} whole rows", out.len()))?;
+            total += rows;
+        }
+        check(total == self.rows || n == 0 && outs.iter().all(|o| o.is_empty()), OP, || {
+            format!("outputs of {total} rows in all for a {}-row weight", self.rows)
+        })?;
+        if n == 0 || self.rows == 0 {
             return Ok(());
         }
+        if self.cols == 0 {
+            outs.iter_mut().for_each(|o| o.fill(0.0));
+            return Ok(());
+        }
+        let mut first = 0;
+        let parts: Vec<Part> = outs
+            .iter_mut()
+            .map(|out| {
+                let (rows, f) = (out.len() / n, first);
+                first += rows;
+                Part { first: f, rows, base: SharedMut::new(out) }
+            })
+            .collect();
         let acts = ActsQ8::quantize_plain(x, self.cols);
         let nb = self.cols / 32;
         // Q8_0 takes the `+128` of its weights out through each activation block's Σq.
@@ -193,32 +226,40 @@ impl PackedWeight {
             Vec::new()
         };
         let a = Acts { qs: &acts.qs, d: &acts.d, s: &acts.s, qsum: &qsum, cols: self.cols, nb };
-        self.run(out, n, &a);
+        self.run(&parts, n, &a);
         Ok(())
     }
 
     /// Spreads groups of rows over the threads; each task runs all `n` tokens over its
-    /// groups, [`TILE`] tokens per pass.
-    fn run(&self, out: &mut [f32], n: usize, a: &Acts) {
+    /// groups, [`TILE`] tokens per pass, and writes each group's lanes into the parts
+    /// that hold those rows (`parts` in row order, covering all rows).
+    fn run(&self, parts: &[Part], n: usize, a: &Acts) {
         let groups = self.rows.div_ceil(GROUP);
         let group_bytes = self.rec * a.nb;
         let (serial, per) = split_plan(groups, group_bytes, n);
-        let base = SharedMut::new(out);
         let rows = self.rows;
         let task = |i: usize| {
             for g in i * per..((i + 1) * per).min(groups) {
-                let valid = GROUP.min(rows - g * GROUP);
+                let (r0, valid) = (g * GROUP, GROUP.min(rows - g * GROUP));
                 let recs = &self.lines[g * group_bytes / 64..(g + 1) * group_bytes / 64];
                 let mut tile = [[0.0f32; GROUP]; TILE];
                 for t0 in (0..n).step_by(TILE) {
                     let tn = TILE.min(n - t0);
                     self.tile(recs, a, t0, tn, &mut tile);
                     for (j, vals) in tile.iter().take(tn).enumerate() {
-                        let at = (t0 + j) * rows + g * GROUP;
-                        // SAFETY: `out` is `[n, rows]` (checked by `matmul`); columns
-                        // `g * GROUP ..+ valid` of every token belong to this task's group.
-                        let dst = unsafe { base.slice(at, at + valid) };
-                        dst.copy_from_slice(&vals[..valid]);
+                        // Lanes `lane ..` go to the part holding row `r0 + lane`, up to its end.
+                        let mut lane = 0;
+                        let mut pi = parts.partition_point(|p| p.first + p.rows <= r0);
+                        while lane < valid {
+                            let p = &parts[pi];
+                            let (from, take) = (r0 + lane - p.first, (valid - lane).min(p.first + p.rows - (r0 + lane)));
+                            let at = (t0 + j) * p.rows + from;
+                            // SAFETY: part `p` is `[n, p.rows]` (checked by `matmul_parts`);
+                            // its rows `from ..+ take` of every token belong to this task's group.
+                            let dst = unsafe { p.base.slice(at, at + take) };
+                            dst.copy_from_slice(&vals[lane..lane + take]);
+                            (lane, pi) = (lane + take, pi + 1);
+                        }
                     }
                 }
             }
@@ -248,6 +289,14 @@ impl PackedWeight {
 }
 
 /// The quantised activations as the packed kernels read them.
+/// One output buffer of [`PackedWeight::matmul_parts`]: rows `first ..+ rows` of the
+/// weight, `[n, rows]`.
+struct Part<'a> {
+    first: usize,
+    rows: usize,
+    base: SharedMut<'a, f32>,
+}
+
 pub(crate) struct Acts<'a> {
     /// `[n, cols]` i8.
     pub qs: &'a [i8],
