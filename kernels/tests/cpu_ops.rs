@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{attention, write_kv, PagedKv, SeqSlice};
 use tessera_kernels::cpu::exp_ggml::exp_ggml;
-use tessera_kernels::cpu::rope::{rope, Llama3Scaling, RopeAngles, RopeParams, RopeStyle};
+use tessera_kernels::cpu::rope::{rope, rope_with_table, Llama3Scaling, RopeAngles, RopeParams, RopeStyle};
 use tessera_kernels::cpu::{activation, norm, softmax};
 use tessera_kernels::KernelError;
 
@@ -120,8 +120,10 @@ fn plain_inv_freq(theta: f64, rope_dim: usize) -> Vec<f64> {
 #[test]
 fn rope_matches_complex_rotation_both_styles() {
     let mut r = rng(2);
-    // Non-contiguous, unordered positions, including a large one.
-    let positions: Vec<u32> = vec![0, 5, 3, 1000, 77_777, 12, 1, 4095, 2, 9, 31_000, 7];
+    // Non-contiguous, unordered positions, including a large one; then a run of 64 more
+    // (72 tokens: enough angles for the parallel table of `RopeParams::table`).
+    let mut positions: Vec<u32> = vec![0, 5, 3, 1000, 77_777, 12, 1, 4095, 2, 9, 31_000, 7];
+    positions.extend(200..264);
     let n_tokens = positions.len();
     for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
         // (heads, head_dim, rope_dim, theta): full rotary, partial rotary, and a size
@@ -276,6 +278,9 @@ fn rope_rejects_bad_params_and_shapes() {
     assert!(is_shape_err(rope(&mut x, 3, 2, 64, &[1, 2, 3], &p, RopeStyle::Neox)));
     assert!(is_shape_err(rope(&mut x[..128], 1, 4, 32, &[1], &p, RopeStyle::Neox)));
     assert!(rope(&mut x, 2, 2, 64, &[1, 2], &p, RopeStyle::Neox).is_ok());
+    // An angle table for other tokens than x's.
+    let table = p.table(&[1, 2, 3]);
+    assert!(is_shape_err(rope_with_table(&mut x, 2, 2, 64, &table, RopeStyle::Neox)));
 }
 
 // ---------------------------------------------------------------- pointwise, softmax

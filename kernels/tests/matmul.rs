@@ -618,7 +618,10 @@ fn packed_parts_equal_the_concatenation() {
             for (b, &r) in bufs.iter().zip(&split) {
                 for t in 0..14 {
                     let want = &joint[t * 29 + c0..t * 29 + c0 + r];
-                    assert!(b[t * r..(t + 1) * r].iter().zip(want).all(|(a, w)| a.to_bits() == w.to_bits()), "{ty} {split:?}");
+                    assert!(
+                        b[t * r..(t + 1) * r].iter().zip(want).all(|(a, w)| a.to_bits() == w.to_bits()),
+                        "{ty} {split:?}"
+                    );
                 }
                 c0 += r;
             }
@@ -631,5 +634,31 @@ fn packed_parts_equal_the_concatenation() {
         }
         let (mut a, mut b) = (vec![0.0f32; 14 * 21 + 1], vec![0.0f32; 14 * 8 - 1]);
         assert!(stacked.matmul_parts(&mut [&mut a, &mut b], &x, 14).is_err(), "{ty}: rows split mid-row");
+    }
+}
+
+/// `matmul_add` is `matmul` then one f32 addition per value, bit for bit, at token
+/// counts below, at and past a tile; shape errors leave `out` alone.
+#[test]
+fn packed_matmul_add_is_matmul_then_add() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    for ty in PACKED {
+        let data = random_weight(ty, 37, 64, &mut rng);
+        let w = Weight::new(ty, 37, 64, &data).unwrap();
+        let p = packed(&w, Isa::best()).unwrap();
+        for n in [1, 8, 13] {
+            let x = random_x(n, 64, &mut rng);
+            let base = random_x(n, 37, &mut rng);
+            let mut product = vec![0.0f32; n * 37];
+            p.matmul(&mut product, &x, n).unwrap();
+            let mut got = base.clone();
+            p.matmul_add(&mut got, &x, n).unwrap();
+            let want: Vec<f32> = base.iter().zip(&product).map(|(a, b)| a + b).collect();
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} n={n}");
+        }
+        let x = random_x(3, 64, &mut rng);
+        let mut short = vec![1.0f32; 3 * 37 - 1];
+        assert!(p.matmul_add(&mut short, &x, 3).is_err());
+        assert!(short.iter().all(|&v| v == 1.0));
     }
 }

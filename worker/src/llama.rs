@@ -368,9 +368,11 @@ impl LlamaModel {
         let ffn = ffn_full / sh.tp;
         let h_local = h / sh.tp;
         let t_total: usize = chunks.iter().map(|s| s.tokens.len()).sum();
-        // Token positions of the stacked batch, `[T]`.
+        // Token positions of the stacked batch, `[T]`, and their RoPE angles (every
+        // layer's q and k take the same).
         let positions: Vec<u32> =
             chunks.iter().flat_map(|s| (s.first_pos..s.first_pos + s.tokens.len()).map(|p| p as u32)).collect();
+        let angles = prof::time(Op::Rope, || self.rope.table(&positions));
 
         // Each chunk as the attention kernels take it (the same for every layer).
         let seqs: Vec<attention::SeqSlice> = chunks
@@ -436,8 +438,8 @@ impl LlamaModel {
                 Ok::<_, WorkerError>(())
             })?;
             prof::time(Op::Rope, || {
-                rope::rope(&mut q, t_total, n_heads, hd, &positions, &self.rope, self.rope_style)?;
-                rope::rope(&mut k, t_total, n_kv, hd, &positions, &self.rope, self.rope_style)
+                rope::rope_with_table(&mut q, t_total, n_heads, hd, &angles, self.rope_style)?;
+                rope::rope_with_table(&mut k, t_total, n_kv, hd, &angles, self.rope_style)
             })?;
 
             let cache = attention::PagedKv { block_size: kv.block_size, n_kv_heads: n_kv, head_dim: hd };
@@ -465,15 +467,19 @@ impl LlamaModel {
                     attention_exact(&cache, k_cache, v_cache, &mut attn, &q, &seqs, n_heads, scale)
                 })?;
             }
+            // The residual add: inside the projection's tasks unsharded, after the
+            // all-gather sharded.
             prof::time(Op::OProj, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
                     gather_columns(tp, &attn, t_total, &mut attn_full, &mut gathered)?;
                     sa.o_proj.matmul(&mut part, &attn_full, t_total)?;
                     gather_columns(tp, &part, t_total, &mut o, &mut gathered)
                 }
-                None => sa.o_proj.matmul(&mut o, &attn, t_total),
+                None => sa.o_proj.matmul_add(&mut x, &attn, t_total, &mut o),
             })?;
-            prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
+            if sharded {
+                prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
+            }
 
             prof::time(Op::Norm, || {
                 norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)
@@ -488,9 +494,11 @@ impl LlamaModel {
                     layer.mlp.down_proj.matmul(&mut part, &act_full, t_total)?;
                     gather_columns(tp, &part, t_total, &mut o, &mut gathered)
                 }
-                None => layer.mlp.down_proj.matmul(&mut o, &gate, t_total),
+                None => layer.mlp.down_proj.matmul_add(&mut x, &gate, t_total, &mut o),
             })?;
-            prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
+            if sharded {
+                prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
+            }
         }
 
         if !sh.is_last_stage() {

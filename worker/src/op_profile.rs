@@ -27,15 +27,17 @@ pub enum Op {
     KvWrite,
     /// Attention over the cache.
     Attention,
-    /// Output projection (with its all-gathers when sharded).
+    /// Output projection (with its all-gathers when sharded; unsharded, with the residual
+    /// add, which its tasks do as they write).
     OProj,
-    /// The two residual adds of each layer.
+    /// The two residual adds of each layer when tensor-parallel (otherwise inside o_proj
+    /// and down).
     Residual,
     /// Fused gate/up projection.
     GateUp,
     /// SiLU(gate) * up.
     Swiglu,
-    /// Down projection (with its all-gathers when sharded).
+    /// Down projection (with its all-gathers when sharded; unsharded, with the residual add).
     Down,
     /// Final norm and LM head of the rows whose logits are wanted.
     Head,

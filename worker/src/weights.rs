@@ -8,6 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use tessera_kernels::cpu::activation;
 use tessera_kernels::cpu::matmul::{self, Isa};
 use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::quant::Weight;
@@ -81,6 +82,21 @@ impl Linear {
                 p.matmul(out, x, n)?
             }
             None => matmul::matmul(out, x, n, &self.weight())?,
+        }
+        Ok(())
+    }
+
+    /// `out += x · Wᵀ` (a residual connection): with a packed copy each task adds its
+    /// values as it computes them (`PackedWeight::matmul_add`), else the product goes
+    /// through `tmp` and is added after. The same bits either way as `matmul` then
+    /// `activation::add_inplace`.
+    pub fn matmul_add(&self, out: &mut [f32], x: &[f32], n: usize, tmp: &mut [f32]) -> Result<(), WorkerError> {
+        match &self.packed {
+            Some(p) => p.matmul_add(out, x, n)?,
+            None => {
+                matmul::matmul(tmp, x, n, &self.weight())?;
+                activation::add_inplace(out, tmp)?;
+            }
         }
         Ok(())
     }

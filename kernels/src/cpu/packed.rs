@@ -183,14 +183,33 @@ impl PackedWeight {
         self.matmul_parts(&mut [out], x, n)
     }
 
+    /// `out += x · Wᵀ` (a residual connection), each sum one f32 addition of the product
+    /// to `out`'s value, as [`PackedWeight::matmul`] then `activation::add_inplace`
+    /// give; but the task that computes a value adds it while it is in its cache, and no
+    /// second pass over the threads' outputs reads them back from other cores.
+    pub fn matmul_add(&self, out: &mut [f32], x: &[f32], n: usize) -> Result<(), KernelError> {
+        self.matmul_into(&mut [out], x, n, true)
+    }
+
     /// [`PackedWeight::matmul`] with the output rows split between buffers in order:
     /// `outs[i]` is `[n, rows_i]`, the `rows_i` adding up to the weight's rows (the parts
     /// of [`PackedWeight::pack_parts`]), so a stacked weight's outputs land where their
     /// consumers read them, with no copy out of a joint `[n, rows]` buffer.
     pub fn matmul_parts(&self, outs: &mut [&mut [f32]], x: &[f32], n: usize) -> Result<(), KernelError> {
+        self.matmul_into(outs, x, n, false)
+    }
+
+    /// The body of the above: each output written, or added to (`add`).
+    fn matmul_into(&self, outs: &mut [&mut [f32]], x: &[f32], n: usize, add: bool) -> Result<(), KernelError> {
         const OP: &str = "packed matmul";
         check(n.checked_mul(self.cols) == Some(x.len()), OP, || {
-            format!("x has {} values, expected n={n} x cols={} for a {}x{} weight", x.len(), self.cols, self.rows, self.cols)
+            format!(
+                "x has {} values, expected n={n} x cols={} for a {}x{} weight",
+                x.len(),
+                self.cols,
+                self.rows,
+                self.cols
+            )
         })?;
         let mut total = 0usize;
         for out in outs.iter() {
@@ -205,7 +224,9 @@ impl PackedWeight {
             return Ok(());
         }
         if self.cols == 0 {
-            outs.iter_mut().for_each(|o| o.fill(0.0));
+            if !add {
+                outs.iter_mut().for_each(|o| o.fill(0.0));
+            }
             return Ok(());
         }
         let mut first = 0;
@@ -226,14 +247,14 @@ impl PackedWeight {
             Vec::new()
         };
         let a = Acts { qs: &acts.qs, d: &acts.d, s: &acts.s, qsum: &qsum, cols: self.cols, nb };
-        self.run(&parts, n, &a);
+        self.run(&parts, n, &a, add);
         Ok(())
     }
 
     /// Spreads groups of rows over the threads; each task runs all `n` tokens over its
-    /// groups, [`TILE`] tokens per pass, and writes each group's lanes into the parts
-    /// that hold those rows (`parts` in row order, covering all rows).
-    fn run(&self, parts: &[Part], n: usize, a: &Acts) {
+    /// groups, [`TILE`] tokens per pass, and writes (or adds, `add`) each group's lanes
+    /// into the parts that hold those rows (`parts` in row order, covering all rows).
+    fn run(&self, parts: &[Part], n: usize, a: &Acts, add: bool) {
         let groups = self.rows.div_ceil(GROUP);
         let group_bytes = self.rec * a.nb;
         let (serial, per) = split_plan(groups, group_bytes, n);
@@ -252,12 +273,17 @@ impl PackedWeight {
                         let mut pi = parts.partition_point(|p| p.first + p.rows <= r0);
                         while lane < valid {
                             let p = &parts[pi];
-                            let (from, take) = (r0 + lane - p.first, (valid - lane).min(p.first + p.rows - (r0 + lane)));
+                            let (from, take) =
+                                (r0 + lane - p.first, (valid - lane).min(p.first + p.rows - (r0 + lane)));
                             let at = (t0 + j) * p.rows + from;
                             // SAFETY: part `p` is `[n, p.rows]` (checked by `matmul_parts`);
                             // its rows `from ..+ take` of every token belong to this task's group.
                             let dst = unsafe { p.base.slice(at, at + take) };
-                            dst.copy_from_slice(&vals[lane..lane + take]);
+                            if add {
+                                dst.iter_mut().zip(&vals[lane..lane + take]).for_each(|(d, v)| *d += v);
+                            } else {
+                                dst.copy_from_slice(&vals[lane..lane + take]);
+                            }
                             (lane, pi) = (lane + take, pi + 1);
                         }
                     }

@@ -126,26 +126,42 @@ impl RopeParams {
         self.angles
     }
 
-    /// Writes the `(cos, sin)` of each pair's angle at position `pos` into `cs`.
-    fn cos_sin(&self, pos: u32, cs: &mut Vec<(f32, f32)>) {
-        cs.clear();
+    /// Writes the `(cos, sin)` of each pair's angle at position `pos` into `cs`
+    /// (`[rope_dim / 2]`).
+    fn cos_sin(&self, pos: u32, cs: &mut [(f32, f32)]) {
         match (&self.ggml, self.angles) {
             (Some((theta_scale, ff)), RopeAngles::Ggml) => {
                 let mut theta = pos as f32;
-                for i in 0..self.rope_dim / 2 {
+                for (i, out) in cs.iter_mut().enumerate() {
                     let t = match ff {
                         Some(ff) => theta / ff[i],
                         None => theta,
                     };
-                    cs.push((t.cos(), t.sin()));
+                    *out = (t.cos(), t.sin());
                     theta *= theta_scale;
                 }
             }
-            _ => cs.extend(self.inv_freq.iter().map(|&f| {
-                let (s, c) = (f64::from(pos) * f).sin_cos();
-                (c as f32, s as f32)
-            })),
+            _ => {
+                for (out, &f) in cs.iter_mut().zip(self.inv_freq.iter()) {
+                    let (s, c) = (f64::from(pos) * f).sin_cos();
+                    *out = (c as f32, s as f32);
+                }
+            }
         }
+    }
+
+    /// The angles of `positions` (a step's tokens): see [`RopeTable`].
+    pub fn table(&self, positions: &[u32]) -> RopeTable {
+        let half = self.rope_dim / 2;
+        let mut cs = vec![(0.0f32, 0.0f32); positions.len() * half];
+        if half > 0 {
+            if cs.len() >= PAR_MIN_ELEMS {
+                par::for_each_row_mut(&mut cs, half, |t, row| self.cos_sin(positions[t], row));
+            } else {
+                cs.chunks_mut(half).zip(positions).for_each(|(row, &p)| self.cos_sin(p, row));
+            }
+        }
+        RopeTable { half, tokens: positions.len(), cs }
     }
 
     /// Number of rotated dimensions per head.
@@ -187,6 +203,16 @@ fn llama3_inv_freq(inv_freq: f64, s: &Llama3Scaling) -> f64 {
     }
 }
 
+/// The `(cos, sin)` of every rotated pair at each token of a step, `[tokens, rope_dim / 2]`:
+/// the angles depend only on the position, so a model computes them once per step and
+/// rotates every layer's q and k with them ([`rope_with_table`]) instead of taking a
+/// `sin` and a `cos` per pair, token, layer and tensor.
+pub struct RopeTable {
+    half: usize,
+    tokens: usize,
+    cs: Vec<(f32, f32)>,
+}
+
 /// Rotates `x` (`[n_tokens, n_heads * head_dim]`) in place; token `t` is at absolute
 /// position `positions[t]`. The first `params.rope_dim()` dims of each head are rotated.
 pub fn rope(
@@ -198,29 +224,42 @@ pub fn rope(
     params: &RopeParams,
     style: RopeStyle,
 ) -> Result<(), KernelError> {
+    check(positions.len() == n_tokens, "rope", || format!("{} positions for {n_tokens} tokens", positions.len()))?;
+    rope_with_table(x, n_tokens, n_heads, head_dim, &params.table(positions), style)
+}
+
+/// [`rope`] with the angles from `table` (made by [`RopeParams::table`] for these
+/// tokens' positions): the same values.
+pub fn rope_with_table(
+    x: &mut [f32],
+    n_tokens: usize,
+    n_heads: usize,
+    head_dim: usize,
+    table: &RopeTable,
+    style: RopeStyle,
+) -> Result<(), KernelError> {
     const OP: &str = "rope";
+    let half = table.half;
     check(n_heads > 0 && head_dim > 0, OP, || format!("n_heads {n_heads} and head_dim {head_dim} must be > 0"))?;
-    check(params.rope_dim <= head_dim, OP, || format!("rope dim {} exceeds head_dim {head_dim}", params.rope_dim))?;
+    check(2 * half <= head_dim, OP, || format!("rope dim {} exceeds head_dim {head_dim}", 2 * half))?;
     let row = n_heads * head_dim;
     check(n_tokens.checked_mul(row) == Some(x.len()), OP, || {
         format!("x has {} values, expected {n_tokens} tokens x {n_heads} heads x {head_dim}", x.len())
     })?;
-    check(positions.len() == n_tokens, OP, || format!("{} positions for {n_tokens} tokens", positions.len()))?;
+    check(table.tokens == n_tokens, OP, || format!("an angle table of {} tokens for {n_tokens}", table.tokens))?;
 
-    let half = params.rope_dim / 2;
-    // `cs` holds the token's (cos, sin) per pair, shared by all its heads.
-    let token = |cs: &mut Vec<(f32, f32)>, (xr, &pos): (&mut [f32], &u32)| {
-        params.cos_sin(pos, cs);
+    let token = |t: usize, xr: &mut [f32]| {
+        let cs = &table.cs[t * half..(t + 1) * half];
         for head in xr.chunks_exact_mut(head_dim) {
             match style {
                 RopeStyle::Interleaved => {
-                    for (pair, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs.iter()) {
+                    for (pair, &(c, s)) in head[..2 * half].chunks_exact_mut(2).zip(cs) {
                         (pair[0], pair[1]) = rotate(pair[0], pair[1], c, s);
                     }
                 }
                 RopeStyle::Neox => {
                     let (lo, hi) = head[..2 * half].split_at_mut(half);
-                    for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs.iter()) {
+                    for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
                         (*a, *b) = rotate(*a, *b, c, s);
                     }
                 }
@@ -228,16 +267,9 @@ pub fn rope(
         }
     };
     if x.len() >= PAR_MIN_ELEMS {
-        let per = par::rows_per_task(row);
-        par::for_each_chunk_mut(x, row * per, |i, rows| {
-            let mut cs = Vec::with_capacity(half);
-            for (j, xr) in rows.chunks_mut(row).enumerate() {
-                token(&mut cs, (xr, &positions[i * per + j]));
-            }
-        });
+        par::for_each_row_mut(x, row, token);
     } else {
-        let mut cs = Vec::with_capacity(half);
-        x.chunks_mut(row).zip(positions.iter()).for_each(|item| token(&mut cs, item));
+        x.chunks_mut(row).enumerate().for_each(|(t, xr)| token(t, xr));
     }
     Ok(())
 }
