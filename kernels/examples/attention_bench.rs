@@ -1,6 +1,6 @@
 //! CPU attention benchmark: the tiled f32-softmax kernel (`attention_tiled`, all
-//! sequences in one call) against the llama.cpp-rounding f16 kernel (`attention_f16`, a
-//! call per sequence, the decodes as one task each, as the engine ran it), on SmolLM2's
+//! sequences in one call) against the llama.cpp-rounding f16 kernel over the same batch
+//! (`attention_f16_batch`: a call per sequence, the decodes as one task each), on SmolLM2's
 //! shape (9 query heads, 3 kv heads, head_dim 64) and Llama 3 8B's (32, 8, 128):
 //! 16 decodes at contexts spread over 128..256 (with one layer's cache, and with thirty
 //! layers' caches called in turn, which do not stay in the CPU's caches), one decode at
@@ -16,9 +16,8 @@ use half::f16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{PagedKv, SeqSlice};
-use tessera_kernels::cpu::attention_f16::attention_f16;
+use tessera_kernels::cpu::attention_f16::attention_f16_batch;
 use tessera_kernels::cpu::attention_tiled::attention_tiled;
-use tessera_kernels::cpu::par;
 
 /// A load: its name, the sequences' (first_pos, n_tokens), and how many layers' caches.
 type Load = (&'static str, Vec<(usize, usize)>, usize);
@@ -91,25 +90,8 @@ fn main() {
                 let mut out = vec![0.0f32; rows * row];
                 let f16_s = pool.install(|| {
                     time(|| {
-                        let mut starts = Vec::new();
-                        let mut r = 0;
-                        for s in &seqs {
-                            starts.push(r);
-                            r += s.n_tokens;
-                        }
-                        let outs: Vec<std::sync::Mutex<&mut [f32]>> =
-                            out.chunks_mut(row).map(std::sync::Mutex::new).collect();
                         for (kc, vc) in kc.chunks(cache_len).zip(vc.chunks(cache_len)) {
-                            if seqs.len() == 1 {
-                                let mut o = vec![0.0f32; rows * row];
-                                attention_f16(&cache, kc, vc, &mut o, &q, &seqs[0], n_heads, scale).expect("f16");
-                            } else {
-                                par::for_each_task(seqs.len(), |i| {
-                                    let mut o = outs[starts[i]].lock().expect("lock");
-                                    let qs = &q[starts[i] * row..(starts[i] + 1) * row];
-                                    attention_f16(&cache, kc, vc, &mut o, qs, &seqs[i], n_heads, scale).expect("f16");
-                                });
-                            }
+                            attention_f16_batch(&cache, kc, vc, &mut out, &q, &seqs, n_heads, scale).expect("f16");
                         }
                     })
                 });

@@ -4,13 +4,15 @@
 //! and f16-rounded queries, on every instruction set this CPU has (scalar rows, AVX2, the
 //! AVX-512VL build).
 //! Also: batch invariance (each sequence alone and each token alone give the batch's
-//! bits), unwritten cache slots never read, extreme scores, and shape errors.
+//! bits), non-finite caches handled as the scalar rows handle them, extreme scores, shape
+//! errors, and the exact path's batch entry (`attention_f16_batch`) against a call per
+//! sequence.
 
 use half::f16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{PagedKv, SeqSlice};
-use tessera_kernels::cpu::attention_f16::write_kv_f16;
+use tessera_kernels::cpu::attention_f16::{attention_f16, attention_f16_batch, write_kv_f16};
 use tessera_kernels::cpu::attention_tiled::{attention_tiled, attention_tiled_with};
 use tessera_kernels::cpu::matmul::Isa;
 use tessera_kernels::KernelError;
@@ -163,8 +165,9 @@ impl Batch {
 #[test]
 fn tiled_attention_approaches_exact() {
     let mut r = ChaCha8Rng::seed_from_u64(31);
-    // A whole prompt, a chunk mid-context, decodes far in (one past a tile boundary).
-    let shape = [(0, 19), (37, 11), (90, 1), (16, 1), (200, 1)];
+    // A whole prompt, a chunk mid-context, a sequence with no new tokens this step,
+    // decodes far in (one past a tile boundary).
+    let shape = [(0, 19), (37, 11), (7, 0), (90, 1), (16, 1), (200, 1)];
     for dims in [(9, 3, 64), (8, 2, 64), (5, 1, 64), (4, 4, 128), (14, 2, 128), (2, 1, 256), (8, 2, 80), (2, 1, 40)] {
         for block_size in [16, 5] {
             // Ordinary; q large (peaked softmax, weights under e^-87); V large.
@@ -266,4 +269,58 @@ fn tiled_attention_rejects_bad_inputs() {
     assert!(attention_tiled(&cache, &kc, &vc, &mut [], &[], &[], 4, 0.3).is_ok());
     let empty = [SeqSlice { block_table: &t2, first_pos: 3, n_tokens: 0 }];
     assert!(attention_tiled(&cache, &kc, &vc, &mut [], &[], &empty, 4, 0.3).is_ok());
+}
+
+/// Non-finite caches (a NaN or an f16 infinity in K, a NaN in V) give the register
+/// kernel the scalar rows' outcome: the same outputs NaN, the others within f32 rounding
+/// of each other; and a fourth sequence, clean, stays finite.
+#[test]
+fn tiled_attention_non_finite_inputs_as_the_scalar_rows() {
+    let mut r = ChaCha8Rng::seed_from_u64(33);
+    let dims = (9, 3, 64);
+    let mut batch = Batch::new(&mut r, dims, 16, &[(30, 1), (40, 1), (0, 20), (25, 1)], (2.0, 2.0, 1.0));
+    let stride = 3 * 64;
+    let slot = |s: &Seq, p: usize| (s.table[p / 16] as usize * 16 + p % 16) * stride;
+    // Sequence 0: a NaN score (NaN in K, kv head 1, position 7); sequence 1: NaN in V
+    // (kv head 0, position 3); sequence 2: +-inf scores (inf in K, kv head 2, position 2).
+    let at = [slot(&batch.seqs[0], 7) + 64 + 5, slot(&batch.seqs[1], 3) + 2, slot(&batch.seqs[2], 2) + 128 + 9];
+    batch.kc[at[0]] = f16::NAN;
+    batch.vc[at[1]] = f16::NAN;
+    batch.kc[at[2]] = f16::INFINITY;
+    let scalar = batch.run(Isa::scalar(), 0.125);
+    let row = 9 * 64;
+    for (s, range) in [(0, 0..row), (1, row..2 * row), (2, 2 * row..22 * row)] {
+        assert!(scalar[range].iter().any(|x| x.is_nan()), "sequence {s}: some output NaN");
+    }
+    assert!(scalar[22 * row..].iter().all(|x| x.is_finite()), "the clean sequence");
+    for (name, isa) in isas().into_iter().skip(1) {
+        let got = batch.run(isa, 0.125);
+        for (i, (a, b)) in got.iter().zip(&scalar).enumerate() {
+            assert_eq!(a.is_nan(), b.is_nan(), "{name}: value {i}: {a} vs scalar {b}");
+            assert!(a.is_nan() || (a - b).abs() <= 1e-5, "{name}: value {i}: {a} vs scalar {b}");
+        }
+    }
+}
+
+/// `attention_f16_batch` (the exact path over a step's sequences) gives each sequence
+/// what `attention_f16` gives it alone, bit for bit, and refuses rows that do not match.
+#[test]
+fn f16_batch_equals_a_call_per_sequence() {
+    let mut r = ChaCha8Rng::seed_from_u64(34);
+    let batch = Batch::new(&mut r, (9, 3, 64), 16, &[(0, 21), (13, 1), (7, 0), (100, 1), (31, 9)], (2.0, 2.0, 1.0));
+    let q = batch.q();
+    let mut all = vec![f32::NAN; q.len()];
+    let seqs = batch.slices();
+    attention_f16_batch(&batch.cache, &batch.kc, &batch.vc, &mut all, &q, &seqs, 9, 0.125).unwrap();
+    let mut at = 0;
+    for seq in &seqs {
+        let len = seq.n_tokens * 9 * 64;
+        let mut out = vec![f32::NAN; len];
+        attention_f16(&batch.cache, &batch.kc, &batch.vc, &mut out, &q[at..at + len], seq, 9, 0.125).unwrap();
+        assert!(bits_eq(&out, &all[at..at + len]), "sequence at first_pos {}", seq.first_pos);
+        at += len;
+    }
+    let short = &mut all[..q.len() - 64];
+    let err = attention_f16_batch(&batch.cache, &batch.kc, &batch.vc, short, &q[..q.len() - 64], &seqs, 9, 0.125);
+    assert!(matches!(err, Err(KernelError::Shape { .. })));
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use tessera_kernels::cpu::matmul::Isa;
 use tessera_kernels::cpu::packed::PackedWeight;
-use tessera_kernels::cpu::{activation, attention, attention_f16, attention_tiled, matmul, norm, par, rope};
+use tessera_kernels::cpu::{activation, attention, attention_f16, attention_tiled, matmul, norm, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
 
@@ -54,7 +54,8 @@ pub struct LlamaModel {
     /// SmolLM2) is then neither allocated nor zeroed again each step.
     spare_logits: Mutex<Vec<f32>>,
     /// Attention by `cpu::attention_tiled` (f32 softmax, the whole batch in one call),
-    /// else by `cpu::attention_f16` (llama.cpp's rounding): set with the packed kernels.
+    /// else by `cpu::attention_f16` (llama.cpp's rounding): on where the packed kernels
+    /// are (see [`LlamaModel::set_packed_kernels`]).
     fast_attention: bool,
 }
 
@@ -141,7 +142,10 @@ impl Stacked {
                 return Ok(());
             }
             // Each part's rows straight into its output.
-            Joint::Packed(p) => return Ok(p.matmul_parts(outs, x, n)?),
+            Joint::Packed(p) => {
+                debug_assert!(outs.iter().zip(&self.parts).all(|(o, p)| o.len() == n * p.rows));
+                return Ok(p.matmul_parts(outs, x, n)?);
+            }
             Joint::Fused(w) => {
                 scratch.resize(n * total, 0.0);
                 w.matmul(scratch, x, n)?;
@@ -272,13 +276,12 @@ impl LlamaModel {
     /// Whether the layer and output matmuls take the packed kernels (`cpu::packed`:
     /// Q4_0/Q4_1/Q8_0 weights repacked sixteen rows side by side, about twice as fast on
     /// AVX2 and AVX-512 VNNI) and attention the tiled f32-softmax kernel
-    /// (`cpu::attention_tiled`), or the row-major matmuls and the f16-accumulator
+    /// (`cpu::attention_tiled`) where any matmul is packed, or the row-major matmuls and the f16-accumulator
     /// attention, which round exactly as llama.cpp's CPU kernels do
     /// (`tests/llama_cpp_agreement.rs`). Both are batch invariant; their outputs differ in
     /// the last bits. On by default (`TESSERA_CPU_PACKED=0` turns it off); packing copies
     /// the weights of those types once (the file's stay mapped).
     pub fn set_packed_kernels(&mut self, on: bool) -> Result<(), WorkerError> {
-        self.fast_attention = on;
         // Only the last pipeline stage multiplies by the LM head.
         self.lm_head.pack(on && self.shard.is_last_stage())?;
         for layer in &mut self.layers {
@@ -287,6 +290,9 @@ impl LlamaModel {
             layer.self_attn.o_proj.pack(on)?;
             layer.mlp.down_proj.pack(on)?;
         }
+        // The tiled attention only where the matmuls leave llama.cpp's rounding anyway
+        // (a CPU or weight types without packed kernels keep the exact path whole).
+        self.fast_attention = self.packed_kernels();
         Ok(())
     }
 
@@ -464,7 +470,7 @@ impl LlamaModel {
                 })?;
             } else {
                 prof::time(Op::Attention, || {
-                    attention_exact(&cache, k_cache, v_cache, &mut attn, &q, &seqs, n_heads, scale)
+                    attention_f16::attention_f16_batch(&cache, k_cache, v_cache, &mut attn, &q, &seqs, n_heads, scale)
                 })?;
             }
             // The residual add: inside the projection's tasks unsharded, after the
@@ -595,48 +601,4 @@ fn check_shard(c: &ModelConfig, s: &Shard) -> Result<(), WorkerError> {
         return bad(format!("{} KV heads cannot be split or replicated over tp {}", c.num_kv_heads, s.tp));
     }
     Ok(())
-}
-
-/// Attention with llama.cpp's rounding (`attention_f16`, one call per sequence) over a
-/// step's chunks: each prefill chunk split over its own (token, head) rows, one after
-/// another; the decodes in one parallel region, a task per sequence, each in place (one
-/// region per sequence costs more in waking threads than the work at decode batch sizes).
-/// `q`, `attn`: `[rows, n_heads * head_dim]`, the chunks' rows in order.
-#[allow(clippy::too_many_arguments)]
-fn attention_exact(
-    cache: &attention::PagedKv,
-    k_cache: &[half::f16],
-    v_cache: &[half::f16],
-    attn: &mut [f32],
-    q: &[f32],
-    seqs: &[attention::SeqSlice],
-    n_heads: usize,
-    scale: f32,
-) -> Result<(), WorkerError> {
-    let q_dim = n_heads * cache.head_dim;
-    let (mut outs, mut starts) = (Vec::with_capacity(seqs.len()), Vec::with_capacity(seqs.len()));
-    let (mut rest, mut row) = (attn, 0);
-    for s in seqs {
-        let (head, tail) = rest.split_at_mut(s.n_tokens * q_dim);
-        outs.push(Mutex::new(head));
-        starts.push(row);
-        (rest, row) = (tail, row + s.n_tokens);
-    }
-    let run = |i: usize| -> Result<(), WorkerError> {
-        let (s, r0) = (&seqs[i], starts[i]);
-        let qs = &q[r0 * q_dim..(r0 + s.n_tokens) * q_dim];
-        let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
-        Ok(attention_f16::attention_f16(cache, k_cache, v_cache, &mut out, qs, s, n_heads, scale)?)
-    };
-    for i in (0..seqs.len()).filter(|&i| seqs[i].n_tokens > 1) {
-        run(i)?;
-    }
-    let decodes: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].n_tokens == 1).collect();
-    let failed = Mutex::new(None);
-    par::for_each_task(decodes.len(), |j| {
-        if let Err(e) = run(decodes[j]) {
-            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-        }
-    });
-    failed.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
 }

@@ -62,8 +62,10 @@ const CLEAR_MARGIN: f64 = 0.5;
 /// Measured on this fixture: packed matmuls with the f16 attention (2026-12-01) 98.31%
 /// top-1 (755/768), 8 of 12 equal, mean |logprob - llama.cpp| 0.097; with the tiled
 /// attention as well (2026-12-01) 97.53% (749/768), 6 of 12, 0.099, every divergence at
-/// a llama.cpp margin under 0.18 nats. The bounds sit at or just under those, so a real
-/// loss of accuracy still fails (and no clear decision of llama.cpp may be missed).
+/// a llama.cpp margin under 0.18 nats (the same bits on AVX2 and AVX-512 machines). The
+/// top-1 bound leaves four near-ties of slack (745/768); the prompt count sits at
+/// llama.cpp's own spread; a real loss of accuracy still fails (and no clear decision of
+/// llama.cpp may be missed).
 struct Bounds {
     packed: bool,
     top1: f64,
@@ -72,7 +74,7 @@ struct Bounds {
 }
 
 const EXACT: Bounds = Bounds { packed: false, top1: 0.98, mean_logprob_err: 0.03, equal_prompts: 10 };
-const PACKED: Bounds = Bounds { packed: true, top1: 0.975, mean_logprob_err: 0.12, equal_prompts: 6 };
+const PACKED: Bounds = Bounds { packed: true, top1: 0.97, mean_logprob_err: 0.12, equal_prompts: 6 };
 
 /// The model (with the kernels `b` names) and its end-of-generation ids (what
 /// `ignore_eos` bans).

@@ -25,7 +25,7 @@ use half::slice::HalfFloatSliceExt;
 
 use super::attention::{write_kv_as, PagedKv, SeqSlice};
 use super::matmul::Isa;
-use super::par;
+use super::par::{self, SharedMut};
 use crate::error::check;
 use crate::KernelError;
 
@@ -218,6 +218,55 @@ pub fn attention_f16_with(
         out.chunks_mut(g * hd).enumerate().for_each(|item| heads(&mut scratch, item));
     }
     Ok(())
+}
+
+/// [`attention_f16`] over every sequence of a step: `q`, `out` `[rows, n_heads *
+/// head_dim]`, `seqs[0]`'s token rows first, then `seqs[1]`'s, and so on (the layout of
+/// `attention_tiled`). A prefill chunk splits over its own (token, head) rows, the chunks
+/// one after another; the decodes run in one parallel region, a task each (one region
+/// per sequence costs more in waking threads than a decode's work).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f16_batch(
+    cache: &PagedKv,
+    k_cache: &[f16],
+    v_cache: &[f16],
+    out: &mut [f32],
+    q: &[f32],
+    seqs: &[SeqSlice],
+    n_heads: usize,
+    scale: f32,
+) -> Result<(), KernelError> {
+    const OP: &str = "attention_f16_batch";
+    let row = n_heads * cache.head_dim;
+    let rows = seqs.iter().try_fold(0usize, |acc, s| acc.checked_add(s.n_tokens));
+    check(rows.and_then(|r| r.checked_mul(row)) == Some(q.len()) && out.len() == q.len(), OP, || {
+        format!("q {} / out {} values for sequences of {rows:?} tokens x {n_heads} heads", q.len(), out.len())
+    })?;
+    let mut starts = Vec::with_capacity(seqs.len());
+    let mut r0 = 0;
+    for s in seqs {
+        starts.push(r0);
+        r0 += s.n_tokens;
+    }
+    let base = SharedMut::new(out);
+    let run = |i: usize| -> Result<(), KernelError> {
+        let (s, at) = (&seqs[i], starts[i] * row);
+        let len = s.n_tokens * row;
+        // SAFETY: sequence `i`'s rows `starts[i] ..+ n_tokens` are its own.
+        let o = unsafe { base.slice(at, at + len) };
+        attention_f16(cache, k_cache, v_cache, o, &q[at..at + len], s, n_heads, scale)
+    };
+    for i in (0..seqs.len()).filter(|&i| seqs[i].n_tokens > 1) {
+        run(i)?;
+    }
+    let decodes: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].n_tokens == 1).collect();
+    let failed = std::sync::Mutex::new(None);
+    par::for_each_task(decodes.len(), |j| {
+        if let Err(e) = run(decodes[j]) {
+            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    });
+    failed.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
 }
 
 /// One output row on the portable path: `q`, `o` `[head_dim]`.

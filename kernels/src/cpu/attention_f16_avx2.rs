@@ -20,7 +20,7 @@
 use std::arch::x86_64::*;
 
 use super::RowInputs;
-use crate::cpu::attention_x86::{by_head_dim_and_rows, round_f16, widen8};
+use crate::cpu::attention_x86::{by_head_dim_and_rows, hsum, round_f16, widen8};
 
 /// The kernels for one set of target features: AVX2 + FMA + F16C, and the same code with
 /// AVX-512VL enabled, where the compiler has 32 vector registers instead of 16 (the
@@ -118,9 +118,5 @@ unsafe fn dot<const NV: usize>(q: &[__m256; NV], k: &[__m256; NV]) -> f32 {
     }
     let lo = _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7]));
-    let r8 = _mm256_add_ps(hi, lo);
-    let r4 = _mm_add_ps(_mm256_extractf128_ps::<1>(r8), _mm256_castps256_ps128(r8));
-    // [r0 + r2, r1 + r3, ..], then lane 0 + lane 1.
-    let r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
-    _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)))
+    hsum(_mm256_add_ps(hi, lo))
 }

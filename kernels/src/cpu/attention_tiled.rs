@@ -29,8 +29,9 @@
 //!
 //! Bits: a row's output depends only on its query, its positions' K/V and the tile
 //! boundaries (fixed, from position 0), never on the batch, the thread count or the
-//! split, so the engine stays batch invariant. The AVX2 and AVX-512VL builds run the same
-//! instructions (the same bits); without AVX2 the portable rows take the same steps in
+//! split, so the engine stays batch invariant. The AVX2 and AVX-512VL builds (the latter
+//! on CPUs with AVX-512 VNNI) run the same instructions (the same bits); without AVX2, or
+//! for a head_dim other than 64, 128 and 256, the portable rows take the same steps in
 //! scalar f32, in another summation order.
 
 use half::f16;
@@ -167,7 +168,7 @@ pub fn attention_tiled_with(
 
     // Unit `u`: output values `u * unit ..`: row `u / units_per_row`, heads from
     // `(u % units_per_row) * g`.
-    let attend = |u: usize, o: &mut [f32]| {
+    let attend = |u: usize, o: &mut [f32], scratch: &mut Scratch| {
         let (row, h0) = (u / units_per_row, (u % units_per_row) * g);
         let si = starts.partition_point(|&s| s <= row) - 1;
         let seq = &seqs[si];
@@ -191,27 +192,39 @@ pub fn attention_tiled_with(
             return;
         }
         let _ = simd;
-        scalar_rows(&rows, hd, o);
+        scalar_rows(&rows, hd, o, scratch);
     };
     let units = rows * units_per_row;
     if parallel {
         let per = (units / (TASKS_PER_THREAD * threads)).max(1);
         par::for_each_chunk_mut(out, per * unit, |i, o| {
+            let mut scratch = Scratch::default();
             for (j, o) in o.chunks_mut(unit).enumerate() {
-                attend(i * per + j, o);
+                attend(i * per + j, o, &mut scratch);
             }
         });
     } else {
-        out.chunks_mut(unit).enumerate().for_each(|(u, o)| attend(u, o));
+        let mut scratch = Scratch::default();
+        out.chunks_mut(unit).enumerate().for_each(|(u, o)| attend(u, o, &mut scratch));
     }
     Ok(())
 }
 
+/// The portable path's per-task buffers (empty until it runs; the register kernel needs
+/// none): the accumulator and the f16-rounded query, `[head_dim]` each.
+#[derive(Default)]
+struct Scratch {
+    acc: Vec<f32>,
+    q16: Vec<f32>,
+}
+
 /// The portable path: the kernel's steps for each of the unit's rows in scalar f32
 /// (`o`: `[rows, head_dim]`).
-fn scalar_rows(r: &RowInputs, hd: usize, o: &mut [f32]) {
+fn scalar_rows(r: &RowInputs, hd: usize, o: &mut [f32], scratch: &mut Scratch) {
     let mut offs = [0usize; TILE];
-    let (mut acc, mut q16) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+    let Scratch { acc, q16 } = scratch;
+    acc.resize(hd, 0.0);
+    q16.resize(hd, 0.0);
     for (q, o) in r.q.chunks_exact(hd).zip(o.chunks_exact_mut(hd)) {
         for (d, &x) in q16.iter_mut().zip(q) {
             *d = f16::from_f32(x).to_f32();
@@ -246,7 +259,7 @@ fn scalar_rows(r: &RowInputs, hd: usize, o: &mut [f32]) {
             }
         }
         let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
-        for (o, &a) in o.iter_mut().zip(&acc) {
+        for (o, &a) in o.iter_mut().zip(acc.iter()) {
             *o = a * inv;
         }
     }

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::{RowInputs, EXP_MIN, TILE};
-use crate::cpu::attention_x86::{by_head_dim_and_rows, round_f16, widen8};
+use crate::cpu::attention_x86::{by_head_dim_and_rows, hsum, round_f16, widen8};
 use crate::cpu::exp_ggml::{C0, C1, C2, C3, C4, LN2_HI, LN2_LO, LOG2E, SHIFT};
 
 /// The kernels for one set of target features: AVX2 + FMA + F16C, and the same code with
@@ -61,8 +61,10 @@ macro_rules! kernels {
                         _mm_prefetch::<_MM_HINT_T0>(vc.as_ptr().add(o + line) as *const i8);
                     }
                 }
-                // Scores, eight positions per register; lanes past `n` are -inf.
+                // Scores, eight positions per register; lanes past `n` are -inf (and
+                // weigh nothing below).
                 let mut s = [[_mm256_setzero_ps(); 2]; G];
+                let mut live = [_mm256_setzero_ps(); 2];
                 for h in 0..2 {
                     let mut d = [[_mm256_setzero_ps(); 8]; G];
                     for i in 0..8.min(n.saturating_sub(8 * h)) {
@@ -81,14 +83,18 @@ macro_rules! kernels {
                     }
                     // Lane `i` holds position `8h + i`: live below `n`.
                     let left = _mm256_set1_epi32(n.saturating_sub(8 * h) as i32);
-                    let live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, lane));
+                    live[h] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, lane));
                     for g in 0..G {
-                        s[g][h] =
-                            _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), _mm256_mul_ps(sum8x8(&d[g]), sc), live);
+                        s[g][h] = _mm256_blendv_ps(
+                            _mm256_set1_ps(f32::NEG_INFINITY),
+                            _mm256_mul_ps(sum8x8(&d[g]), sc),
+                            live[h],
+                        );
                     }
                 }
                 for g in 0..G {
-                    let tmax = hmax(_mm256_max_ps(s[g][0], s[g][1]));
+                    // The maximum skips NaN scores, as `f32::max` in the scalar rows does.
+                    let tmax = hmax(_mm256_max_ps(no_nan(s[g][0]), no_nan(s[g][1])));
                     if tmax > m[g] {
                         let corr = (m[g] - tmax).exp();
                         m[g] = tmax;
@@ -105,10 +111,9 @@ macro_rules! kernels {
                     let mv = _mm256_set1_ps(m[g]);
                     let mut sum = _mm256_setzero_ps();
                     for h in 0..2 {
-                        let e = exp_nonpos(_mm256_sub_ps(s[g][h], mv));
-                        // -inf lanes (past `n`) weigh nothing, not `e^-87`.
-                        let e =
-                            _mm256_and_ps(e, _mm256_cmp_ps::<_CMP_NEQ_OQ>(s[g][h], _mm256_set1_ps(f32::NEG_INFINITY)));
+                        // Lanes past `n` weigh nothing (not `e^-87`); a NaN score's weight
+                        // is NaN.
+                        let e = _mm256_and_ps(exp_nonpos(_mm256_sub_ps(s[g][h], mv)), live[h]);
                         _mm256_storeu_ps(w[g].as_mut_ptr().add(8 * h), e);
                         sum = _mm256_add_ps(sum, e);
                     }
@@ -181,16 +186,14 @@ fn sum8x8(v: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(lo, hi)
 }
 
-/// The sum of the eight lanes.
+/// `v` with its NaN lanes replaced by -inf.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn hsum(v: __m256) -> f32 {
-    let r4 = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
-    let r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
-    _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)))
+fn no_nan(v: __m256) -> __m256 {
+    _mm256_blendv_ps(v, _mm256_set1_ps(f32::NEG_INFINITY), _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v))
 }
 
-/// The largest of the eight lanes (a NaN lane may or may not win, as with `max_ps`).
+/// The largest of the eight lanes (of NaN-free lanes: `max_ps` is not symmetric in NaN).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn hmax(v: __m256) -> f32 {

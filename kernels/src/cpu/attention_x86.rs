@@ -1,6 +1,6 @@
 //! x86 pieces shared by the register kernels of the two f16-cache attentions
-//! (`attention_f16_avx2.rs`, `attention_tiled_avx2.rs`): f16 loads and rounding, and the
-//! dispatch from run-time sizes to their const-generic variants.
+//! (`attention_f16_avx2.rs`, `attention_tiled_avx2.rs`): f16 loads and rounding, a lane
+//! sum, and the dispatch from run-time sizes to their const-generic variants.
 
 use std::arch::x86_64::*;
 
@@ -41,6 +41,15 @@ pub(crate) unsafe fn widen8(p: *const f16) -> __m256 {
 #[inline]
 pub(crate) unsafe fn round_f16(x: __m256) -> __m256 {
     _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// The sum of the eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) fn hsum(v: __m256) -> f32 {
+    let r4 = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
+    _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)))
 }
 
 #[cfg(test)]

@@ -263,6 +263,8 @@ impl PackedWeight {
             for g in i * per..((i + 1) * per).min(groups) {
                 let (r0, valid) = (g * GROUP, GROUP.min(rows - g * GROUP));
                 let recs = &self.lines[g * group_bytes / 64..(g + 1) * group_bytes / 64];
+                // The first part holding one of the group's rows.
+                let first_part = parts.partition_point(|p| p.first + p.rows <= r0);
                 let mut tile = [[0.0f32; GROUP]; TILE];
                 for t0 in (0..n).step_by(TILE) {
                     let tn = TILE.min(n - t0);
@@ -270,7 +272,7 @@ impl PackedWeight {
                     for (j, vals) in tile.iter().take(tn).enumerate() {
                         // Lanes `lane ..` go to the part holding row `r0 + lane`, up to its end.
                         let mut lane = 0;
-                        let mut pi = parts.partition_point(|p| p.first + p.rows <= r0);
+                        let mut pi = first_part;
                         while lane < valid {
                             let p = &parts[pi];
                             let (from, take) =
@@ -314,7 +316,6 @@ impl PackedWeight {
     }
 }
 
-/// The quantised activations as the packed kernels read them.
 /// One output buffer of [`PackedWeight::matmul_parts`]: rows `first ..+ rows` of the
 /// weight, `[n, rows]`.
 struct Part<'a> {
@@ -323,6 +324,7 @@ struct Part<'a> {
     base: SharedMut<'a, f32>,
 }
 
+/// The quantised activations as the packed kernels read them.
 pub(crate) struct Acts<'a> {
     /// `[n, cols]` i8.
     pub qs: &'a [i8],
