@@ -275,9 +275,9 @@ impl LlamaModel {
 
     /// Whether the layer and output matmuls take the packed kernels (`cpu::packed`:
     /// Q4_0/Q4_1/Q8_0 weights repacked sixteen rows side by side, about twice as fast on
-    /// AVX2 and AVX-512 VNNI) and attention the tiled f32-softmax kernel
-    /// (`cpu::attention_tiled`) where any matmul is packed, or the row-major matmuls and the f16-accumulator
-    /// attention, which round exactly as llama.cpp's CPU kernels do
+    /// AVX2 and AVX-512 VNNI), with attention by the tiled f32-softmax kernel
+    /// (`cpu::attention_tiled`) where any matmul is packed, or the row-major matmuls and
+    /// the f16-accumulator attention, which round exactly as llama.cpp's CPU kernels do
     /// (`tests/llama_cpp_agreement.rs`). Both are batch invariant; their outputs differ in
     /// the last bits. On by default (`TESSERA_CPU_PACKED=0` turns it off); packing copies
     /// the weights of those types once (the file's stay mapped).
