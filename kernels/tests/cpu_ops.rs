@@ -7,6 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{attention, write_kv, PagedKv, SeqSlice};
 use tessera_kernels::cpu::exp_ggml::exp_ggml;
+use tessera_kernels::cpu::norm::SumOrder;
 use tessera_kernels::cpu::rope::{rope, rope_with_table, Llama3Scaling, RopeAngles, RopeParams, RopeStyle};
 use tessera_kernels::cpu::{activation, norm, softmax};
 use tessera_kernels::KernelError;
@@ -59,12 +60,27 @@ fn rms_norm_matches_reference() {
         let x = rand_vec(&mut r, rows * dim, -3.0, 3.0);
         let w = rand_vec(&mut r, dim, -2.0, 2.0);
         let want = rms_norm_ref(&x, &w, eps);
-        let mut out = vec![f32::NAN; x.len()];
-        norm::rms_norm(&mut out, &x, &w, rows, eps).unwrap();
-        assert_close("rms_norm", &out, &want, 1e-6, 1e-5);
-        let mut inplace = x.clone();
-        norm::rms_norm_inplace(&mut inplace, &w, rows, eps).unwrap();
-        assert_eq!(inplace, out, "in-place and out-of-place differ");
+        let mut ggml = vec![f32::NAN; x.len()];
+        for order in [SumOrder::Ggml, SumOrder::Lanes] {
+            let mut out = vec![f32::NAN; x.len()];
+            norm::rms_norm_with(order, &mut out, &x, &w, rows, eps).unwrap();
+            assert_close("rms_norm", &out, &want, 1e-6, 1e-5);
+            let mut inplace = x.clone();
+            norm::rms_norm_inplace_with(order, &mut inplace, &w, rows, eps).unwrap();
+            assert_eq!(inplace, out, "{order:?}: in-place and out-of-place differ");
+            if order == SumOrder::Ggml {
+                let mut plain = vec![f32::NAN; x.len()];
+                norm::rms_norm(&mut plain, &x, &w, rows, eps).unwrap();
+                assert_eq!(plain, out, "rms_norm is the ggml order");
+                ggml = out;
+            } else {
+                // The two orders' f64 sums differ by a few units of 2^-53, under the f32
+                // scale's rounding step except right at a boundary: at most one ulp.
+                for (a, b) in out.iter().zip(&ggml) {
+                    assert!((a - b).abs() <= 2.0 * f32::EPSILON * b.abs(), "lanes {a} vs ggml {b}");
+                }
+            }
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 use std::sync::{Arc, Mutex};
 
 use tessera_kernels::cpu::matmul::Isa;
+use tessera_kernels::cpu::norm::SumOrder;
 use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::cpu::{activation, attention, attention_f16, attention_tiled, matmul, norm, rope};
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
@@ -53,10 +54,11 @@ pub struct LlamaModel {
     /// ([`LlamaModel::recycle_logits`]): a batch's `[rows, vocab]` (3 MB for 16 rows of
     /// SmolLM2) is then neither allocated nor zeroed again each step.
     spare_logits: Mutex<Vec<f32>>,
-    /// Attention by `cpu::attention_tiled` (f32 softmax, the whole batch in one call),
-    /// else by `cpu::attention_f16` (llama.cpp's rounding): on where the packed kernels
-    /// are (see [`LlamaModel::set_packed_kernels`]).
-    fast_attention: bool,
+    /// The fast path's rounding beside the packed matmuls: attention by
+    /// `cpu::attention_tiled` (f32 softmax, the whole batch in one call) and norms summed
+    /// over eight lanes; else `cpu::attention_f16` and ggml's sum order (llama.cpp's
+    /// rounding). On where the packed kernels are (see [`LlamaModel::set_packed_kernels`]).
+    fast_path: bool,
 }
 
 struct DecoderLayer {
@@ -267,7 +269,7 @@ impl LlamaModel {
             rope_style,
             _files: w.files().clone(),
             spare_logits: Mutex::new(Vec::new()),
-            fast_attention: false,
+            fast_path: false,
         };
         model.set_packed_kernels(packed_by_default())?;
         Ok(model)
@@ -276,8 +278,9 @@ impl LlamaModel {
     /// Whether the layer and output matmuls take the packed kernels (`cpu::packed`:
     /// Q4_0/Q4_1/Q8_0 weights repacked sixteen rows side by side, about twice as fast on
     /// AVX2 and AVX-512 VNNI), with attention by the tiled f32-softmax kernel
-    /// (`cpu::attention_tiled`) where any matmul is packed, or the row-major matmuls and
-    /// the f16-accumulator attention, which round exactly as llama.cpp's CPU kernels do
+    /// (`cpu::attention_tiled`) and norms summed over eight lanes where any matmul is
+    /// packed, or the row-major matmuls, the f16-accumulator attention and ggml's norm
+    /// sums, which round exactly as llama.cpp's CPU kernels do
     /// (`tests/llama_cpp_agreement.rs`). Both are batch invariant; their outputs differ in
     /// the last bits. On by default (`TESSERA_CPU_PACKED=0` turns it off); packing copies
     /// the weights of those types once (the file's stay mapped).
@@ -290,9 +293,9 @@ impl LlamaModel {
             layer.self_attn.o_proj.pack(on)?;
             layer.mlp.down_proj.pack(on)?;
         }
-        // The tiled attention only where the matmuls leave llama.cpp's rounding anyway
-        // (a CPU or weight types without packed kernels keep the exact path whole).
-        self.fast_attention = self.packed_kernels();
+        // The fast path only where the matmuls leave llama.cpp's rounding anyway (a CPU or
+        // weight types without packed kernels keep the exact path whole).
+        self.fast_path = self.packed_kernels();
         Ok(())
     }
 
@@ -380,6 +383,7 @@ impl LlamaModel {
             chunks.iter().flat_map(|s| (s.first_pos..s.first_pos + s.tokens.len()).map(|p| p as u32)).collect();
         let angles = prof::time(Op::Rope, || self.rope.table(&positions));
 
+        let (sum, eps) = (if self.fast_path { SumOrder::Lanes } else { SumOrder::Ggml }, c.rms_norm_eps);
         // Each chunk as the attention kernels take it (the same for every layer).
         let seqs: Vec<attention::SeqSlice> = chunks
             .iter()
@@ -429,7 +433,7 @@ impl LlamaModel {
 
         for (li, layer) in self.layers.iter().enumerate() {
             let sa = &layer.self_attn;
-            prof::time(Op::Norm, || norm::rms_norm(&mut xn, &x, &layer.input_layernorm, t_total, c.rms_norm_eps))?;
+            prof::time(Op::Norm, || norm::rms_norm_with(sum, &mut xn, &x, &layer.input_layernorm, t_total, eps))?;
             prof::time(Op::Qkv, || {
                 sa.qkv_proj.forward(&xn, t_total, &mut [&mut q, &mut k, &mut v], &mut fused)?;
                 if let Some([bq, bk, bv]) = &sa.bias {
@@ -438,8 +442,8 @@ impl LlamaModel {
                     activation::add_row_bias(&mut v, bv)?;
                 }
                 if let Some([nq, nk]) = &sa.qk_norm {
-                    norm::rms_norm_inplace(&mut q, nq, t_total * n_heads, c.rms_norm_eps)?;
-                    norm::rms_norm_inplace(&mut k, nk, t_total * n_kv, c.rms_norm_eps)?;
+                    norm::rms_norm_inplace_with(sum, &mut q, nq, t_total * n_heads, eps)?;
+                    norm::rms_norm_inplace_with(sum, &mut k, nk, t_total * n_kv, eps)?;
                 }
                 Ok::<_, WorkerError>(())
             })?;
@@ -463,7 +467,7 @@ impl LlamaModel {
             })?;
             let (k_cache, v_cache) = (&kv.k[li], &kv.v[li]);
             let scale = 1.0 / (hd as f32).sqrt();
-            if self.fast_attention {
+            if self.fast_path {
                 // Every chunk in one call, split over (token, kv group) units.
                 prof::time(Op::Attention, || {
                     attention_tiled::attention_tiled(&cache, k_cache, v_cache, &mut attn, &q, &seqs, n_heads, scale)
@@ -488,7 +492,7 @@ impl LlamaModel {
             }
 
             prof::time(Op::Norm, || {
-                norm::rms_norm(&mut xn, &x, &layer.post_attention_layernorm, t_total, c.rms_norm_eps)
+                norm::rms_norm_with(sum, &mut xn, &x, &layer.post_attention_layernorm, t_total, eps)
             })?;
             prof::time(Op::GateUp, || {
                 layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)
@@ -531,7 +535,7 @@ impl LlamaModel {
         }
         let data = prof::time(Op::Head, || {
             let mut seln = vec![0.0f32; sel.len()];
-            norm::rms_norm(&mut seln, &sel, &self.norm, picked.len(), c.rms_norm_eps)?;
+            norm::rms_norm_with(sum, &mut seln, &sel, &self.norm, picked.len(), eps)?;
             // Every value is written below (the LM head's output); a recycled buffer keeps
             // its old values until then.
             let mut data = std::mem::take(&mut *self.spare_logits.lock().unwrap_or_else(|e| e.into_inner()));
