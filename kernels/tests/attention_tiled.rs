@@ -271,14 +271,15 @@ fn tiled_attention_rejects_bad_inputs() {
     assert!(attention_tiled(&cache, &kc, &vc, &mut [], &[], &empty, 4, 0.3).is_ok());
 }
 
-/// Non-finite caches (a NaN or an f16 infinity in K, a NaN in V) give the register
-/// kernel the scalar rows' outcome: the same outputs NaN, the others within f32 rounding
-/// of each other; and a fourth sequence, clean, stays finite.
+/// Non-finite caches (a NaN or an f16 infinity in K, a NaN in V, a kv head NaN at every
+/// position) give the register kernel the scalar rows' outcome: the same outputs NaN, the
+/// others within f32 rounding of each other; a clean sequence stays finite.
 #[test]
 fn tiled_attention_non_finite_inputs_as_the_scalar_rows() {
     let mut r = ChaCha8Rng::seed_from_u64(33);
     let dims = (9, 3, 64);
-    let mut batch = Batch::new(&mut r, dims, 16, &[(30, 1), (40, 1), (0, 20), (25, 1)], (2.0, 2.0, 1.0));
+    let shape = [(30, 1), (40, 1), (0, 20), (25, 1), (3, 1)];
+    let mut batch = Batch::new(&mut r, dims, 16, &shape, (2.0, 2.0, 1.0));
     let stride = 3 * 64;
     let slot = |s: &Seq, p: usize| (s.table[p / 16] as usize * 16 + p % 16) * stride;
     // Sequence 0: a NaN score (NaN in K, kv head 1, position 7); sequence 1: NaN in V
@@ -287,12 +288,20 @@ fn tiled_attention_non_finite_inputs_as_the_scalar_rows() {
     batch.kc[at[0]] = f16::NAN;
     batch.vc[at[1]] = f16::NAN;
     batch.kc[at[2]] = f16::INFINITY;
+    // Sequence 4 (a decode at position 3): kv head 0's K and V NaN at every position, so
+    // its heads 0-2 never see a finite score (the scalar rows give 0, nothing summed).
+    for p in 0..4 {
+        let o = slot(&batch.seqs[4], p);
+        batch.kc[o..o + 64].fill(f16::NAN);
+        batch.vc[o..o + 64].fill(f16::NAN);
+    }
     let scalar = batch.run(Isa::scalar(), 0.125);
     let row = 9 * 64;
     for (s, range) in [(0, 0..row), (1, row..2 * row), (2, 2 * row..22 * row)] {
         assert!(scalar[range].iter().any(|x| x.is_nan()), "sequence {s}: some output NaN");
     }
-    assert!(scalar[22 * row..].iter().all(|x| x.is_finite()), "the clean sequence");
+    assert!(scalar[22 * row..23 * row].iter().all(|x| x.is_finite()), "the clean sequence");
+    assert!(scalar[23 * row..23 * row + 3 * 64].iter().all(|&x| x == 0.0), "no finite score: 0");
     for (name, isa) in isas().into_iter().skip(1) {
         let got = batch.run(isa, 0.125);
         for (i, (a, b)) in got.iter().zip(&scalar).enumerate() {

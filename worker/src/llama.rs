@@ -14,6 +14,7 @@ use tessera_kernels::cpu::matmul::Isa;
 use tessera_kernels::cpu::norm::SumOrder;
 use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::cpu::{activation, attention, attention_f16, attention_tiled, matmul, norm, rope};
+use tessera_kernels::GgmlType;
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
 
@@ -57,7 +58,8 @@ pub struct LlamaModel {
     /// The fast path's rounding beside the packed matmuls: attention by
     /// `cpu::attention_tiled` (f32 softmax, the whole batch in one call) and norms summed
     /// over eight lanes; else `cpu::attention_f16` and ggml's sum order (llama.cpp's
-    /// rounding). On where the packed kernels are (see [`LlamaModel::set_packed_kernels`]).
+    /// rounding). On with the packed kernels on CPUs that have them (see
+    /// [`LlamaModel::set_packed_kernels`]).
     fast_path: bool,
 }
 
@@ -145,7 +147,9 @@ impl Stacked {
             }
             // Each part's rows straight into its output.
             Joint::Packed(p) => {
-                debug_assert!(outs.iter().zip(&self.parts).all(|(o, p)| o.len() == n * p.rows));
+                debug_assert!(
+                    outs.len() == self.parts.len() && outs.iter().zip(&self.parts).all(|(o, p)| o.len() == n * p.rows)
+                );
                 return Ok(p.matmul_parts(outs, x, n)?);
             }
             Joint::Fused(w) => {
@@ -278,8 +282,8 @@ impl LlamaModel {
     /// Whether the layer and output matmuls take the packed kernels (`cpu::packed`:
     /// Q4_0/Q4_1/Q8_0 weights repacked sixteen rows side by side, about twice as fast on
     /// AVX2 and AVX-512 VNNI), with attention by the tiled f32-softmax kernel
-    /// (`cpu::attention_tiled`) and norms summed over eight lanes where any matmul is
-    /// packed, or the row-major matmuls, the f16-accumulator attention and ggml's norm
+    /// (`cpu::attention_tiled`) and norms summed over eight lanes (on CPUs with the packed
+    /// kernels), or the row-major matmuls, the f16-accumulator attention and ggml's norm
     /// sums, which round exactly as llama.cpp's CPU kernels do
     /// (`tests/llama_cpp_agreement.rs`). Both are batch invariant; their outputs differ in
     /// the last bits. On by default (`TESSERA_CPU_PACKED=0` turns it off); packing copies
@@ -293,9 +297,10 @@ impl LlamaModel {
             layer.self_attn.o_proj.pack(on)?;
             layer.mlp.down_proj.pack(on)?;
         }
-        // The fast path only where the matmuls leave llama.cpp's rounding anyway (a CPU or
-        // weight types without packed kernels keep the exact path whole).
-        self.fast_path = self.packed_kernels();
+        // The fast path with the packed kernels where this CPU has them: decided by the CPU
+        // alone, so every shard of a replica (whatever weight types its layers hold) rounds
+        // the same way as one worker would.
+        self.fast_path = on && PackedWeight::has_simd_kernel(Isa::best(), GgmlType::Q8_0);
         Ok(())
     }
 

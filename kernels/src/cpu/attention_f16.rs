@@ -1,4 +1,6 @@
-//! Causal attention over a paged KV cache held in f16: the CPU engine's attention.
+//! Causal attention over a paged KV cache held in f16 with llama.cpp's rounding: the CPU
+//! engine's attention on its exact path (`TESSERA_CPU_PACKED=0`; the fast path takes
+//! [`super::attention_tiled`]).
 //!
 //! Same cache layout, block tables and causal rule as [`super::attention`] (which keeps
 //! f32 and is the exact reference), but with the rounding steps of llama.cpp's CPU
@@ -237,6 +239,10 @@ pub fn attention_f16_batch(
     scale: f32,
 ) -> Result<(), KernelError> {
     const OP: &str = "attention_f16_batch";
+    let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
+    for seq in seqs {
+        cache.check_seq(OP, seq, num_blocks)?;
+    }
     let row = n_heads * cache.head_dim;
     let rows = seqs.iter().try_fold(0usize, |acc, s| acc.checked_add(s.n_tokens));
     check(rows.and_then(|r| r.checked_mul(row)) == Some(q.len()) && out.len() == q.len(), OP, || {

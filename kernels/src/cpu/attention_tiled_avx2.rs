@@ -138,6 +138,13 @@ macro_rules! kernels {
                         }
                     }
                 }
+                // A row with no finite score yet has summed nothing (the scalar rows skip
+                // its V pass): zero weights times a non-finite V must not count.
+                for g in 0..G {
+                    if m[g] == f32::NEG_INFINITY {
+                        acc[g] = [_mm256_setzero_ps(); NV];
+                    }
+                }
                 (offs, n) = (next, n_next);
             }
             for g in 0..G {
