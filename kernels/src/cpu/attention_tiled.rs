@@ -20,7 +20,7 @@
 //! engine takes this one with the packed kernels, which already round differently from
 //! llama.cpp (`LlamaModel::set_packed_kernels`). Rounding the query matters: with an f32
 //! query the default model agreed with llama.cpp's greedy output on 3 of 12 fixture
-//! prompts, with it on 6 (worker/tests/llama_cpp_agreement.rs).
+//! prompts, with it on 6 (worker/tests/llama_cpp_agreement.rs; bench/RESULTS.md).
 //!
 //! One call takes every sequence of a step: prefill chunks and decodes, their query rows
 //! concatenated. The work is split into (token, query heads sharing a kv head) units
@@ -155,7 +155,7 @@ pub fn attention_tiled_with(
     let parallel = work >= PAR_MIN_WORK && threads > 1 && !par::in_task();
     // The register kernel's widths: head_dim 64, 128, 256, and `g` query heads of a group
     // at a time (they read the same K/V rows; one head at a time costs 1.8x (SmolLM2) to
-    // 3x (Llama 3 8B) per head on the 2-core AVX2 VM, `attention_bench`): the largest of
+    // 3x (Llama 3 8B) per head on the 2-core AVX2 VM, bench/RESULTS.md): the largest of
     // 4, 3, 2 dividing the group, cut to one only where whole groups would leave threads
     // idle (a lone decode).
     let simd = isa.has_avx2() && matches!(hd, 64 | 128 | 256);
