@@ -2,12 +2,12 @@
 # The packed CPU matmul kernels (kernels/src/cpu/packed.rs) and the tiled attention
 # (attention_tiled.rs) on the device host's AVX-512 VNNI cores, in one call (issue 3):
 # their tests (bit-equality with the scalar packed kernel, batch invariance, the
-# references), attention_bench, `matmul_bench --packed` at 1 and 16 threads,
+# references), attention_bench, par_bench, `matmul_bench --packed` at 1 and 16 threads,
 # `tessera bench` with the row-major against the packed kernels (cpu_ab.sh), then the
 # served comparison with llama-server (llama_cpp.sh cpuserve, which builds llama.cpp for
 # this CPU first) and llama-bench at 1 and 16 threads (cpubench). SKIP_AB=1 leaves out the
 # matmul_bench and row-major/packed steps, SKIP_SERVE=1 everything after the batched bench.
-# Carried: .gpu2/{tessera,matmul,matmul_bench,attention_tiled,attention_bench}.xz (here:
+# Carried: .gpu2/{tessera,matmul,matmul_bench,attention_tiled,attention_bench,par_bench}.xz (here:
 # `bash bench/gpu/cpu_packed.sh prepare`) and .gpullama; /tmp/smollm2.gguf assembled from
 # the halves of run.sh prepare.
 set -uo pipefail
@@ -16,14 +16,14 @@ BIN=/tmp/tessera-gpu-bin
 if [[ "${1:-}" == prepare ]]; then
     set -e
     cargo build --release
-    cargo build --release -p tessera-kernels --example matmul_bench --example attention_bench
+    cargo build --release -p tessera-kernels --example matmul_bench --example attention_bench --example par_bench
     t=$(cargo test --release -p tessera-kernels --test matmul --test attention_tiled --no-run --message-format=json 2>/dev/null |
         python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("profile", {}).get("test") and m.get("executable"): print(m["executable"])')
     rm -rf .gpu2 && mkdir -p .gpu2
-    for f in target/release/tessera target/release/examples/{matmul,attention}_bench $t; do
+    for f in target/release/tessera target/release/examples/{matmul,attention,par}_bench $t; do
         strip -o ".gpu2/$(basename "$f" | sed 's/-[0-9a-f]*$//')" "$f"
     done
     xz -T0 .gpu2/*
@@ -32,7 +32,7 @@ for l in sys.stdin:
     exit 0
 fi
 mkdir -p "$BIN"
-for f in tessera matmul matmul_bench attention_tiled attention_bench; do
+for f in tessera matmul matmul_bench attention_tiled attention_bench par_bench; do
     xz -dc ".gpu2/$f.xz" > "$BIN/$f" && chmod +x "$BIN/$f"
 done
 echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
@@ -42,6 +42,8 @@ for t in matmul attention_tiled; do
 done
 echo "== attention_bench (tiled f32 softmax vs the f16 llama.cpp-rounding kernel)"
 THREADS="1 16" "$BIN/attention_bench" | sed 's/^/  /'
+echo "== par_bench (what one parallel op costs beyond its work)"
+"$BIN/par_bench" | sed 's/^/  /'
 if [[ ${SKIP_AB:-0} != 1 ]]; then
     echo "== matmul_bench --packed"
     THREADS="1 16" "$BIN/matmul_bench" --packed | sed 's/^/  /'

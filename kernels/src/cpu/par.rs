@@ -10,9 +10,10 @@
 //!   left. No split tree; a thread that gets there late finds fewer tasks, so the balance
 //!   is still dynamic. The calling thread, when it is one of the pool's, runs its own job.
 //! - `team` (the default): `par_team.rs`'s own threads, spinning between ops instead of
-//!   sleeping, so an op starts and ends in well under a microsecond (16-core Xeon, SmolLM2:
-//!   decode +14%, prefill +6% over the broadcast, which was +37% / +8% over rayon's split;
-//!   bench/RESULTS.md). It falls back to the broadcast when busy or in another pool.
+//!   sleeping, each with its own share of the tasks (16-core Xeon, `par_bench`: an op of
+//!   16 empty tasks 4.2 µs against the broadcast's 7.4; SmolLM2 decode +14%, prefill +6%
+//!   over the broadcast, which was +37% / +8% over rayon's split; bench/RESULTS.md). It
+//!   falls back to the broadcast when busy or in another pool.
 //!
 //! Every way, every task runs exactly once, on some thread, so results do not depend on
 //! the choice (each task writes its own outputs). A call from inside another call's task

@@ -3,66 +3,118 @@
 //!
 //! Why: a decode step on many cores is a few hundred ops of a few microseconds each, and
 //! waking rayon's threads for each (a broadcast, then a latch) costs about as much as the
-//! op. The team's threads instead watch one atomic pointer: the caller publishes a job,
-//! everyone (the caller too) claims tasks from its counter, the caller spins until every
-//! task has finished. A thread that has seen no job for [`IDLE_PARK`] parks on a condvar,
-//! so an idle worker (between requests) costs nothing.
+//! op. The team's threads instead watch one epoch counter and join each job the caller
+//! publishes; the caller works too, then spins until every task has finished. A thread
+//! that has seen no job for [`IDLE_PARK`] parks on a condvar, so an idle worker (between
+//! requests) costs nothing.
 //!
-//! Protocol (every access to `job`, `epoch` and `active` is SeqCst): the caller publishes
-//! `job`, then bumps `epoch`; a worker that sees a new epoch counts itself in `active`,
-//! then reads `job` (whatever job it finds is one it may work on); the caller, once every
-//! task is done, clears `job`, then waits for `active` to reach 0. So no worker can still
-//! hold a job whose frame the caller is about to leave. A task's panic is caught on its thread and re-raised on the
-//! caller's once the job has drained.
+//! Every thread has a slot on its own cache line: its share of the tasks (a contiguous
+//! range, claimed through the slot's counter), how many tasks it has finished, and
+//! whether it is inside a job. A thread claims from its own range, then steals from the
+//! others' one task at a time, so a late or preempted thread's share still gets done.
+//! Nothing is read-modify-written on a line every thread shares: on the 16-core Xeon a
+//! shared claim counter and a shared done counter cost 6 µs per 16-task op and 11 µs per
+//! 64-task one (`par_bench`, bench/RESULTS.md), most of a small op.
+//!
+//! Protocol (every access to `job`, `epoch` and a slot's `inside` is SeqCst): the caller
+//! sets the slots' ranges, publishes `job`, then bumps `epoch`; a worker that sees a new
+//! epoch raises its `inside`, then reads `job` (whatever job it finds is one it may work
+//! on, its slots already set); the caller, once the slots' finished counts add up to the
+//! tasks, clears `job`, then waits until no `inside` is raised. So no worker can still
+//! hold a job whose frame the caller is about to leave. A task's panic is caught on its
+//! thread and re-raised on the caller's once the job has drained.
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 /// How long a worker spins without a job before it parks.
 const IDLE_PARK: Duration = Duration::from_micros(200);
 
-/// One published job: `tasks` calls of `f`, claimed through `next`, counted in `done`.
+/// One published job: `tasks` calls of `f`, spread over the team's slots.
 struct Job {
     /// The caller's closure with its lifetime erased: valid while the job is published and
-    /// until `active` drains (see the module docs).
+    /// until every slot's `inside` is lowered (see the module docs).
     f: *const (dyn Fn(usize) + Sync + 'static),
-    tasks: usize,
-    next: AtomicUsize,
-    /// On its own cache line: every finished task bumps it while others claim from `next`.
-    done: CacheLine<AtomicUsize>,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
+/// One thread's share of the current job (the caller is slot 0, worker `i` slot `i + 1`).
 #[repr(align(128))]
-struct CacheLine<T>(T);
+struct Slot {
+    /// The next task of this slot's range to claim (past `end` once it is used up).
+    next: AtomicUsize,
+    /// The end of this slot's range.
+    end: AtomicUsize,
+    /// Tasks this slot's thread finished in the current job (its own and stolen ones).
+    finished: AtomicUsize,
+    /// Raised while this slot's worker may hold the job (the module docs' protocol).
+    inside: AtomicBool,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            next: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            inside: AtomicBool::new(false),
+        }
+    }
+
+    /// Claims one task of this slot's range, if any is left.
+    fn claim(&self) -> Option<usize> {
+        let end = self.end.load(Relaxed);
+        // A load first: stealers that find the range used up leave its line alone.
+        if self.next.load(Relaxed) >= end {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Relaxed);
+        (i < end).then_some(i)
+    }
+}
 
 impl Job {
-    /// Claims and runs tasks until none are left; returns whether it ran any.
-    fn work(&self) -> bool {
-        let mut ran = false;
-        loop {
-            let i = self.next.fetch_add(1, Relaxed);
-            if i >= self.tasks {
-                return ran;
+    /// Runs tasks from slot `me`'s range, then stolen from the others, until none are
+    /// left; counts each finished one in `me`'s slot.
+    fn work(&self, s: &Shared, me: usize) {
+        let slots = &s.slots;
+        // SAFETY: `f` is live while this job can be reached (module docs).
+        let f = unsafe { &*self.f };
+        // Only this thread writes its count during a job (the caller reset it before
+        // publishing); a worker can enter the same job twice (a late look at an older epoch
+        // finds this job), so it counts on from there.
+        let mut done = slots[me].finished.load(Relaxed);
+        for k in 0..slots.len() {
+            let j = (me + k) % slots.len();
+            if k > 0 && s.used_up(j).load(Relaxed) {
+                continue;
             }
-            // SAFETY: `f` is live while this job can be reached (module docs).
-            let f = unsafe { &*self.f };
-            if let Err(p) = catch_unwind(AssertUnwindSafe(|| super::par::run_task(f, i))) {
-                let mut first = self.panic.lock().unwrap_or_else(|e| e.into_inner());
-                if first.is_none() {
-                    *first = Some(p);
-                } else {
-                    // A later payload is dropped here, where a panicking Drop cannot
-                    // escape and leave the job half drained.
-                    drop(first);
-                    let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
+            let from = &slots[j];
+            while let Some(i) = from.claim() {
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| super::par::run_task(f, i))) {
+                    self.keep_panic(p);
                 }
+                done += 1;
+                slots[me].finished.store(done, Release);
             }
-            self.done.0.fetch_add(1, Release);
-            ran = true;
+            // A plain store (the thread goes on while its line travels): later stealers
+            // skip this range without reading its counter's line.
+            s.used_up(j).store(true, Relaxed);
+        }
+    }
+
+    fn keep_panic(&self, p: Box<dyn Any + Send>) {
+        let mut first = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            *first = Some(p);
+        } else {
+            // A later payload is dropped here, where a panicking Drop cannot escape and
+            // leave the job half drained.
+            drop(first);
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
         }
     }
 }
@@ -72,13 +124,26 @@ struct Shared {
     /// Bumped after each job is published: workers spin on it with plain loads (no
     /// read-modify-write on a shared line while idle) and join each job once.
     epoch: AtomicU64,
-    /// Workers between counting themselves in and finishing with the job they read.
-    active: AtomicUsize,
+    /// The caller's slot, then one per worker.
+    slots: Box<[Slot]>,
+    /// Whether each slot's range is used up, 64 slots to a cache line: a thread done with
+    /// its own range reads these few lines instead of every other slot's. Raised only by
+    /// a thread inside the job, so never left over from an earlier one (module docs).
+    used_up: Box<[CacheLine<[AtomicBool; 64]>]>,
     sleepers: AtomicUsize,
     /// The condvar's lock (parked workers wait for a new epoch).
     park: Mutex<()>,
     wake: Condvar,
 }
+
+impl Shared {
+    fn used_up(&self, slot: usize) -> &AtomicBool {
+        &self.used_up[slot / 64].0[slot % 64]
+    }
+}
+
+#[repr(align(128))]
+struct CacheLine<T>(T);
 
 /// The team: `workers` threads besides the caller, one job at a time.
 pub(crate) struct Team {
@@ -92,7 +157,10 @@ impl Team {
         let shared = Arc::new(Shared {
             job: AtomicPtr::new(std::ptr::null_mut()),
             epoch: AtomicU64::new(0),
-            active: AtomicUsize::new(0),
+            slots: (0..=workers).map(|_| Slot::new()).collect(),
+            used_up: (0..(workers + 1).div_ceil(64))
+                .map(|_| CacheLine(std::array::from_fn(|_| AtomicBool::new(false))))
+                .collect(),
             sleepers: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -100,8 +168,8 @@ impl Team {
         for i in 0..workers {
             let s = Arc::clone(&shared);
             // A team that cannot start all its threads still works with fewer: the caller
-            // and whoever started claim every task.
-            let _ = std::thread::Builder::new().name(format!("tessera-cpu-team-{i}")).spawn(move || worker(&s));
+            // and whoever started steal the missing threads' shares.
+            let _ = std::thread::Builder::new().name(format!("tessera-cpu-team-{i}")).spawn(move || worker(&s, i + 1));
         }
         Team { workers, shared, busy: Mutex::new(()) }
     }
@@ -118,9 +186,17 @@ impl Team {
         // SAFETY: only the lifetime changes; the job is withdrawn and drained before this
         // function returns (module docs), so no thread uses `f` after `task` dies.
         let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(task) };
-        let job =
-            Job { f, tasks, next: AtomicUsize::new(0), done: CacheLine(AtomicUsize::new(0)), panic: Mutex::new(None) };
+        let job = Job { f, panic: Mutex::new(None) };
         let s = &*self.shared;
+        // Contiguous shares, the caller's first. No worker is inside a job here (the last
+        // one drained), and one that enters reads `job` only after these stores.
+        let n = s.slots.len();
+        for (k, slot) in s.slots.iter().enumerate() {
+            slot.next.store(k * tasks / n, Relaxed);
+            slot.end.store((k + 1) * tasks / n, Relaxed);
+            slot.finished.store(0, Relaxed);
+            s.used_up(k).store(false, Relaxed);
+        }
         s.job.store(&job as *const Job as *mut Job, SeqCst);
         // From here until this guard drops (also if anything below unwinds) the job is
         // withdrawn and drained before `job` goes out of scope.
@@ -130,8 +206,8 @@ impl Team {
             let _lock = s.park.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        job.work();
-        wait_until(|| job.done.0.load(Acquire) >= tasks);
+        job.work(s, 0);
+        wait_until(|| s.slots.iter().map(|x| x.finished.load(Acquire)).sum::<usize>() >= tasks);
         drop(withdraw);
         if let Some(p) = job.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
             resume_unwind(p);
@@ -151,7 +227,7 @@ struct Withdraw<'a>(&'a Shared);
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         self.0.job.store(std::ptr::null_mut(), SeqCst);
-        wait_until(|| self.0.active.load(SeqCst) == 0);
+        wait_until(|| self.0.slots[1..].iter().all(|x| !x.inside.load(SeqCst)));
     }
 }
 
@@ -169,20 +245,22 @@ fn wait_until(done: impl Fn() -> bool) {
     }
 }
 
-fn worker(s: &Shared) {
+/// Worker `me` (its slot's index).
+fn worker(s: &Shared, me: usize) {
+    let slot = &s.slots[me];
     let mut seen = 0u64;
     let mut idle_since = Instant::now();
     let mut spins = 0u32;
     loop {
         let epoch = s.epoch.load(SeqCst);
         if epoch != seen {
-            s.active.fetch_add(1, SeqCst);
+            slot.inside.store(true, SeqCst);
             let p = s.job.load(SeqCst);
             if !p.is_null() {
-                // SAFETY: a published job stays valid until `active` drains (module docs).
-                unsafe { &*p }.work();
+                // SAFETY: a published job stays valid while `inside` is raised (module docs).
+                unsafe { &*p }.work(s, me);
             }
-            s.active.fetch_sub(1, SeqCst);
+            slot.inside.store(false, SeqCst);
             seen = epoch;
             idle_since = Instant::now();
             continue;
@@ -240,6 +318,31 @@ mod tests {
             std::thread::sleep(Duration::from_millis(2));
         }));
         assert!(threads.into_inner().unwrap().len() > 1, "parked workers woke for the job");
+    }
+
+    /// A thread held up in one task does not hold up the rest of its share: the caller's
+    /// first task waits until every other task has run, which needs the workers to steal
+    /// the caller's remaining tasks.
+    #[test]
+    fn a_held_up_threads_share_is_stolen() {
+        let team = Team::new(3);
+        let tasks = 40;
+        let others = AtomicU32::new(0);
+        let saw_all = AtomicU32::new(0);
+        let start = std::thread::current().id();
+        assert!(team.try_run(tasks, &|i| {
+            if i == 0 {
+                assert_eq!(std::thread::current().id(), start, "the caller starts its own share");
+                let t = Instant::now();
+                while others.load(Relaxed) < tasks as u32 - 1 && t.elapsed() < Duration::from_secs(10) {
+                    std::hint::spin_loop();
+                }
+                saw_all.store(others.load(Relaxed), Relaxed);
+            } else {
+                others.fetch_add(1, Relaxed);
+            }
+        }));
+        assert_eq!(saw_all.load(Relaxed), tasks as u32 - 1);
     }
 
     /// A panicking task reaches the caller after the job drained, and the team still works.
