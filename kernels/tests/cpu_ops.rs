@@ -10,6 +10,7 @@ use tessera_kernels::cpu::exp_ggml::exp_ggml;
 use tessera_kernels::cpu::norm::SumOrder;
 use tessera_kernels::cpu::rope::{rope, rope_with_table, Llama3Scaling, RopeAngles, RopeParams, RopeStyle};
 use tessera_kernels::cpu::{activation, norm, softmax};
+use tessera_kernels::quant::q8::ActsQ8;
 use tessera_kernels::KernelError;
 
 fn rng(seed: u64) -> ChaCha8Rng {
@@ -120,6 +121,52 @@ fn rms_norm_rejects_bad_shapes() {
 // ---------------------------------------------------------------- RoPE
 
 /// Rotates each pair `(a, b)` as the complex number `a + ib` times `e^{i pos inv_freq}`.
+/// The fused producers of the packed matmul's 8-bit activations give the bits of the op
+/// then `ActsQ8::quantize_plain`: `rms_norm_q8` in both sum orders, `silu_mul_ggml_q8`;
+/// row counts on one thread and split (from 2,048 values), widths of 2 and 18 blocks.
+#[test]
+fn fused_q8_producers_equal_op_then_quantise() {
+    let mut r = rng(31);
+    let same = |what: &str, a: &ActsQ8, b: &ActsQ8| {
+        assert_eq!(a.qs, b.qs, "{what}: quants");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.d), bits(&b.d), "{what}: scales");
+        assert_eq!(bits(&a.s), bits(&b.s), "{what}: block sums");
+        assert_eq!(a.cols, b.cols, "{what}: cols");
+    };
+    for cols in [64usize, 576] {
+        for n in [1usize, 2, 5, 16, 33] {
+            // Rows of different sizes, so each row's scale matters.
+            let x: Vec<f32> = (0..n)
+                .flat_map(|t| rand_vec(&mut r, cols, -1.0, 1.0).into_iter().map(move |v| v * (1 + t) as f32))
+                .collect();
+            let w = rand_vec(&mut r, cols, 0.5, 1.5);
+            for order in [SumOrder::Ggml, SumOrder::Lanes] {
+                let mut normed = vec![0.0; n * cols];
+                norm::rms_norm_with(order, &mut normed, &x, &w, n, 1e-5).unwrap();
+                let fused = norm::rms_norm_q8(order, &x, &w, n, 1e-5).unwrap();
+                same(&format!("rms_norm {order:?} {n}x{cols}"), &fused, &ActsQ8::quantize_plain(&normed, cols));
+            }
+        }
+    }
+    for cols in [64usize, 1536] {
+        for n in [1usize, 3, 16, 40] {
+            let gate = rand_vec(&mut r, n * cols, -8.0, 8.0);
+            let up = rand_vec(&mut r, n * cols, -2.0, 2.0);
+            let mut product = gate.clone();
+            activation::silu_mul_ggml_inplace(&mut product, &up).unwrap();
+            let fused = activation::silu_mul_ggml_q8(&gate, &up, n).unwrap();
+            same(&format!("silu_mul {n}x{cols}"), &fused, &ActsQ8::quantize_plain(&product, cols));
+        }
+    }
+    let x = rand_vec(&mut r, 2 * 48, -1.0, 1.0);
+    assert!(is_shape_err(norm::rms_norm_q8(SumOrder::Lanes, &x, &x[..48], 2, 1e-5)), "rows of 48");
+    assert!(is_shape_err(norm::rms_norm_q8(SumOrder::Lanes, &x[..64], &x[..32], 3, 1e-5)), "rows short");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x[..64], 1)), "gate and up differ");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x, 2)), "rows of 48");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x[..64], &x[..64], 3)), "64 values in 3 rows");
+}
+
 fn rope_ref(
     x: &[f32],
     n_heads: usize,

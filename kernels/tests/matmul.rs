@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::matmul::{dequantize_rows, matmul, matmul_with, Isa};
 use tessera_kernels::cpu::packed::PackedWeight;
-use tessera_kernels::quant::q8::Q8_SCALES_F16;
+use tessera_kernels::quant::q8::{ActsQ8, Q8_SCALES_F16};
 use tessera_kernels::quant::{dequantize_row, GgmlType, Weight};
 
 const ALL: [GgmlType; 9] = [
@@ -475,6 +475,42 @@ fn packed_simd_equals_scalar_bit_for_bit() {
         }
     }
     eprintln!("packed kernels bit-equal to the scalar packed kernel: {compared:?}");
+}
+
+/// The entries for activations quantised beforehand (`matmul_parts_q8`, `matmul_add_q8`)
+/// give the bits of the entries that quantise `x` themselves, on every packed type and
+/// path; activations of the wrong shape are errors.
+#[test]
+fn packed_q8_entries_equal_the_f32_entries() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for isa in isas() {
+        for ty in PACKED {
+            let (rows, cols) = (37usize, 96usize);
+            let data = random_weight(ty, rows, cols, &mut rng);
+            let w = Weight::new(ty, rows, cols, &data).unwrap();
+            let Some(p) = packed(&w, isa) else { continue };
+            for n in [1usize, 3, 20] {
+                let x = random_x(n, cols, &mut rng);
+                let acts = ActsQ8::quantize_plain(&x, cols);
+                let (mut a1, mut a2) = (vec![0.0f32; n * 30], vec![0.0f32; n * 7]);
+                let (mut b1, mut b2) = (vec![0.0f32; n * 30], vec![0.0f32; n * 7]);
+                p.matmul_parts(&mut [&mut a1, &mut a2], &x, n).unwrap();
+                p.matmul_parts_q8(&mut [&mut b1, &mut b2], &acts, n).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!((bits(&a1), bits(&a2)), (bits(&b1), bits(&b2)), "{} {ty} n={n} parts", isa.name());
+                let base = random_x(n, rows, &mut rng);
+                let (mut c, mut d) = (base.clone(), base);
+                p.matmul_add(&mut c, &x, n).unwrap();
+                p.matmul_add_q8(&mut d, &acts, n).unwrap();
+                assert_eq!(bits(&c), bits(&d), "{} {ty} n={n} add", isa.name());
+            }
+            let acts = ActsQ8::quantize_plain(&random_x(2, cols, &mut rng), cols);
+            let mut out = vec![0.0f32; 3 * rows];
+            assert!(p.matmul_parts_q8(&mut [&mut out], &acts, 3).is_err(), "two rows of activations for n = 3");
+            let narrow = ActsQ8::quantize_plain(&random_x(3, 32, &mut rng), 32);
+            assert!(p.matmul_add_q8(&mut out, &narrow, 3).is_err(), "rows of 32 for a 96-wide weight");
+        }
+    }
 }
 
 /// What packs: Q4_0/Q4_1/Q8_0 only, with SIMD kernels on AVX2 and AVX-512 VNNI; shapes

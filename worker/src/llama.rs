@@ -14,6 +14,7 @@ use tessera_kernels::cpu::matmul::Isa;
 use tessera_kernels::cpu::norm::SumOrder;
 use tessera_kernels::cpu::packed::PackedWeight;
 use tessera_kernels::cpu::{activation, attention, attention_f16, attention_tiled, matmul, norm, rope};
+use tessera_kernels::quant::q8::ActsQ8;
 use tessera_kernels::GgmlType;
 use tessera_model::config::{Arch, ModelConfig, RopeStyle};
 use tessera_model::weights::ModelFiles;
@@ -61,6 +62,15 @@ pub struct LlamaModel {
     /// rounding). On with the packed kernels on CPUs that have them (see
     /// [`LlamaModel::set_packed_kernels`]).
     fast_path: bool,
+}
+
+/// Where a layer's norm left its output for the projection after it.
+enum Normed {
+    /// f32 rows in the step's `xn` buffer.
+    InXn,
+    /// Already quantised for the projection's packed matrix (the fast path: one pass for
+    /// the norm and the quantisation, `norm::rms_norm_q8`).
+    Q8(ActsQ8),
 }
 
 struct DecoderLayer {
@@ -131,6 +141,32 @@ impl Stacked {
 
     fn is_packed(&self) -> bool {
         matches!(self.joint, Joint::Packed(_)) || self.parts.iter().any(Linear::is_packed)
+    }
+
+    /// The joint packed matrix, when the parts were packed as one.
+    fn packed(&self) -> Option<&PackedWeight> {
+        match &self.joint {
+            Joint::Packed(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// [`Stacked::forward`] of a norm's output as [`LlamaModel::norm_for`] left it.
+    fn forward_normed(
+        &self,
+        normed: &Normed,
+        xn: &[f32],
+        n: usize,
+        outs: &mut [&mut [f32]],
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), WorkerError> {
+        match (normed, self.packed()) {
+            (Normed::Q8(acts), Some(p)) => Ok(p.matmul_parts_q8(outs, acts, n)?),
+            (Normed::Q8(_), None) => {
+                Err(WorkerError::InvalidBatch("quantised activations for an unpacked projection".into()))
+            }
+            (Normed::InXn, _) => self.forward(xn, n, outs, scratch),
+        }
     }
 
     /// `x` is `[n, cols]`; writes part `i`'s output `[n, rows_i]` into `outs[i]`.
@@ -438,9 +474,11 @@ impl LlamaModel {
 
         for (li, layer) in self.layers.iter().enumerate() {
             let sa = &layer.self_attn;
-            prof::time(Op::Norm, || norm::rms_norm_with(sum, &mut xn, &x, &layer.input_layernorm, t_total, eps))?;
+            let normed = prof::time(Op::Norm, || {
+                self.norm_for(&sa.qkv_proj, sum, &mut xn, &x, &layer.input_layernorm, t_total, eps)
+            })?;
             prof::time(Op::Qkv, || {
-                sa.qkv_proj.forward(&xn, t_total, &mut [&mut q, &mut k, &mut v], &mut fused)?;
+                sa.qkv_proj.forward_normed(&normed, &xn, t_total, &mut [&mut q, &mut k, &mut v], &mut fused)?;
                 if let Some([bq, bk, bv]) = &sa.bias {
                     activation::add_row_bias(&mut q, bq)?;
                     activation::add_row_bias(&mut k, bk)?;
@@ -496,12 +534,19 @@ impl LlamaModel {
                 prof::time(Op::Residual, || activation::add_inplace(&mut x, &o))?;
             }
 
-            prof::time(Op::Norm, || {
-                norm::rms_norm_with(sum, &mut xn, &x, &layer.post_attention_layernorm, t_total, eps)
+            let normed = prof::time(Op::Norm, || {
+                self.norm_for(&layer.mlp.gate_up_proj, sum, &mut xn, &x, &layer.post_attention_layernorm, t_total, eps)
             })?;
             prof::time(Op::GateUp, || {
-                layer.mlp.gate_up_proj.forward(&xn, t_total, &mut [&mut gate, &mut up], &mut fused)
+                layer.mlp.gate_up_proj.forward_normed(&normed, &xn, t_total, &mut [&mut gate, &mut up], &mut fused)
             })?;
+            // Unsharded on the fast path, SwiGLU writes the down projection's 8-bit
+            // activations straight away (one pass for both).
+            if let Some(down) = layer.mlp.down_proj.packed().filter(|_| self.fast_path && !sharded) {
+                let acts = prof::time(Op::Swiglu, || activation::silu_mul_ggml_q8(&gate, &up, t_total))?;
+                prof::time(Op::Down, || down.matmul_add_q8(&mut x, &acts, t_total))?;
+                continue;
+            }
             prof::time(Op::Swiglu, || activation::silu_mul_ggml_inplace(&mut gate, &up))?;
             prof::time(Op::Down, || match comms.tp.as_deref_mut().filter(|_| sharded) {
                 Some(tp) => {
@@ -558,6 +603,29 @@ impl LlamaModel {
             Ok::<_, WorkerError>(data)
         })?;
         Ok(Logits { vocab: c.vocab_size, data, spans })
+    }
+}
+
+impl LlamaModel {
+    /// A layer's RMSNorm of `x` for the projection `proj` after it: on the fast path, with
+    /// `proj` packed, straight into its 8-bit activations (`norm::rms_norm_q8`); else into
+    /// `xn`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_for(
+        &self,
+        proj: &Stacked,
+        sum: SumOrder,
+        xn: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        n: usize,
+        eps: f32,
+    ) -> Result<Normed, WorkerError> {
+        if self.fast_path && proj.packed().is_some() {
+            return Ok(Normed::Q8(norm::rms_norm_q8(sum, x, w, n, eps)?));
+        }
+        norm::rms_norm_with(sum, xn, x, w, n, eps)?;
+        Ok(Normed::InXn)
     }
 }
 

@@ -112,6 +112,11 @@ impl Linear {
         Ok(())
     }
 
+    /// The packed copy, when there is one.
+    pub fn packed(&self) -> Option<&PackedWeight> {
+        self.packed.as_deref()
+    }
+
     /// Whether [`Linear::matmul`] takes the packed kernels.
     pub fn is_packed(&self) -> bool {
         self.packed.is_some()

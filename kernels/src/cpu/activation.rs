@@ -10,6 +10,7 @@ use super::par;
 
 use super::exp_ggml::exp_ggml;
 use crate::error::check;
+use crate::quant::q8::ActsQ8;
 use crate::KernelError;
 
 #[cfg(target_arch = "x86_64")]
@@ -82,24 +83,53 @@ pub fn silu_mul_ggml_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelE
     check(gate.len() == up.len(), "silu_mul_ggml_inplace", || {
         format!("lengths differ: gate {}, up {}", gate.len(), up.len())
     })?;
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-    let run = |(g, u): (&mut [f32], &[f32])| {
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: AVX2 and FMA were detected on this CPU.
-            return unsafe { swiglu_avx2::silu_mul_inplace(g, u) };
-        }
-        for (g, &u) in g.iter_mut().zip(u) {
-            *g = silu_ggml(*g) * u;
-        }
-    };
+    let avx2 = has_avx2_fma();
+    let run = |(g, u): (&mut [f32], &[f32])| silu_mul_ggml_slice(avx2, g, u);
     if gate.len() > EXP_CHUNK {
         par::for_each_chunk_mut(gate, EXP_CHUNK, |i, g| run((g, chunk(up, i, EXP_CHUNK))));
     } else {
         run((gate, up));
     }
     Ok(())
+}
+
+/// [`silu_mul_ggml_inplace`] straight into the 8-bit activations of the packed matmul
+/// that reads it (`ActsQ8::quantize_plain` of the product, the same bits), one parallel
+/// pass instead of two; `gate`, `up`: `[n_rows, cols]`, `cols` a multiple of 32.
+pub fn silu_mul_ggml_q8(gate: &[f32], up: &[f32], n_rows: usize) -> Result<ActsQ8, KernelError> {
+    const OP: &str = "silu_mul_ggml_q8";
+    check(gate.len() == up.len(), OP, || format!("lengths differ: gate {}, up {}", gate.len(), up.len()))?;
+    let cols = gate.len().checked_div(n_rows).unwrap_or(0);
+    check(cols * n_rows == gate.len() && cols.is_multiple_of(32), OP, || {
+        format!("{} values are not {n_rows} rows of whole 32-value blocks", gate.len())
+    })?;
+    let avx2 = has_avx2_fma();
+    Ok(ActsQ8::quantize_rows_plain(n_rows, cols, |r, o| {
+        o.copy_from_slice(&gate[r * cols..(r + 1) * cols]);
+        // Rows are whole 8-lane groups, so each value takes the lanes it takes in a split
+        // of the in-place op.
+        silu_mul_ggml_slice(avx2, o, &up[r * cols..(r + 1) * cols]);
+    }))
+}
+
+/// `g = silu_ggml(g) * u` over one slice, with the AVX2 body where `avx2`.
+fn silu_mul_ggml_slice(avx2: bool, g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `avx2` is only true where AVX2 and FMA were detected (has_avx2_fma).
+        return unsafe { swiglu_avx2::silu_mul_inplace(g, u) };
+    }
+    let _ = avx2;
+    for (g, &u) in g.iter_mut().zip(u) {
+        *g = silu_ggml(*g) * u;
+    }
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Residual add: `a[i] += b[i]`.

@@ -14,6 +14,7 @@
 use super::par;
 
 use crate::error::check;
+use crate::quant::q8::ActsQ8;
 use crate::KernelError;
 
 /// Below this many values a call runs on the calling thread: spreading it costs more
@@ -48,12 +49,7 @@ pub fn rms_norm_with(
 ) -> Result<(), KernelError> {
     let dim = check_shape("rms_norm", x.len(), w.len(), n_rows, eps)?;
     check(out.len() == x.len(), "rms_norm", || format!("out has {} values, x has {}", out.len(), x.len()))?;
-    let row = |(o, xr): (&mut [f32], &[f32])| {
-        let s = inv_rms(order, xr, eps);
-        for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
-            *o = (xv * s) * wv;
-        }
-    };
+    let row = |(o, xr): (&mut [f32], &[f32])| norm_row(order, o, xr, w, eps);
     if x.len() >= PAR_MIN_ELEMS {
         par::for_each_row_mut(out, dim, |i, o| row((o, &x[i * dim..(i + 1) * dim])));
     } else {
@@ -98,6 +94,23 @@ fn check_shape(op: &'static str, x_len: usize, w_len: usize, n_rows: usize, eps:
     })?;
     check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} must be finite and >= 0"))?;
     Ok(w_len)
+}
+
+/// [`rms_norm_with`] straight into the 8-bit activations of the packed matmul that reads
+/// it (`ActsQ8::quantize_plain` of the normed rows, the same bits), one parallel pass
+/// instead of two. `dim` must be a multiple of 32.
+pub fn rms_norm_q8(order: SumOrder, x: &[f32], w: &[f32], n_rows: usize, eps: f32) -> Result<ActsQ8, KernelError> {
+    let dim = check_shape("rms_norm_q8", x.len(), w.len(), n_rows, eps)?;
+    check(dim.is_multiple_of(32), "rms_norm_q8", || format!("rows of {dim} values are not whole 32-value blocks"))?;
+    Ok(ActsQ8::quantize_rows_plain(n_rows, dim, |r, o| norm_row(order, o, &x[r * dim..(r + 1) * dim], w, eps)))
+}
+
+/// One row: `o = (xr * inv_rms) * w`.
+fn norm_row(order: SumOrder, o: &mut [f32], xr: &[f32], w: &[f32], eps: f32) {
+    let s = inv_rms(order, xr, eps);
+    for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
+        *o = (xv * s) * wv;
+    }
 }
 
 /// `1 / sqrt(mean(row^2) + eps)`, the squares (f32) summed in f64 in `order`.

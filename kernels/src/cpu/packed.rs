@@ -199,9 +199,21 @@ impl PackedWeight {
         self.matmul_into(outs, x, n, false)
     }
 
+    /// [`PackedWeight::matmul_parts`] of activations already quantised
+    /// (`ActsQ8::quantize_plain`, or an op that wrote them straight away, such as
+    /// `norm::rms_norm_q8`): `acts` holds `n` rows of this weight's `cols`.
+    pub fn matmul_parts_q8(&self, outs: &mut [&mut [f32]], acts: &ActsQ8, n: usize) -> Result<(), KernelError> {
+        self.matmul_acts(outs, acts, n, false)
+    }
+
+    /// [`PackedWeight::matmul_add`] of activations already quantised (see
+    /// [`PackedWeight::matmul_parts_q8`]).
+    pub fn matmul_add_q8(&self, out: &mut [f32], acts: &ActsQ8, n: usize) -> Result<(), KernelError> {
+        self.matmul_acts(&mut [out], acts, n, true)
+    }
+
     /// The body of the above: each output written, or added to (`add`).
     fn matmul_into(&self, outs: &mut [&mut [f32]], x: &[f32], n: usize, add: bool) -> Result<(), KernelError> {
-        const OP: &str = "packed matmul";
         check(n.checked_mul(self.cols) == Some(x.len()), OP, || {
             format!(
                 "x has {} values, expected n={n} x cols={} for a {}x{} weight",
@@ -211,6 +223,27 @@ impl PackedWeight {
                 self.cols
             )
         })?;
+        self.matmul_acts(outs, &ActsQ8::quantize_plain(x, self.cols), n, add)
+    }
+
+    /// The body of every entry: `acts` checked against the weight, then the outputs.
+    fn matmul_acts(&self, outs: &mut [&mut [f32]], acts: &ActsQ8, n: usize, add: bool) -> Result<(), KernelError> {
+        let nb = self.cols / 32;
+        check(
+            acts.cols == self.cols
+                && Some(acts.qs.len()) == n.checked_mul(self.cols)
+                && acts.d.len() == n * nb
+                && acts.s.len() == n * nb,
+            OP,
+            || {
+                format!(
+                    "activations of {} values in rows of {} for n={n} x cols={}",
+                    acts.qs.len(),
+                    acts.cols,
+                    self.cols
+                )
+            },
+        )?;
         let mut total = 0usize;
         for out in outs.iter() {
             let rows = out.len().checked_div(n).unwrap_or(0);
@@ -238,8 +271,6 @@ impl PackedWeight {
                 Part { first: f, rows, base: SharedMut::new(out) }
             })
             .collect();
-        let acts = ActsQ8::quantize_plain(x, self.cols);
-        let nb = self.cols / 32;
         // Q8_0 takes the `+128` of its weights out through each activation block's Σq.
         let qsum: Vec<i32> = if self.ty == GgmlType::Q8_0 {
             acts.qs.chunks_exact(32).map(|b| b.iter().map(|&v| v as i32).sum()).collect()
@@ -323,6 +354,9 @@ struct Part<'a> {
     rows: usize,
     base: SharedMut<'a, f32>,
 }
+
+/// The name in the packed matmul's errors.
+const OP: &str = "packed matmul";
 
 /// The quantised activations as the packed kernels read them.
 pub(crate) struct Acts<'a> {

@@ -16,7 +16,8 @@
 //! shared claim counter and a shared done counter cost 6 µs per 16-task op and 11 µs per
 //! 64-task one (`par_bench`, bench/RESULTS.md), most of a small op.
 //!
-//! Protocol (every access to `job`, `epoch` and a slot's `inside` is SeqCst): the caller
+//! Protocol (every access to `job`, `epoch` and a slot's `inside` is SeqCst but the
+//! store that lowers `inside`, a release): the caller
 //! sets the slots' ranges, publishes `job`, then bumps `epoch`; a worker that sees a new
 //! epoch raises its `inside`, then reads `job` (whatever job it finds is one it may work
 //! on, its slots already set); the caller, once the slots' finished counts add up to the
@@ -260,7 +261,11 @@ fn worker(s: &Shared, me: usize) {
                 // SAFETY: a published job stays valid while `inside` is raised (module docs).
                 unsafe { &*p }.work(s, me);
             }
-            slot.inside.store(false, SeqCst);
+            // Release, not SeqCst: the caller that reads this `false` sees everything the
+            // worker did with the job; no later load of the worker's needs to wait for
+            // it (a SeqCst store would drain its stores, the shares' flag among them,
+            // while their lines are still on their way).
+            slot.inside.store(false, Release);
             seen = epoch;
             idle_since = Instant::now();
             continue;

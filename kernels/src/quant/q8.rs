@@ -237,11 +237,60 @@ impl ActsQ8 {
         acts
     }
 
+    /// [`ActsQ8::quantize_plain`] of `n` rows of `cols` values that `row(r, buf)` writes
+    /// into `buf` one at a time: an op whose output only a matmul reads (a norm, SwiGLU)
+    /// and the quantisation run as one parallel pass, with no `[n, cols]` f32 buffer in
+    /// between, the same bits as the op then `quantize_plain`. `cols` must be a multiple
+    /// of 32 (callers check).
+    pub fn quantize_rows_plain(n: usize, cols: usize, row: impl Fn(usize, &mut [f32]) + Sync) -> Self {
+        let (nb, len) = (cols / 32, n * cols);
+        let mut acts = ActsQ8 {
+            cols,
+            qs: vec![0; len],
+            d: vec![0.0; n * nb],
+            s: vec![0.0; n * nb],
+            d4: Vec::new(),
+            s4: Vec::new(),
+        };
+        let avx2 = has_avx2();
+        let rows_per = par::rows_per_task(cols);
+        let (qs, d, s) = (SharedMut::new(&mut acts.qs), SharedMut::new(&mut acts.d), SharedMut::new(&mut acts.s));
+        let task = |i: usize| {
+            let mut buf = vec![0.0f32; cols];
+            for r in i * rows_per..((i + 1) * rows_per).min(n) {
+                row(r, &mut buf);
+                // SAFETY: row `r` of each buffer (sized for `n` rows above) is this task's.
+                let (qs, d, s) = unsafe {
+                    (qs.slice(r * cols, (r + 1) * cols), d.slice(r * nb, (r + 1) * nb), s.slice(r * nb, (r + 1) * nb))
+                };
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected on this CPU.
+                    unsafe { quantize_q8_avx2(&buf, qs, d, s) };
+                    continue;
+                }
+                let _ = avx2;
+                quantize_q8_body(&buf, qs, d, s);
+            }
+        };
+        let tasks = n.div_ceil(rows_per);
+        if n > 1 && len >= ROWS_PAR_MIN_VALUES {
+            par::for_each_task(tasks, task);
+        } else {
+            (0..tasks).for_each(task);
+        }
+        acts
+    }
+
     /// Blocks per row.
     pub fn row_blocks(&self) -> usize {
         self.cols / 32
     }
 }
+
+/// From this many values [`ActsQ8::quantize_rows_plain`] splits its rows over the
+/// threads (a norm's own threshold: the producers cost more per value than quantising).
+const ROWS_PAR_MIN_VALUES: usize = 2048;
 
 impl ActsQ8K {
     /// Quantises `x` = (n, cols); `cols` must be a multiple of 256 and `x.len()` of `cols`.
