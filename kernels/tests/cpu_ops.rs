@@ -8,7 +8,9 @@ use rand_core::{Rng, SeedableRng};
 use tessera_kernels::cpu::attention::{attention, write_kv, PagedKv, SeqSlice};
 use tessera_kernels::cpu::exp_ggml::exp_ggml;
 use tessera_kernels::cpu::norm::SumOrder;
-use tessera_kernels::cpu::rope::{rope, rope_with_table, Llama3Scaling, RopeAngles, RopeParams, RopeStyle};
+use tessera_kernels::cpu::rope::{
+    rope, rope_qk_with_table, rope_with_table, Llama3Scaling, RopeAngles, RopeParams, RopeStyle,
+};
 use tessera_kernels::cpu::{activation, norm, softmax};
 use tessera_kernels::quant::q8::ActsQ8;
 use tessera_kernels::KernelError;
@@ -165,6 +167,40 @@ fn fused_q8_producers_equal_op_then_quantise() {
     assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x[..64], 1)), "gate and up differ");
     assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x, 2)), "rows of 48");
     assert!(is_shape_err(activation::silu_mul_ggml_q8(&x[..64], &x[..64], 3)), "64 values in 3 rows");
+}
+
+/// q and k rotated in one pass give the bits of a `rope_with_table` call each, in both
+/// styles, partial rotation included, on one thread and split; bad shapes are errors.
+#[test]
+fn rope_qk_equals_a_call_each() {
+    let mut r = rng(32);
+    for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+        for (hd, rope_dim) in [(64usize, 64usize), (64, 32)] {
+            let params = RopeParams::new(rope_dim, 10000.0, None, None).unwrap();
+            for n in [1usize, 3, 16, 40] {
+                let positions: Vec<u32> = (0..n).map(|t| (t * 37 % 500) as u32).collect();
+                let table = params.table(&positions);
+                let q = rand_vec(&mut r, n * 9 * hd, -2.0, 2.0);
+                let k = rand_vec(&mut r, n * 3 * hd, -2.0, 2.0);
+                let (mut q1, mut k1) = (q.clone(), k.clone());
+                rope_with_table(&mut q1, n, 9, hd, &table, style).unwrap();
+                rope_with_table(&mut k1, n, 3, hd, &table, style).unwrap();
+                let (mut q2, mut k2) = (q, k);
+                rope_qk_with_table(&mut q2, &mut k2, n, 9, 3, hd, &table, style).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&q1), bits(&q2), "{style:?} hd {hd} n {n}: q");
+                assert_eq!(bits(&k1), bits(&k2), "{style:?} hd {hd} n {n}: k");
+            }
+        }
+    }
+    let table = RopeParams::new(64, 10000.0, None, None).unwrap().table(&[0, 1]);
+    let (mut q, mut k) = (vec![0.5f32; 2 * 9 * 64], vec![0.5f32; 2 * 3 * 64]);
+    assert!(is_shape_err(rope_qk_with_table(&mut q, &mut k[..100], 2, 9, 3, 64, &table, RopeStyle::Neox)), "short k");
+    assert!(is_shape_err(rope_qk_with_table(&mut q, &mut k, 2, 9, 2, 64, &table, RopeStyle::Neox)), "k heads");
+    assert!(
+        is_shape_err(rope_qk_with_table(&mut q[..9 * 64], &mut k[..3 * 64], 1, 9, 3, 64, &table, RopeStyle::Neox)),
+        "table of 2 tokens for 1"
+    );
 }
 
 fn rope_ref(

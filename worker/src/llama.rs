@@ -491,8 +491,7 @@ impl LlamaModel {
                 Ok::<_, WorkerError>(())
             })?;
             prof::time(Op::Rope, || {
-                rope::rope_with_table(&mut q, t_total, n_heads, hd, &angles, self.rope_style)?;
-                rope::rope_with_table(&mut k, t_total, n_kv, hd, &angles, self.rope_style)
+                rope::rope_qk_with_table(&mut q, &mut k, t_total, n_heads, n_kv, hd, &angles, self.rope_style)
             })?;
 
             let cache = attention::PagedKv { block_size: kv.block_size, n_kv_heads: n_kv, head_dim: hd };
