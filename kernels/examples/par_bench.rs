@@ -5,7 +5,8 @@
 //! overhead over the ideal `ceil(tasks / threads) x work`.
 //!
 //! Run: `cargo run -p tessera-kernels --release --example par_bench`
-//! (`THREADS="16"` picks the pool sizes; default: all cores).
+//! (`THREADS="16"` picks the pool sizes; default: all cores. The team is sized for the
+//! global pool: at another size its rows measure the broadcast it falls back to).
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -122,10 +122,10 @@ fn rms_norm_rejects_bad_shapes() {
 
 // ---------------------------------------------------------------- RoPE
 
-/// Rotates each pair `(a, b)` as the complex number `a + ib` times `e^{i pos inv_freq}`.
 /// The fused producers of the packed matmul's 8-bit activations give the bits of the op
 /// then `ActsQ8::quantize_plain`: `rms_norm_q8` in both sum orders, `silu_mul_ggml_q8`;
-/// row counts on one thread and split (from 2,048 values), widths of 2 and 18 blocks.
+/// row counts on one thread and split (from 2,048 values), widths of 2, 18 and 130 blocks
+/// (a row wider than a 2,048-value piece: three pieces, the last of 64 values).
 #[test]
 fn fused_q8_producers_equal_op_then_quantise() {
     let mut r = rng(31);
@@ -136,7 +136,7 @@ fn fused_q8_producers_equal_op_then_quantise() {
         assert_eq!(bits(&a.s), bits(&b.s), "{what}: block sums");
         assert_eq!(a.cols, b.cols, "{what}: cols");
     };
-    for cols in [64usize, 576] {
+    for cols in [64usize, 576, 4160] {
         for n in [1usize, 2, 5, 16, 33] {
             // Rows of different sizes, so each row's scale matters.
             let x: Vec<f32> = (0..n)
@@ -151,22 +151,26 @@ fn fused_q8_producers_equal_op_then_quantise() {
             }
         }
     }
-    for cols in [64usize, 1536] {
+    for cols in [64usize, 1536, 4160] {
         for n in [1usize, 3, 16, 40] {
             let gate = rand_vec(&mut r, n * cols, -8.0, 8.0);
             let up = rand_vec(&mut r, n * cols, -2.0, 2.0);
             let mut product = gate.clone();
             activation::silu_mul_ggml_inplace(&mut product, &up).unwrap();
-            let fused = activation::silu_mul_ggml_q8(&gate, &up, n).unwrap();
+            let fused = activation::silu_mul_ggml_q8(&gate, &up, cols).unwrap();
             same(&format!("silu_mul {n}x{cols}"), &fused, &ActsQ8::quantize_plain(&product, cols));
         }
     }
     let x = rand_vec(&mut r, 2 * 48, -1.0, 1.0);
     assert!(is_shape_err(norm::rms_norm_q8(SumOrder::Lanes, &x, &x[..48], 2, 1e-5)), "rows of 48");
     assert!(is_shape_err(norm::rms_norm_q8(SumOrder::Lanes, &x[..64], &x[..32], 3, 1e-5)), "rows short");
-    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x[..64], 1)), "gate and up differ");
-    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x, 2)), "rows of 48");
-    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x[..64], &x[..64], 3)), "64 values in 3 rows");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x[..64], 32)), "gate and up differ");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x, 48)), "rows of 48");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&x, &x, 64)), "96 values in rows of 64");
+    assert!(is_shape_err(activation::silu_mul_ggml_q8(&[], &[], 0)), "rows of 0");
+    // No rows: empty activations that still know their width.
+    assert_eq!(activation::silu_mul_ggml_q8(&[], &[], 64).unwrap().cols, 64);
+    assert_eq!(norm::rms_norm_q8(SumOrder::Lanes, &[], &x[..64], 0, 1e-5).unwrap().cols, 64);
 }
 
 /// q and k rotated in one pass give the bits of a `rope_with_table` call each, in both
@@ -203,6 +207,7 @@ fn rope_qk_equals_a_call_each() {
     );
 }
 
+/// Rotates each pair `(a, b)` as the complex number `a + ib` times `e^{i pos inv_freq}`.
 fn rope_ref(
     x: &[f32],
     n_heads: usize,

@@ -542,7 +542,7 @@ impl LlamaModel {
             // Unsharded on the fast path, SwiGLU writes the down projection's 8-bit
             // activations straight away (one pass for both).
             if let Some(down) = layer.mlp.down_proj.packed().filter(|_| self.fast_path && !sharded) {
-                let acts = prof::time(Op::Swiglu, || activation::silu_mul_ggml_q8(&gate, &up, t_total))?;
+                let acts = prof::time(Op::Swiglu, || activation::silu_mul_ggml_q8(&gate, &up, ffn))?;
                 prof::time(Op::Down, || down.matmul_add_q8(&mut x, &acts, t_total))?;
                 continue;
             }

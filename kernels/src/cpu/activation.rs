@@ -95,20 +95,21 @@ pub fn silu_mul_ggml_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelE
 
 /// [`silu_mul_ggml_inplace`] straight into the 8-bit activations of the packed matmul
 /// that reads it (`ActsQ8::quantize_plain` of the product, the same bits), one parallel
-/// pass instead of two; `gate`, `up`: `[n_rows, cols]`, `cols` a multiple of 32.
-pub fn silu_mul_ggml_q8(gate: &[f32], up: &[f32], n_rows: usize) -> Result<ActsQ8, KernelError> {
+/// pass instead of two; `gate`, `up`: rows of `cols` values, `cols` a positive multiple
+/// of 32.
+pub fn silu_mul_ggml_q8(gate: &[f32], up: &[f32], cols: usize) -> Result<ActsQ8, KernelError> {
     const OP: &str = "silu_mul_ggml_q8";
     check(gate.len() == up.len(), OP, || format!("lengths differ: gate {}, up {}", gate.len(), up.len()))?;
-    let cols = gate.len().checked_div(n_rows).unwrap_or(0);
-    check(cols * n_rows == gate.len() && cols.is_multiple_of(32), OP, || {
-        format!("{} values are not {n_rows} rows of whole 32-value blocks", gate.len())
+    check(cols > 0 && cols.is_multiple_of(32) && gate.len().is_multiple_of(cols), OP, || {
+        format!("{} values are not rows of {cols}, a positive multiple of 32", gate.len())
     })?;
     let avx2 = has_avx2_fma();
-    Ok(ActsQ8::quantize_rows_plain(n_rows, cols, |r, o| {
-        o.copy_from_slice(&gate[r * cols..(r + 1) * cols]);
-        // Rows are whole 8-lane groups, so each value takes the lanes it takes in a split
-        // of the in-place op.
-        silu_mul_ggml_slice(avx2, o, &up[r * cols..(r + 1) * cols]);
+    Ok(ActsQ8::quantize_rows_plain(gate.len() / cols, cols, |r, c0, o| {
+        let at = r * cols + c0;
+        o.copy_from_slice(&gate[at..at + o.len()]);
+        // Pieces are whole 8-lane groups from a multiple of 8, so each value takes the
+        // lanes it takes in a split of the in-place op.
+        silu_mul_ggml_slice(avx2, o, &up[at..at + o.len()]);
     }))
 }
 

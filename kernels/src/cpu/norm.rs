@@ -102,10 +102,18 @@ fn check_shape(op: &'static str, x_len: usize, w_len: usize, n_rows: usize, eps:
 pub fn rms_norm_q8(order: SumOrder, x: &[f32], w: &[f32], n_rows: usize, eps: f32) -> Result<ActsQ8, KernelError> {
     let dim = check_shape("rms_norm_q8", x.len(), w.len(), n_rows, eps)?;
     check(dim.is_multiple_of(32), "rms_norm_q8", || format!("rows of {dim} values are not whole 32-value blocks"))?;
-    Ok(ActsQ8::quantize_rows_plain(n_rows, dim, |r, o| norm_row(order, o, &x[r * dim..(r + 1) * dim], w, eps)))
+    // A piece of a row needs the whole row's scale (a row wider than a piece is normed
+    // once per piece, to the same bits).
+    Ok(ActsQ8::quantize_rows_plain(n_rows, dim, |r, c0, o| {
+        let xr = &x[r * dim..(r + 1) * dim];
+        let s = inv_rms(order, xr, eps);
+        for ((o, &xv), &wv) in o.iter_mut().zip(&xr[c0..]).zip(&w[c0..]) {
+            *o = (xv * s) * wv;
+        }
+    }))
 }
 
-/// One row: `o = (xr * inv_rms) * w`.
+/// One row: `o = (xr * inv_rms) * w` (as `rms_norm_q8` computes each piece).
 fn norm_row(order: SumOrder, o: &mut [f32], xr: &[f32], w: &[f32], eps: f32) {
     let s = inv_rms(order, xr, eps);
     for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {

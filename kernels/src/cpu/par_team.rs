@@ -12,9 +12,10 @@
 //! range, claimed through the slot's counter), how many tasks it has finished, and
 //! whether it is inside a job. A thread claims from its own range, then steals from the
 //! others' one task at a time, so a late or preempted thread's share still gets done.
-//! Nothing is read-modify-written on a line every thread shares: on the 16-core Xeon a
-//! shared claim counter and a shared done counter cost 6 µs per 16-task op and 11 µs per
-//! 64-task one (`par_bench`, bench/RESULTS.md), most of a small op.
+//! Nothing is read-modify-written on a line every thread shares: on the 16-core Xeon the
+//! team that claimed every task from one shared counter and counted it in another took
+//! 6.1 µs for an op of 16 empty tasks and 11.1 µs for 64; this one 4.2 and 4.5
+//! (`par_bench`, bench/RESULTS.md, on different machines of the kind).
 //!
 //! Protocol (every access to `job`, `epoch` and a slot's `inside` is SeqCst but the
 //! store that lowers `inside`, a release): the caller
@@ -128,8 +129,10 @@ struct Shared {
     /// The caller's slot, then one per worker.
     slots: Box<[Slot]>,
     /// Whether each slot's range is used up, 64 slots to a cache line: a thread done with
-    /// its own range reads these few lines instead of every other slot's. Raised only by
-    /// a thread inside the job, so never left over from an earlier one (module docs).
+    /// its own range reads these few lines instead of every other slot's. The caller
+    /// lowers them all before publishing a job; a flag is raised only by a thread inside
+    /// the job (whose `inside` the caller waited on before the next reset), once a claim
+    /// found the range empty, so a raised flag never hides tasks.
     used_up: Box<[CacheLine<[AtomicBool; 64]>]>,
     sleepers: AtomicUsize,
     /// The condvar's lock (parked workers wait for a new epoch).
@@ -189,12 +192,14 @@ impl Team {
         let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(task) };
         let job = Job { f, panic: Mutex::new(None) };
         let s = &*self.shared;
-        // Contiguous shares, the caller's first. No worker is inside a job here (the last
-        // one drained), and one that enters reads `job` only after these stores.
+        // Contiguous shares, the caller's first. No worker works on a job here (the last
+        // one drained); one that enters now, on a stale epoch, reads `job` after these
+        // stores, so it finds null or this job with its shares set.
         let n = s.slots.len();
+        let bound = |k: usize| (k as u128 * tasks as u128 / n as u128) as usize;
         for (k, slot) in s.slots.iter().enumerate() {
-            slot.next.store(k * tasks / n, Relaxed);
-            slot.end.store((k + 1) * tasks / n, Relaxed);
+            slot.next.store(bound(k), Relaxed);
+            slot.end.store(bound(k + 1), Relaxed);
             slot.finished.store(0, Relaxed);
             s.used_up(k).store(false, Relaxed);
         }
@@ -325,19 +330,17 @@ mod tests {
         assert!(threads.into_inner().unwrap().len() > 1, "parked workers woke for the job");
     }
 
-    /// A thread held up in one task does not hold up the rest of its share: the caller's
-    /// first task waits until every other task has run, which needs the workers to steal
-    /// the caller's remaining tasks.
+    /// A thread held up in one task does not hold up the rest of its share: task 0 (the
+    /// first of the caller's share, unless a worker stole it first) waits until every
+    /// other task has run, which needs the other threads to take the rest of that share.
     #[test]
     fn a_held_up_threads_share_is_stolen() {
         let team = Team::new(3);
         let tasks = 40;
         let others = AtomicU32::new(0);
         let saw_all = AtomicU32::new(0);
-        let start = std::thread::current().id();
         assert!(team.try_run(tasks, &|i| {
             if i == 0 {
-                assert_eq!(std::thread::current().id(), start, "the caller starts its own share");
                 let t = Instant::now();
                 while others.load(Relaxed) < tasks as u32 - 1 && t.elapsed() < Duration::from_secs(10) {
                     std::hint::spin_loop();

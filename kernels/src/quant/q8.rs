@@ -237,12 +237,15 @@ impl ActsQ8 {
         acts
     }
 
-    /// [`ActsQ8::quantize_plain`] of `n` rows of `cols` values that `row(r, buf)` writes
-    /// into `buf` one at a time: an op whose output only a matmul reads (a norm, SwiGLU)
-    /// and the quantisation run as one parallel pass, with no `[n, cols]` f32 buffer in
-    /// between, the same bits as the op then `quantize_plain`. `cols` must be a multiple
-    /// of 32 (callers check).
-    pub fn quantize_rows_plain(n: usize, cols: usize, row: impl Fn(usize, &mut [f32]) + Sync) -> Self {
+    /// [`ActsQ8::quantize_plain`] of `n` rows of `cols` values that a producer writes
+    /// piece by piece: `piece(r, c0, buf)` fills `buf` with values `c0 ..+ buf.len()` of
+    /// row `r`. An op whose output only a matmul reads (a norm, SwiGLU) and the
+    /// quantisation then run as one parallel pass, with no `[n, cols]` f32 buffer in
+    /// between, the same bits as the op then `quantize_plain` (each 32-value block is
+    /// quantised on its own). Pieces are whole rows up to [`PIECE_VALUES`], so one wide
+    /// row (a decode's 14,336 SwiGLU values) still spreads over the threads.
+    /// The callers check: `cols` a multiple of 32, `n * cols` without overflow.
+    pub(crate) fn quantize_rows_plain(n: usize, cols: usize, piece: impl Fn(usize, usize, &mut [f32]) + Sync) -> Self {
         let (nb, len) = (cols / 32, n * cols);
         let mut acts = ActsQ8 {
             cols,
@@ -252,29 +255,39 @@ impl ActsQ8 {
             d4: Vec::new(),
             s4: Vec::new(),
         };
+        if len == 0 {
+            return acts;
+        }
         let avx2 = has_avx2();
-        let rows_per = par::rows_per_task(cols);
+        let width = cols.min(PIECE_VALUES);
+        let per_row = cols.div_ceil(width);
+        // Narrow rows go several to a task; a wide row's pieces one to a task.
+        let per_task = if per_row == 1 { par::rows_per_task(cols) } else { 1 };
+        let pieces = n * per_row;
         let (qs, d, s) = (SharedMut::new(&mut acts.qs), SharedMut::new(&mut acts.d), SharedMut::new(&mut acts.s));
         let task = |i: usize| {
-            let mut buf = vec![0.0f32; cols];
-            for r in i * rows_per..((i + 1) * rows_per).min(n) {
-                row(r, &mut buf);
-                // SAFETY: row `r` of each buffer (sized for `n` rows above) is this task's.
-                let (qs, d, s) = unsafe {
-                    (qs.slice(r * cols, (r + 1) * cols), d.slice(r * nb, (r + 1) * nb), s.slice(r * nb, (r + 1) * nb))
-                };
+            let mut buf = vec![0.0f32; width];
+            for p in i * per_task..((i + 1) * per_task).min(pieces) {
+                let (r, c0) = (p / per_row, (p % per_row) * width);
+                let w = width.min(cols - c0);
+                let (at, b0) = (r * cols + c0, (r * cols + c0) / 32);
+                let buf = &mut buf[..w];
+                piece(r, c0, buf);
+                // SAFETY: values `at ..+ w` and their blocks (`w` and `c0` are multiples of
+                // 32) lie inside the buffers sized above and belong to piece `p` alone.
+                let (qs, d, s) = unsafe { (qs.slice(at, at + w), d.slice(b0, b0 + w / 32), s.slice(b0, b0 + w / 32)) };
                 #[cfg(target_arch = "x86_64")]
                 if avx2 {
                     // SAFETY: AVX2 and FMA were detected on this CPU.
-                    unsafe { quantize_q8_avx2(&buf, qs, d, s) };
+                    unsafe { quantize_q8_avx2(buf, qs, d, s) };
                     continue;
                 }
                 let _ = avx2;
-                quantize_q8_body(&buf, qs, d, s);
+                quantize_q8_body(buf, qs, d, s);
             }
         };
-        let tasks = n.div_ceil(rows_per);
-        if n > 1 && len >= ROWS_PAR_MIN_VALUES {
+        let tasks = pieces.div_ceil(per_task);
+        if len >= ROWS_PAR_MIN_VALUES {
             par::for_each_task(tasks, task);
         } else {
             (0..tasks).for_each(task);
@@ -288,9 +301,13 @@ impl ActsQ8 {
     }
 }
 
-/// From this many values [`ActsQ8::quantize_rows_plain`] splits its rows over the
+/// From this many values [`ActsQ8::quantize_rows_plain`] splits its pieces over the
 /// threads (a norm's own threshold: the producers cost more per value than quantising).
 const ROWS_PAR_MIN_VALUES: usize = 2048;
+
+/// The widest piece of a row [`ActsQ8::quantize_rows_plain`] gives a task (SwiGLU's
+/// chunk; a multiple of 32).
+const PIECE_VALUES: usize = 2048;
 
 impl ActsQ8K {
     /// Quantises `x` = (n, cols); `cols` must be a multiple of 256 and `x.len()` of `cols`.
