@@ -45,6 +45,16 @@ pub struct SeqSlice<'a> {
     pub n_tokens: usize,
 }
 
+/// A checked step of sequences ([`PagedKv::check_batch`]).
+pub(crate) struct BatchRows {
+    /// Each sequence's first row in the stacked q / out.
+    pub starts: Vec<usize>,
+    /// Rows in all.
+    pub rows: usize,
+    /// Query rows times the positions each attends to (saturating).
+    pub work: usize,
+}
+
 impl PagedKv {
     /// Values per token in the cache: all kv heads of one slot.
     pub(crate) fn token_stride(&self) -> usize {
@@ -85,6 +95,39 @@ impl PagedKv {
             return Err(KernelError::Shape { op, detail: format!("block id {b} >= num_blocks {num_blocks}") });
         }
         Ok(ctx)
+    }
+
+    /// Checks every sequence of a step (as [`PagedKv::check_seq`]) and `q` / `out` as
+    /// their stacked rows of `n_heads` heads; returns where each sequence's rows start.
+    /// The entry points that take a whole step (`attention_tiled`, `attention_f16_batch`)
+    /// share it.
+    pub(crate) fn check_batch(
+        &self,
+        op: &'static str,
+        seqs: &[SeqSlice],
+        num_blocks: usize,
+        q_len: usize,
+        out_len: usize,
+        n_heads: usize,
+    ) -> Result<BatchRows, KernelError> {
+        let mut b = BatchRows { starts: Vec::with_capacity(seqs.len()), rows: 0, work: 0 };
+        for seq in seqs {
+            let ctx = self.check_seq(op, seq, num_blocks)?;
+            b.starts.push(b.rows);
+            b.rows = b.rows.checked_add(seq.n_tokens).ok_or_else(|| KernelError::Shape {
+                op,
+                detail: format!("the sequences' {} tokens overflow", seq.n_tokens),
+            })?;
+            b.work = b.work.saturating_add(seq.n_tokens.saturating_mul(ctx));
+        }
+        let row = n_heads.checked_mul(self.head_dim);
+        check(row.and_then(|r| r.checked_mul(b.rows)) == Some(q_len) && out_len == q_len, op, || {
+            format!(
+                "q {q_len} / out {out_len} values, expected {} tokens x {n_heads} heads x {}",
+                b.rows, self.head_dim
+            )
+        })?;
+        Ok(b)
     }
 
     /// Offset in the cache of `position`'s slot (all kv heads) for a checked table.

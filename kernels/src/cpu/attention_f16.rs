@@ -240,20 +240,8 @@ pub fn attention_f16_batch(
 ) -> Result<(), KernelError> {
     const OP: &str = "attention_f16_batch";
     let num_blocks = cache.check_cache(OP, k_cache.len(), v_cache.len())?;
-    for seq in seqs {
-        cache.check_seq(OP, seq, num_blocks)?;
-    }
+    let starts = cache.check_batch(OP, seqs, num_blocks, q.len(), out.len(), n_heads)?.starts;
     let row = n_heads * cache.head_dim;
-    let rows = seqs.iter().try_fold(0usize, |acc, s| acc.checked_add(s.n_tokens));
-    check(rows.and_then(|r| r.checked_mul(row)) == Some(q.len()) && out.len() == q.len(), OP, || {
-        format!("q {} / out {} values for sequences of {rows:?} tokens x {n_heads} heads", q.len(), out.len())
-    })?;
-    let mut starts = Vec::with_capacity(seqs.len());
-    let mut r0 = 0;
-    for s in seqs {
-        starts.push(r0);
-        r0 += s.n_tokens;
-    }
     let base = SharedMut::new(out);
     let run = |i: usize| -> Result<(), KernelError> {
         let (s, at) = (&seqs[i], starts[i] * row);

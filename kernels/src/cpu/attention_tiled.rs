@@ -36,7 +36,7 @@
 
 use half::f16;
 
-use super::attention::{PagedKv, SeqSlice};
+use super::attention::{BatchRows, PagedKv, SeqSlice};
 use super::matmul::Isa;
 use super::par;
 use crate::error::check;
@@ -135,17 +135,8 @@ pub fn attention_tiled_with(
     })?;
     check(scale.is_finite(), OP, || format!("scale {scale} is not finite"))?;
     // Each sequence's first row, and the work (multiply-adds) of the whole call.
-    let (mut starts, mut rows, mut work) = (Vec::with_capacity(seqs.len()), 0usize, 0usize);
-    for seq in seqs {
-        let ctx = cache.check_seq(OP, seq, num_blocks)?;
-        starts.push(rows);
-        rows = rows.saturating_add(seq.n_tokens);
-        work = work.saturating_add(seq.n_tokens.saturating_mul(ctx));
-    }
+    let BatchRows { starts, rows, work } = cache.check_batch(OP, seqs, num_blocks, q.len(), out.len(), n_heads)?;
     let row_len = n_heads * hd;
-    check(rows.checked_mul(row_len) == Some(q.len()) && out.len() == q.len(), OP, || {
-        format!("q {} / out {} values, expected {rows} tokens x {n_heads} heads x {hd}", q.len(), out.len())
-    })?;
     if rows == 0 {
         return Ok(());
     }
