@@ -125,7 +125,8 @@ fn rms_norm_rejects_bad_shapes() {
 /// The fused producers of the packed matmul's 8-bit activations give the bits of the op
 /// then `ActsQ8::quantize_plain`: `rms_norm_q8` in both sum orders, `silu_mul_ggml_q8`;
 /// row counts on one thread and split (from 2,048 values), widths of 2, 18 and 130 blocks
-/// (a row wider than a 2,048-value piece: three pieces, the last of 64 values).
+/// (a row wider than a 2,048-value piece: three pieces, the last of 64 values), whole
+/// multiples of a piece (2,048 and 4,096), and an all-zero row (scale 0).
 #[test]
 fn fused_q8_producers_equal_op_then_quantise() {
     let mut r = rng(31);
@@ -136,12 +137,16 @@ fn fused_q8_producers_equal_op_then_quantise() {
         assert_eq!(bits(&a.s), bits(&b.s), "{what}: block sums");
         assert_eq!(a.cols, b.cols, "{what}: cols");
     };
-    for cols in [64usize, 576, 4160] {
+    for cols in [64usize, 576, 2048, 4096, 4160] {
         for n in [1usize, 2, 5, 16, 33] {
             // Rows of different sizes, so each row's scale matters.
-            let x: Vec<f32> = (0..n)
+            let mut x: Vec<f32> = (0..n)
                 .flat_map(|t| rand_vec(&mut r, cols, -1.0, 1.0).into_iter().map(move |v| v * (1 + t) as f32))
                 .collect();
+            // An all-zero row (scale 0) among the others.
+            if n > 2 {
+                x[cols..2 * cols].fill(0.0);
+            }
             let w = rand_vec(&mut r, cols, 0.5, 1.5);
             for order in [SumOrder::Ggml, SumOrder::Lanes] {
                 let mut normed = vec![0.0; n * cols];
@@ -151,7 +156,7 @@ fn fused_q8_producers_equal_op_then_quantise() {
             }
         }
     }
-    for cols in [64usize, 1536, 4160] {
+    for cols in [64usize, 1536, 2048, 4096, 4160] {
         for n in [1usize, 3, 16, 40] {
             let gate = rand_vec(&mut r, n * cols, -8.0, 8.0);
             let up = rand_vec(&mut r, n * cols, -2.0, 2.0);
@@ -197,6 +202,9 @@ fn rope_qk_equals_a_call_each() {
             }
         }
     }
+    // No tokens: nothing to do, no error.
+    let none = RopeParams::new(64, 10000.0, None, None).unwrap().table(&[]);
+    rope_qk_with_table(&mut [], &mut [], 0, 9, 3, 64, &none, RopeStyle::Neox).unwrap();
     let table = RopeParams::new(64, 10000.0, None, None).unwrap().table(&[0, 1]);
     let (mut q, mut k) = (vec![0.5f32; 2 * 9 * 64], vec![0.5f32; 2 * 3 * 64]);
     assert!(is_shape_err(rope_qk_with_table(&mut q, &mut k[..100], 2, 9, 3, 64, &table, RopeStyle::Neox)), "short k");

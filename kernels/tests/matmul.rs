@@ -509,6 +509,18 @@ fn packed_q8_entries_equal_the_f32_entries() {
             assert!(p.matmul_parts_q8(&mut [&mut out], &acts, 3).is_err(), "two rows of activations for n = 3");
             let narrow = ActsQ8::quantize_plain(&random_x(3, 32, &mut rng), 32);
             assert!(p.matmul_add_q8(&mut out, &narrow, 3).is_err(), "rows of 32 for a 96-wide weight");
+            // The same number of quants in rows of the wrong width, and short scale or
+            // block-sum vectors: the kernels read those unchecked, so the entry refuses.
+            let same_len = ActsQ8::quantize_plain(&random_x(9, 32, &mut rng), 32);
+            assert!(p.matmul_add_q8(&mut out, &same_len, 3).is_err(), "nine rows of 32 as three of 96");
+            let good = ActsQ8::quantize_plain(&random_x(3, cols, &mut rng), cols);
+            let mut short_d = good.clone();
+            short_d.d.pop();
+            assert!(p.matmul_add_q8(&mut out, &short_d, 3).is_err(), "a scale missing");
+            let mut short_s = good.clone();
+            short_s.s.truncate(3);
+            assert!(p.matmul_parts_q8(&mut [&mut out], &short_s, 3).is_err(), "block sums missing");
+            assert!(p.matmul_add_q8(&mut out, &good, 3).is_ok(), "the well-formed activations pass");
         }
     }
 }

@@ -387,7 +387,7 @@ impl LlamaModel {
     ) -> Result<Logits, WorkerError> {
         // An unsharded model runs the whole step on a thread of rayon's pool (the caller
         // waits once per step). Called from outside the pool, every parallel kernel of the
-        // step (dozens per decode step) would instead queue its work into the pool and put
+        // step (hundreds per decode step) would instead queue its work into the pool and put
         // the calling thread to sleep until it is done, a futex round trip each; from
         // inside, the caller takes its share of the work itself and at most wakes the other
         // threads (tg64 on 2 threads, 2-core AVX2 machine: 79-83 -> 100-102 tok/s, and the

@@ -17,9 +17,11 @@ use std::time::Instant;
 pub enum Op {
     /// Token embedding lookup (dequantised rows).
     Embed,
-    /// The two RMSNorms of each layer.
+    /// The two RMSNorms of each layer (on the fast path, with the quantisation of the
+    /// next projection's input, which they write straight away).
     Norm,
-    /// Fused q/k/v projection, with bias and q/k norms where the model has them.
+    /// Fused q/k/v projection, with bias and q/k norms where the model has them (on the
+    /// fast path, without quantising its input: see `Norm`).
     Qkv,
     /// RoPE on q and k.
     Rope,
@@ -33,11 +35,12 @@ pub enum Op {
     /// The two residual adds of each layer when tensor-parallel (otherwise inside o_proj
     /// and down).
     Residual,
-    /// Fused gate/up projection.
+    /// Fused gate/up projection (on the fast path, without quantising its input).
     GateUp,
-    /// SiLU(gate) * up.
+    /// SiLU(gate) * up (on the fast path unsharded, with the quantisation of down's input).
     Swiglu,
-    /// Down projection (with its all-gathers when sharded; unsharded, with the residual add).
+    /// Down projection (with its all-gathers when sharded; unsharded, with the residual
+    /// add, and on the fast path without quantising its input).
     Down,
     /// Final norm and LM head of the rows whose logits are wanted.
     Head,

@@ -83,8 +83,7 @@ pub fn silu_mul_ggml_inplace(gate: &mut [f32], up: &[f32]) -> Result<(), KernelE
     check(gate.len() == up.len(), "silu_mul_ggml_inplace", || {
         format!("lengths differ: gate {}, up {}", gate.len(), up.len())
     })?;
-    let avx2 = has_avx2_fma();
-    let run = |(g, u): (&mut [f32], &[f32])| silu_mul_ggml_slice(avx2, g, u);
+    let run = |(g, u): (&mut [f32], &[f32])| silu_mul_ggml_slice(g, u);
     if gate.len() > EXP_CHUNK {
         par::for_each_chunk_mut(gate, EXP_CHUNK, |i, g| run((g, chunk(up, i, EXP_CHUNK))));
     } else {
@@ -103,34 +102,26 @@ pub fn silu_mul_ggml_q8(gate: &[f32], up: &[f32], cols: usize) -> Result<ActsQ8,
     check(cols > 0 && cols.is_multiple_of(32) && gate.len().is_multiple_of(cols), OP, || {
         format!("{} values are not rows of {cols}, a positive multiple of 32", gate.len())
     })?;
-    let avx2 = has_avx2_fma();
     Ok(ActsQ8::quantize_rows_plain(gate.len() / cols, cols, |r, c0, o| {
         let at = r * cols + c0;
         o.copy_from_slice(&gate[at..at + o.len()]);
         // Pieces are whole 8-lane groups from a multiple of 8, so each value takes the
         // lanes it takes in a split of the in-place op.
-        silu_mul_ggml_slice(avx2, o, &up[at..at + o.len()]);
+        silu_mul_ggml_slice(o, &up[at..at + o.len()]);
     }))
 }
 
-/// `g = silu_ggml(g) * u` over one slice, with the AVX2 body where `avx2`.
-fn silu_mul_ggml_slice(avx2: bool, g: &mut [f32], u: &[f32]) {
+/// `g = silu_ggml(g) * u` over one slice, with the AVX2 body where the CPU has it (the
+/// detection is a cached load).
+fn silu_mul_ggml_slice(g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is only true where AVX2 and FMA were detected (has_avx2_fma).
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA were detected on this CPU.
         return unsafe { swiglu_avx2::silu_mul_inplace(g, u) };
     }
-    let _ = avx2;
     for (g, &u) in g.iter_mut().zip(u) {
         *g = silu_ggml(*g) * u;
     }
-}
-
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Residual add: `a[i] += b[i]`.

@@ -201,7 +201,9 @@ impl PackedWeight {
 
     /// [`PackedWeight::matmul_parts`] of activations already quantised
     /// (`ActsQ8::quantize_plain`, or an op that wrote them straight away, such as
-    /// `norm::rms_norm_q8`): `acts` holds `n` rows of this weight's `cols`.
+    /// `norm::rms_norm_q8`): `acts` holds `n` rows of this weight's `cols`. Its quants
+    /// must lie in -127..=127, as the quantisers make them (the AVX2 Q8_0 kernel's sign
+    /// trick would read -128 as +128 and part from the scalar kernel).
     pub fn matmul_parts_q8(&self, outs: &mut [&mut [f32]], acts: &ActsQ8, n: usize) -> Result<(), KernelError> {
         self.matmul_acts(outs, acts, n, false)
     }
@@ -212,7 +214,7 @@ impl PackedWeight {
         self.matmul_acts(&mut [out], acts, n, true)
     }
 
-    /// The body of the above: each output written, or added to (`add`).
+    /// The f32 entries' body: `x` quantised, then [`PackedWeight::matmul_acts`].
     fn matmul_into(&self, outs: &mut [&mut [f32]], x: &[f32], n: usize, add: bool) -> Result<(), KernelError> {
         check(n.checked_mul(self.cols) == Some(x.len()), OP, || {
             format!(
@@ -309,7 +311,7 @@ impl PackedWeight {
                             let (from, take) =
                                 (r0 + lane - p.first, (valid - lane).min(p.first + p.rows - (r0 + lane)));
                             let at = (t0 + j) * p.rows + from;
-                            // SAFETY: part `p` is `[n, p.rows]` (checked by `matmul_parts`);
+                            // SAFETY: part `p` is `[n, p.rows]` (checked by `matmul_acts`);
                             // its rows `from ..+ take` of every token belong to this task's group.
                             let dst = unsafe { p.base.slice(at, at + take) };
                             if add {

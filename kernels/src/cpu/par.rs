@@ -11,8 +11,9 @@
 //!   is still dynamic. The calling thread, when it is one of the pool's, runs its own job.
 //! - `team` (the default): `par_team.rs`'s own threads, spinning between ops instead of
 //!   sleeping, each with its own share of the tasks (16-core Xeon, `par_bench`: an op of
-//!   16 empty tasks 4.2 µs against the broadcast's 7.4; SmolLM2 decode +14%, prefill +6%
-//!   over the broadcast, which was +37% / +8% over rayon's split; bench/RESULTS.md). It
+//!   16 empty tasks 4.2 µs against the broadcast's 7.4; the first team, which claimed
+//!   from one shared counter, already gave SmolLM2 decode +14%, prefill +6% over the
+//!   broadcast, which was +37% / +8% over rayon's split; bench/RESULTS.md). It
 //!   falls back to the broadcast when busy or in another pool.
 //!
 //! Every way, every task runs exactly once, on some thread, so results do not depend on

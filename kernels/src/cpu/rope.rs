@@ -1,4 +1,5 @@
-//! Rotary position embedding (RoPE), applied in place to q or k rows.
+//! Rotary position embedding (RoPE), applied in place to q or k rows, or to both in one
+//! pass ([`rope_qk_with_table`], what the model calls).
 //!
 //! Dimension pair `i` (of `rope_dim / 2`) of a token at position `p` is rotated by the
 //! angle `p * inv_freq[i]`, with `inv_freq[i] = theta^(-2i / rope_dim)` (llama.cpp's
@@ -205,7 +206,7 @@ fn llama3_inv_freq(inv_freq: f64, s: &Llama3Scaling) -> f64 {
 
 /// The `(cos, sin)` of every rotated pair at each token of a step, `[tokens, rope_dim / 2]`:
 /// the angles depend only on the position, so a model computes them once per step and
-/// rotates every layer's q and k with them ([`rope_with_table`]) instead of taking a
+/// rotates every layer's q and k with them ([`rope_qk_with_table`]) instead of taking a
 /// `sin` and a `cos` per pair, token, layer and tensor.
 pub struct RopeTable {
     half: usize,
@@ -271,7 +272,9 @@ pub fn rope_qk_with_table(
 ) -> Result<(), KernelError> {
     let q_row = check_rows("rope q", q.len(), n_tokens, n_heads, head_dim, table)?;
     let k_row = check_rows("rope k", k.len(), n_tokens, n_kv_heads, head_dim, table)?;
-    let per = par::rows_per_task(q_row + k_row);
+    // Saturating: with no tokens the rows were checked against empty slices only.
+    let per = par::rows_per_task(q_row.saturating_add(k_row));
+    let parallel = q.len() + k.len() >= PAR_MIN_ELEMS;
     let (qs, ks) = (SharedMut::new(q), SharedMut::new(k));
     let task = |i: usize| {
         for t in i * per..((i + 1) * per).min(n_tokens) {
@@ -283,7 +286,7 @@ pub fn rope_qk_with_table(
         }
     };
     let tasks = n_tokens.div_ceil(per);
-    if n_tokens * (q_row + k_row) >= PAR_MIN_ELEMS {
+    if parallel {
         par::for_each_task(tasks, task);
     } else {
         (0..tasks).for_each(task);
@@ -304,12 +307,12 @@ fn check_rows(
     let half = table.half;
     check(n_heads > 0 && head_dim > 0, op, || format!("n_heads {n_heads} and head_dim {head_dim} must be > 0"))?;
     check(2 * half <= head_dim, op, || format!("rope dim {} exceeds head_dim {head_dim}", 2 * half))?;
-    let row = n_heads * head_dim;
-    check(n_tokens.checked_mul(row) == Some(len), op, || {
+    let row = n_heads.checked_mul(head_dim);
+    check(row.and_then(|r| r.checked_mul(n_tokens)) == Some(len), op, || {
         format!("x has {len} values, expected {n_tokens} tokens x {n_heads} heads x {head_dim}")
     })?;
     check(table.tokens == n_tokens, op, || format!("an angle table of {} tokens for {n_tokens}", table.tokens))?;
-    Ok(row)
+    Ok(row.unwrap_or(0))
 }
 
 /// Rotates every head of one token's row `xr` by the token's angles `cs`.

@@ -1,7 +1,8 @@
 //! 8-bit quantisation of activations for the integer dot products of the CPU matmul.
 //!
 //! As in llama.cpp, a matmul against quantised weights first quantises its input rows
-//! once per call, symmetrically, to i8 with one f32 scale per block; the weight-by-
+//! once per call (or, on the CPU engine's fast path, the op before it writes them so
+//! straight away: `ActsQ8::quantize_rows_plain`), symmetrically, to i8 with one f32 scale per block; the weight-by-
 //! activation products are then sums of i8*u8/i8 products, exact in i32.
 //! - [`ActsQ8`]: 32-value blocks (for Q4_0, Q4_1, Q8_0 weights), with `s = d * sum(q)` per
 //!   block, which folds the offset of Q4_0/Q4_1 (`m * sum(x)`) into one multiply.
@@ -13,8 +14,8 @@
 //! from the f32 scale); [`Q8_SCALES_F16`] says whether [`ActsQ8`] does the same (ggml's
 //! `block_q8_K` keeps an f32 `d`, and so does [`ActsQ8K`]). The body is
 //! written so the compiler vectorises it; the AVX2 copy is the same code compiled with
-//! AVX2 enabled, so both give identical bytes. Large inputs are split by token rows over
-//! the CPU threads (`cpu::par`).
+//! AVX2 enabled, so both give identical bytes. Large inputs are split by token rows (the
+//! fused producers' by pieces of rows) over the CPU threads (`cpu::par`).
 
 use crate::cpu::par::{self, SharedMut};
 
@@ -266,7 +267,7 @@ impl ActsQ8 {
         let pieces = n * per_row;
         let (qs, d, s) = (SharedMut::new(&mut acts.qs), SharedMut::new(&mut acts.d), SharedMut::new(&mut acts.s));
         let task = |i: usize| {
-            let mut buf = vec![0.0f32; width];
+            let mut buf = [0.0f32; PIECE_VALUES];
             for p in i * per_task..((i + 1) * per_task).min(pieces) {
                 let (r, c0) = (p / per_row, (p % per_row) * width);
                 let w = width.min(cols - c0);
