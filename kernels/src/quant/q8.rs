@@ -1,9 +1,10 @@
 //! 8-bit quantisation of activations for the integer dot products of the CPU matmul.
 //!
 //! As in llama.cpp, a matmul against quantised weights first quantises its input rows
-//! once per call (or, on the CPU engine's fast path, the op before it writes them so
-//! straight away: `ActsQ8::quantize_rows_plain`), symmetrically, to i8 with one f32 scale per block; the weight-by-
-//! activation products are then sums of i8*u8/i8 products, exact in i32.
+//! once per call, symmetrically, to i8 with one f32 scale per block (on the CPU engine's
+//! fast path the op before the matmul writes them so straight away:
+//! `ActsQ8::quantize_rows_plain`); the weight-by-activation products are then sums of
+//! i8*u8/i8 products, exact in i32.
 //! - [`ActsQ8`]: 32-value blocks (for Q4_0, Q4_1, Q8_0 weights), with `s = d * sum(q)` per
 //!   block, which folds the offset of Q4_0/Q4_1 (`m * sum(x)`) into one multiply.
 //! - [`ActsQ8K`]: 256-value blocks (for the K types), with the integer sum of every 16
