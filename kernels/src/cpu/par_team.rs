@@ -17,14 +17,14 @@
 //! 6.1 µs for an op of 16 empty tasks and 11.1 µs for 64; this one 4.2 and 4.5
 //! (`par_bench`, bench/RESULTS.md, on different machines of the kind).
 //!
-//! Protocol (every access to `job`, `epoch` and a slot's `inside` is SeqCst but the
-//! store that lowers `inside`, a release): the caller
-//! sets the slots' ranges, publishes `job`, then bumps `epoch`; a worker that sees a new
-//! epoch raises its `inside`, then reads `job` (whatever job it finds is one it may work
-//! on, its slots already set); the caller, once the slots' finished counts add up to the
-//! tasks, clears `job`, then waits until no `inside` is raised. So no worker can still
-//! hold a job whose frame the caller is about to leave. A task's panic is caught on its
-//! thread and re-raised on the caller's once the job has drained.
+//! Protocol (every access to `job`, `epoch` and a slot's `inside` is SeqCst, except the
+//! store that lowers `inside`, a release): the caller sets the slots' ranges, publishes
+//! `job`, then bumps `epoch`; a worker that sees a new epoch raises its `inside`, then
+//! reads `job` (whatever job it finds is one it may work on, its slots already set); the
+//! caller, once the slots' finished counts add up to the tasks, clears `job`, then waits
+//! until no `inside` is raised. So no worker can still hold a job whose frame the caller
+//! is about to leave. A task's panic is caught on its thread and re-raised on the
+//! caller's once the job has drained.
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
