@@ -106,17 +106,18 @@ pub fn rms_norm_q8(order: SumOrder, x: &[f32], w: &[f32], n_rows: usize, eps: f3
     // once per piece, to the same bits).
     Ok(ActsQ8::quantize_rows_plain(n_rows, dim, |r, c0, o| {
         let xr = &x[r * dim..(r + 1) * dim];
-        let s = inv_rms(order, xr, eps);
-        for ((o, &xv), &wv) in o.iter_mut().zip(&xr[c0..]).zip(&w[c0..]) {
-            *o = (xv * s) * wv;
-        }
+        scale_into(o, &xr[c0..], &w[c0..], inv_rms(order, xr, eps));
     }))
 }
 
-/// One row: `o = (xr * inv_rms) * w` (as `rms_norm_q8` computes each piece).
+/// One row: `o = (xr * inv_rms) * w`.
 fn norm_row(order: SumOrder, o: &mut [f32], xr: &[f32], w: &[f32], eps: f32) {
-    let s = inv_rms(order, xr, eps);
-    for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
+    scale_into(o, xr, w, inv_rms(order, xr, eps));
+}
+
+/// `o = (x * s) * w`, as far as `o` reaches.
+fn scale_into(o: &mut [f32], x: &[f32], w: &[f32], s: f32) {
+    for ((o, &xv), &wv) in o.iter_mut().zip(x).zip(w) {
         *o = (xv * s) * wv;
     }
 }

@@ -129,6 +129,17 @@ fn quantize_q8k_body(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16])
     }
 }
 
+/// [`quantize_q8_body`] in its AVX2 build where the CPU has AVX2 and FMA (the detection
+/// is a cached load): the entry both [`ActsQ8`] quantisers take.
+fn quantize_q8_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected on this CPU.
+        return unsafe { quantize_q8_avx2(x, qs, d, s) };
+    }
+    quantize_q8_body(x, qs, d, s)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_q8_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
@@ -226,16 +237,7 @@ impl ActsQ8 {
         let nb = x.len() / 32;
         let mut acts =
             ActsQ8 { cols, qs: vec![0; nb * 32], d: vec![0.0; nb], s: vec![0.0; nb], d4: Vec::new(), s4: Vec::new() };
-        let avx2 = has_avx2();
-        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 32), (&mut acts.s, cols / 32), |x, qs, d, s| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: AVX2 and FMA were detected on this CPU.
-                return unsafe { quantize_q8_avx2(x, qs, d, s) };
-            }
-            let _ = avx2;
-            quantize_q8_body(x, qs, d, s)
-        });
+        split_rows(x, cols, &mut acts.qs, (&mut acts.d, cols / 32), (&mut acts.s, cols / 32), quantize_q8_blocks);
         acts
     }
 
@@ -260,7 +262,6 @@ impl ActsQ8 {
         if len == 0 {
             return acts;
         }
-        let avx2 = has_avx2();
         let width = cols.min(PIECE_VALUES);
         let per_row = cols.div_ceil(width);
         // Narrow rows go several to a task; a wide row's pieces one to a task.
@@ -278,14 +279,7 @@ impl ActsQ8 {
                 // SAFETY: values `at ..+ w` and their blocks (`w` and `c0` are multiples of
                 // 32) lie inside the buffers sized above and belong to piece `p` alone.
                 let (qs, d, s) = unsafe { (qs.slice(at, at + w), d.slice(b0, b0 + w / 32), s.slice(b0, b0 + w / 32)) };
-                #[cfg(target_arch = "x86_64")]
-                if avx2 {
-                    // SAFETY: AVX2 and FMA were detected on this CPU.
-                    unsafe { quantize_q8_avx2(buf, qs, d, s) };
-                    continue;
-                }
-                let _ = avx2;
-                quantize_q8_body(buf, qs, d, s);
+                quantize_q8_blocks(buf, qs, d, s);
             }
         };
         let tasks = pieces.div_ceil(per_task);
