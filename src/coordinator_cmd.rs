@@ -75,9 +75,10 @@ pub struct CoordinatorArgs {
     /// Pipeline stages per replica.
     #[arg(long, env = "TESSERA_PP", default_value_t = 1)]
     pub pp: usize,
-    /// Seconds a step may take before its replica is failed (a hung worker).
-    #[arg(long, env = "TESSERA_STEP_TIMEOUT_S", default_value_t = 300)]
-    pub step_timeout_s: u64,
+    /// Seconds a step may take before its replica is failed (a hung worker). Default: 60
+    /// for a replica of GPU workers only, else 300 (a long CPU prefill takes seconds).
+    #[arg(long, env = "TESSERA_STEP_TIMEOUT_S")]
+    pub step_timeout_s: Option<u64>,
     /// Seconds to wait for workers to come up.
     #[arg(long, env = "TESSERA_CONNECT_TIMEOUT_S", default_value_t = 120)]
     pub connect_timeout_s: u64,
@@ -212,7 +213,7 @@ async fn form_replicas(
             ..SchedulerConfig::new(args.block_size as usize, 1, 1)
         },
         max_model_len: args.max_model_len,
-        step_timeout: Duration::from_secs(args.step_timeout_s.max(1)),
+        step_timeout: args.step_timeout_s.map(|s| Duration::from_secs(s.max(1))),
         placement,
         tls,
     };
@@ -231,10 +232,11 @@ async fn form_replicas(
         served_len = served_len.min(max_len);
         vocab = vocab.min(info.vocab_size as usize);
         tracing::info!(
-            "tessera coordinator: worker {addr} ready ({} KV blocks of {}, {} positions max)",
+            "tessera coordinator: worker {addr} ready ({} KV blocks of {}, {} positions max, step deadline {} s)",
             info.num_blocks,
             info.block_size,
-            max_len
+            max_len,
+            formed.link.step_timeout().as_secs()
         );
         let (engine, handle) = Engine::new(formed.sched, formed.link);
         tokio::spawn(engine.in_set(set.clone(), r).with_metrics(metrics.replica(r)).run());

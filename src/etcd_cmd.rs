@@ -214,10 +214,16 @@ fn apply_settings(args: &mut CoordinatorArgs, s: &ClusterSettings, given: impl F
             }
         )*};
     }
-    fill!(max_num_seqs, max_num_batched_tokens, max_waiting, block_size, kv_memory_mib, tp, pp, step_timeout_s);
-    if s.max_model_len.is_some() && !given("max_model_len") {
-        args.max_model_len = s.max_model_len;
+    // Flags whose absence means "decided later" stay optional.
+    macro_rules! fill_optional {
+        ($($field:ident),*) => {$(
+            if s.$field.is_some() && !given(stringify!($field)) {
+                args.$field = s.$field;
+            }
+        )*};
     }
+    fill!(max_num_seqs, max_num_batched_tokens, max_waiting, block_size, kv_memory_mib, tp, pp);
+    fill_optional!(max_model_len, step_timeout_s);
     args.model = args.model_flag.clone().or_else(|| s.model.clone().map(Into::into)).unwrap_or_default();
 }
 
@@ -324,16 +330,19 @@ mod tests {
         };
         let settings = ClusterSettings::parse(
             "config",
-            br#"{"model": "/m.gguf", "max_num_seqs": 3, "max_waiting": 5, "max_model_len": 99}"#,
+            br#"{"model": "/m.gguf", "max_num_seqs": 3, "max_waiting": 5, "max_model_len": 99, "step_timeout_s": 20}"#,
         )
         .unwrap();
         let given = flags_given(argv.map(Into::into));
         assert!(given.contains(&"max_num_seqs".to_string()) && !given.contains(&"max_waiting".to_string()));
         apply_settings(&mut args, &settings, |id| given.contains(&id.to_string()));
         assert_eq!((args.max_num_seqs, args.max_waiting, args.max_model_len), (7, 5, Some(99)));
+        assert_eq!(args.step_timeout_s, Some(20));
         assert_eq!(args.model, std::path::PathBuf::from("/m.gguf"));
         let crate::Command::Coordinator(plain) = crate::Cli::parse_from(argv).command else { unreachable!() };
         assert_eq!(args.max_num_batched_tokens, plain.max_num_batched_tokens, "a default changed with nothing set");
+        // No deadline given anywhere: the replica's devices decide it at formation.
+        assert_eq!(plain.step_timeout_s, None);
         // Without etcd, --workers and --model stay required.
         assert!(crate::Cli::try_parse_from(["tessera", "coordinator", "--model", "m"]).is_err());
         assert!(crate::Cli::try_parse_from(["tessera", "coordinator", "--workers", "a:1"]).is_err());

@@ -39,8 +39,28 @@ pub struct ReplicaLink {
     check_ranks: bool,
 }
 
-/// Default per-step deadline: far above any real step (a long CPU prefill takes seconds).
-pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(300);
+/// Per-step deadline of a replica with a CPU rank, unless the operator sets one: far above
+/// any real step (a long CPU prefill chunk takes seconds on a small machine).
+pub const CPU_STEP_TIMEOUT: Duration = Duration::from_secs(300);
+/// Per-step deadline of a replica whose every rank is a GPU, unless the operator sets one.
+/// A healthy GPU step takes well under a second (an 8B model's 8,192-token prefill chunk
+/// ~0.2 s on an H200), so a hung kernel, or a rank blocked in a collective on a peer that
+/// hung, fails the replica within a minute instead of five (vLLM's engine-iteration
+/// timeout is the same 60 s).
+pub const GPU_STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The per-step deadline for a replica whose ranks report these device kinds (Info's
+/// `device`: "cpu", "cuda", "hip"): [`GPU_STEP_TIMEOUT`] when every rank is a GPU, else
+/// [`CPU_STEP_TIMEOUT`] (an unknown or empty kind counts as a CPU: the longer deadline).
+pub fn default_step_timeout<'a>(devices: impl IntoIterator<Item = &'a str>) -> Duration {
+    let mut devices = devices.into_iter().peekable();
+    let all_gpus = devices.peek().is_some() && devices.all(|d| matches!(d, "cuda" | "hip"));
+    if all_gpus {
+        GPU_STEP_TIMEOUT
+    } else {
+        CPU_STEP_TIMEOUT
+    }
+}
 
 impl ReplicaLink {
     /// Sets up the replica on `addrs` (worker `i` of the placement at `addrs[i]`). The
@@ -92,13 +112,14 @@ impl ReplicaLink {
         let mut info = loaded[leader].clone();
         info.num_blocks = loaded.iter().map(|i| i.num_blocks).min().unwrap_or(0);
         info.ranks_sample_alike = loaded.iter().all(|i| i.ranks_sample_alike);
-        let link = ReplicaLink { links, leader, step_timeout: DEFAULT_STEP_TIMEOUT, depth: pp, check_ranks: false };
+        let step_timeout = default_step_timeout(loaded.iter().map(|i| i.device.as_str()));
+        let link = ReplicaLink { links, leader, step_timeout, depth: pp, check_ranks: false };
         Ok((link, info))
     }
 
     /// A replica of one worker, already connected.
     pub fn single(link: WorkerLink) -> Self {
-        ReplicaLink { links: vec![link], leader: 0, step_timeout: DEFAULT_STEP_TIMEOUT, depth: 1, check_ranks: false }
+        ReplicaLink { links: vec![link], leader: 0, step_timeout: CPU_STEP_TIMEOUT, depth: 1, check_ranks: false }
     }
 
     /// Makes every step check that the last stage's tensor ranks sampled alike (a
@@ -106,6 +127,11 @@ impl ReplicaLink {
     pub fn with_rank_check(mut self, on: bool) -> Self {
         self.check_ranks = on;
         self
+    }
+
+    /// The per-step deadline.
+    pub fn step_timeout(&self) -> Duration {
+        self.step_timeout
     }
 
     /// Sets the per-step deadline.
@@ -207,5 +233,19 @@ mod tests {
         assert!(e.contains("sequence 2: token 20 vs 21"), "{e}");
         assert!(same_samples(&a, &reply(&[(1, 10)], &[3])).is_err());
         assert!(same_samples(&a, &reply(&[(1, 10), (2, 20)], &[])).is_err());
+    }
+
+    #[test]
+    fn gpu_replicas_get_the_short_deadline_only_when_every_rank_is_a_gpu() {
+        assert_eq!(default_step_timeout(["cuda"]), GPU_STEP_TIMEOUT);
+        assert_eq!(default_step_timeout(["cuda", "cuda", "hip"]), GPU_STEP_TIMEOUT);
+        assert_eq!(default_step_timeout(["cpu"]), CPU_STEP_TIMEOUT);
+        // One CPU rank in the replica: its steps may take as long as a CPU step.
+        assert_eq!(default_step_timeout(["cuda", "cpu"]), CPU_STEP_TIMEOUT);
+        // A worker that reports no kind (or one unknown here) gets the longer deadline.
+        assert_eq!(default_step_timeout(["cuda", ""]), CPU_STEP_TIMEOUT);
+        assert_eq!(default_step_timeout(["tpu"]), CPU_STEP_TIMEOUT);
+        assert_eq!(default_step_timeout(std::iter::empty::<&str>()), CPU_STEP_TIMEOUT);
+        assert!(GPU_STEP_TIMEOUT < CPU_STEP_TIMEOUT);
     }
 }

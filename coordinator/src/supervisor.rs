@@ -42,8 +42,9 @@ pub struct FormSpec {
     pub sched: SchedulerConfig,
     /// Context length to serve at most (the model's when `None`).
     pub max_model_len: Option<usize>,
-    /// Per-step deadline of the replica's link.
-    pub step_timeout: Duration,
+    /// Per-step deadline of the replica's link; `None`: by the workers' device kind
+    /// (`replica_link::default_step_timeout`).
+    pub step_timeout: Option<Duration>,
     /// Mutual TLS on the links to the workers (forming, re-forming and readiness checks);
     /// plain gRPC when `None`.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
@@ -83,7 +84,11 @@ pub async fn form(addrs: &[String], spec: &FormSpec, group: u64, wait: Duration)
     // The second batch in flight is the lookahead; a pipeline keeps one per stage.
     let (tp, pp) = (spec.placement.tp, spec.placement.pp);
     let lookahead = spec.sched.lookahead && pp == 1 && (tp == 1 || info.ranks_sample_alike);
-    let link = link.with_step_timeout(spec.step_timeout).with_rank_check(lookahead && tp > 1);
+    let link = match spec.step_timeout {
+        Some(t) => link.with_step_timeout(t),
+        None => link,
+    };
+    let link = link.with_rank_check(lookahead && tp > 1);
     let model_len = info.max_model_len as usize;
     let cfg = SchedulerConfig {
         block_size: info.block_size as usize,
