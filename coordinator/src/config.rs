@@ -3,6 +3,15 @@
 
 use crate::error::ConfigError;
 
+/// Most KV blocks a replica's pool may have. The block manager keeps ~70 bytes of state
+/// per block, allocated up front from the count the workers report, so a worker reporting
+/// a wild count (up to `u32::MAX`) must be refused rather than abort the coordinator on
+/// hundreds of GB. 2^24 blocks (~1.2 GB of that state) is far above any real pool: an
+/// H200's 141 GB holds ~0.4 M blocks of 16 positions of the smallest supported model
+/// (SmolLM2-135M, 23 KB of K/V per position). Also below `u32::MAX`, which block ids
+/// travel as and which is reserved.
+pub const MAX_BLOCKS: usize = 1 << 24;
+
 /// Limits the scheduler works within.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -64,7 +73,7 @@ impl SchedulerConfig {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if self.num_blocks >= u32::MAX as usize {
+        if self.num_blocks > MAX_BLOCKS {
             return Err(ConfigError::TooManyBlocks(self.num_blocks));
         }
         if self.max_num_batched_tokens < self.max_num_seqs {

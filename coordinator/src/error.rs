@@ -8,8 +8,8 @@ pub enum ConfigError {
     /// A size that must be at least one is zero.
     #[error("scheduler config: {0} must be at least 1")]
     Zero(&'static str),
-    /// Block ids travel as u32 and `u32::MAX` is reserved.
-    #[error("scheduler config: num_blocks {0} is too large (at most {max})", max = u32::MAX - 1)]
+    /// More blocks than the block manager keeps state for ([`crate::config::MAX_BLOCKS`]).
+    #[error("scheduler config: num_blocks {0} is too large (at most {max})", max = crate::config::MAX_BLOCKS)]
     TooManyBlocks(usize),
     /// Every running sequence must be able to decode in the same step.
     #[error(

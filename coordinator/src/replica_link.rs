@@ -37,6 +37,8 @@ pub struct ReplicaLink {
     depth: usize,
     /// Whether the last stage's tensor ranks must have sampled alike (lookahead decodes).
     check_ranks: bool,
+    /// The model's vocabulary: a sampled token at or past it is a faulty reply.
+    vocab: u32,
 }
 
 /// Per-step deadline of a replica with a CPU rank, unless the operator sets one: far above
@@ -113,13 +115,9 @@ impl ReplicaLink {
         info.num_blocks = loaded.iter().map(|i| i.num_blocks).min().unwrap_or(0);
         info.ranks_sample_alike = loaded.iter().all(|i| i.ranks_sample_alike);
         let step_timeout = default_step_timeout(loaded.iter().map(|i| i.device.as_str()));
-        let link = ReplicaLink { links, leader, step_timeout, depth: pp, check_ranks: false };
+        let vocab = info.vocab_size;
+        let link = ReplicaLink { links, leader, step_timeout, depth: pp, check_ranks: false, vocab };
         Ok((link, info))
-    }
-
-    /// A replica of one worker, already connected.
-    pub fn single(link: WorkerLink) -> Self {
-        ReplicaLink { links: vec![link], leader: 0, step_timeout: CPU_STEP_TIMEOUT, depth: 1, check_ranks: false }
     }
 
     /// Makes every step check that the last stage's tensor ranks sampled alike (a
@@ -163,13 +161,20 @@ impl ReplicaLink {
     pub async fn recv(&mut self, want: u64) -> Result<pb::StepReply, LinkError> {
         let after = self.step_timeout;
         let addr = self.links[self.leader].addr().to_string();
-        let (leader, check) = (self.leader, self.check_ranks);
+        let (leader, check, vocab) = (self.leader, self.check_ranks, self.vocab);
         let all = async {
             let mut replies = try_join_all(self.links.iter_mut().map(|l| l.recv(want))).await?;
             // The last stage's tensor ranks (the leader and the ranks after it) sample on
             // their own; with lookahead each runs its own token, so they must agree. (A
             // rank whose grammar compiler failed where the leader's did not fails the
             // replica here: its next lookahead would compute another sequence.)
+            // A token outside the vocabulary would be appended to its sequence and sent
+            // back in the next step, which every worker refuses: the sequence would fail
+            // each replica it migrates to. The worker that sent it is faulty; the reply is
+            // not used.
+            if let Err(detail) = tokens_in_vocab(&replies[leader], vocab) {
+                return Err(LinkError::BadReply { addr: addr.clone(), step: want, detail });
+            }
             let others = if check { &replies[leader + 1..] } else { &[] };
             for other in others {
                 if let Err(detail) = same_samples(&replies[leader], other) {
@@ -184,6 +189,14 @@ impl ReplicaLink {
     /// Steps a replica keeps in flight: one per pipeline stage.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+}
+
+/// Whether every token `reply` sampled is below `vocab`; the first that is not, if any.
+fn tokens_in_vocab(reply: &pb::StepReply, vocab: u32) -> Result<(), String> {
+    match reply.sampled.iter().find(|s| s.token >= vocab) {
+        Some(s) => Err(format!("sequence {}: token {} outside the vocabulary of {vocab}", s.seq_id, s.token)),
+        None => Ok(()),
     }
 }
 
@@ -247,5 +260,15 @@ mod tests {
         assert_eq!(default_step_timeout(["tpu"]), CPU_STEP_TIMEOUT);
         assert_eq!(default_step_timeout(std::iter::empty::<&str>()), CPU_STEP_TIMEOUT);
         assert!(GPU_STEP_TIMEOUT < CPU_STEP_TIMEOUT);
+    }
+
+    #[test]
+    fn a_token_outside_the_vocabulary_is_a_bad_reply() {
+        assert_eq!(tokens_in_vocab(&reply(&[(1, 10), (2, 99)], &[]), 100), Ok(()));
+        let e = tokens_in_vocab(&reply(&[(1, 10), (2, 100)], &[]), 100).unwrap_err();
+        assert!(e.contains("sequence 2: token 100"), "{e}");
+        assert!(tokens_in_vocab(&reply(&[(7, u32::MAX)], &[]), 100).is_err());
+        // A reply that sampled nothing (a pipeline stage, a failed sequence) is fine.
+        assert_eq!(tokens_in_vocab(&reply(&[], &[3]), 100), Ok(()));
     }
 }

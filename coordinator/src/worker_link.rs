@@ -30,6 +30,9 @@ pub enum LinkError {
     /// decodes would compute different sequences).
     #[error("replica of {addr}: step {step}: tensor ranks sampled different tokens ({detail})")]
     RanksDisagree { addr: String, step: u64, detail: String },
+    /// A reply that no healthy worker sends (a sampled token outside the vocabulary).
+    #[error("worker {addr}: step {step}: bad reply: {detail}")]
+    BadReply { addr: String, step: u64, detail: String },
     /// The supervisor took the replica's workers away (e.g. a worker's registration
     /// lease expired: it is hung or cut off even if its stream is still open).
     #[error("replica of {addr}: {reason}")]

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{config, reference, seq, step, Collected, FakeWorker, Rng};
+use tessera_coordinator::config::MAX_BLOCKS;
 use tessera_coordinator::{
     AdmissionError, ConfigError, FinishReason, ScheduledBatch, Scheduler, Sequence, StepOutput, StopCriteria,
 };
@@ -278,6 +279,13 @@ fn impossible_requests_and_configs_are_refused_with_reasons() {
     assert_eq!(Scheduler::new(bad.clone()).unwrap_err(), ConfigError::BudgetBelowSeqs { budget: 4, seqs: 8 });
     bad.block_size = 0;
     assert_eq!(Scheduler::new(bad).unwrap_err(), ConfigError::Zero("block_size"));
+    // A pool size a worker could report but no machine holds: refused before any block
+    // state is allocated for it.
+    let mut huge = config(4, 4, 64, 8, 64);
+    huge.num_blocks = MAX_BLOCKS + 1;
+    assert_eq!(Scheduler::new(huge.clone()).unwrap_err(), ConfigError::TooManyBlocks(MAX_BLOCKS + 1));
+    huge.num_blocks = u32::MAX as usize - 1;
+    assert_eq!(Scheduler::new(huge).unwrap_err(), ConfigError::TooManyBlocks(u32::MAX as usize - 1));
 }
 
 /// Drives one sequence with scripted tokens; returns its updates' tokens and ending.

@@ -90,7 +90,7 @@ impl Logits {
 /// allocate (a long table of one repeated block would otherwise let it ask for any size).
 ///
 /// `max_positions`: positions the backend can place (the GPU backends' RoPE table; the
-/// CPU's `usize::MAX`). The GPU step index is a dense `[chunks, longest table]` array, so
+/// model's context on the CPU). The GPU step index is a dense `[chunks, longest table]` array, so
 /// that product is capped too (legitimate steps stay far below it: 1,024 sequences of 128k
 /// positions in 16-position blocks are 8M entries).
 pub fn validate_chunks(

@@ -135,6 +135,12 @@ impl Executor {
         self.seqs.len()
     }
 
+    fn seq_limits(&self) -> SeqLimits {
+        let max_tokens = self.backend.config().max_position.max(1);
+        let max_table = max_tokens.div_ceil(self.block_size().max(1)).saturating_add(1);
+        SeqLimits { num_blocks: self.num_blocks(), max_table, max_tokens }
+    }
+
     /// Runs one step. A bad step (unknown sequence, bad ids) is an error and changes no
     /// sequence's state beyond the deltas already applied.
     pub fn step(&mut self, mut input: StepInput) -> Result<StepOutput, WorkerError> {
@@ -150,22 +156,29 @@ impl Executor {
             self.seqs.remove(id);
             self.grammar.remove(id);
         }
+        let limits = self.seq_limits();
         for s in input.new_sequences {
             if self.seqs.contains_key(&s.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
             }
-            // Only the ranks that sample enforce constraints.
-            if let (Some(c), Some(_)) = (&s.params.constraint, &self.grammars) {
-                let replay = usize::try_from(s.num_generated).unwrap_or(usize::MAX);
-                self.grammar.insert(s.seq_id, SeqGrammar::Pending { constraint: c.clone(), replay });
-            }
+            check_seq_tables(s.seq_id, &s.block_table, s.cached_tokens.len(), limits)?;
+            // Parameters first: a refused sequence leaves no grammar behind for a later
+            // sequence of the same id to inherit.
+            let constraint = s.params.constraint.clone();
             let mut sampler = Sampler::new(s.params)?;
+            // Only the ranks that sample enforce constraints.
+            if let (Some(c), Some(_)) = (constraint, &self.grammars) {
+                let replay = usize::try_from(s.num_generated).unwrap_or(usize::MAX);
+                self.grammar.insert(s.seq_id, SeqGrammar::Pending { constraint: c, replay });
+            }
             sampler.resume_at(s.num_generated);
             let st = SeqState { block_table: s.block_table, sampler, history: s.cached_tokens, last_sampled: None };
             self.seqs.insert(s.seq_id, st);
         }
         for (id, blocks) in input.appends {
             let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
+            let table = st.block_table.len().saturating_add(blocks.len());
+            check_seq_tables(id, &blocks, 0, limits).and_then(|()| check_table_len(id, table, limits))?;
             st.block_table.extend(blocks);
         }
         if input.runs.is_empty() {
@@ -188,6 +201,7 @@ impl Executor {
         // GPU backend: what each sampled row needs, built while the histories are borrowed.
         let mut requests = Vec::new();
         let mut sampled_ids = std::collections::HashSet::new();
+        let mut refused: HashMap<u64, SamplingError> = HashMap::new();
         for r in &input.runs {
             let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             // One draw per sequence and step: a second would need the sampler twice at once.
@@ -209,7 +223,16 @@ impl Executor {
                     history.extend_from_slice(&st.history[..r.first_pos]);
                     history.extend_from_slice(&r.tokens);
                 }
-                requests.push(RowRequest::new(st.sampler.params(), seed, draw, &history, vocab)?);
+                // A row the GPU sampler cannot take (a token id past the vocabulary in its
+                // bias or history) fails its sequence alone, as on the CPU: a greedy
+                // placeholder keeps the rows aligned and its draw is dropped.
+                match RowRequest::new(st.sampler.params(), seed, draw, &history, vocab) {
+                    Ok(req) => requests.push(req),
+                    Err(e) => {
+                        requests.push(RowRequest::greedy());
+                        refused.insert(r.seq_id, e);
+                    }
+                }
             }
             chunks.push(SeqChunk {
                 tokens: &r.tokens,
@@ -295,10 +318,16 @@ impl Executor {
             (None, Some(g)) => {
                 let mut out = Vec::with_capacity(picks.len());
                 for &i in &picks {
-                    let st = self.seqs.get_mut(&input.runs[i].seq_id).ok_or_else(|| unknown(input.runs[i].seq_id))?;
+                    let id = input.runs[i].seq_id;
+                    let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
                     let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
-                    st.sampler.note_external_draw();
-                    out.push(s);
+                    match refused.remove(&id) {
+                        Some(e) => out.push(Err(e)),
+                        None => {
+                            st.sampler.note_external_draw();
+                            out.push(s);
+                        }
+                    }
                 }
                 out
             }
@@ -396,6 +425,48 @@ fn draw_rows(
 
 /// A draw of [`draw_rows`]: the sequence, its logit row, its grammar mask, the result.
 type Job<'a> = (&'a mut SeqState, &'a mut [f32], Option<Vec<u32>>, Option<Result<Sampled, SamplingError>>);
+
+/// What one sequence's state on this worker may hold. Tables and cached tokens arrive
+/// ahead of the runs that read them, so without these bounds a message could park tables
+/// and histories of any size here (~4 bytes per entry, kept until the sequence finishes).
+#[derive(Debug, Clone, Copy)]
+struct SeqLimits {
+    /// Blocks of the KV cache: every table entry must name one.
+    num_blocks: usize,
+    /// Longest table: the blocks of the model's context, plus one (a lookahead step may
+    /// hold the slot after a sequence's last position).
+    max_table: usize,
+    /// Most cached tokens: the model's context.
+    max_tokens: usize,
+}
+
+/// Checks a new sequence's table (or an append to one: `cached` 0) against `l`.
+fn check_seq_tables(id: u64, blocks: &[u32], cached: usize, l: SeqLimits) -> Result<(), WorkerError> {
+    check_table_len(id, blocks.len(), l)?;
+    if let Some(b) = blocks.iter().find(|&&b| b as usize >= l.num_blocks) {
+        return Err(WorkerError::InvalidBatch(format!(
+            "sequence {id}: block {b} is not one of the cache's {} blocks",
+            l.num_blocks
+        )));
+    }
+    if cached > l.max_tokens {
+        return Err(WorkerError::InvalidBatch(format!(
+            "sequence {id}: {cached} cached tokens, more than the model's {} positions",
+            l.max_tokens
+        )));
+    }
+    Ok(())
+}
+
+fn check_table_len(id: u64, len: usize, l: SeqLimits) -> Result<(), WorkerError> {
+    if len > l.max_table {
+        return Err(WorkerError::InvalidBatch(format!(
+            "sequence {id}: a block table of {len} blocks, more than the model's {} positions need ({})",
+            l.max_tokens, l.max_table
+        )));
+    }
+    Ok(())
+}
 
 fn unknown(id: u64) -> WorkerError {
     WorkerError::InvalidBatch(format!("unknown sequence {id}"))

@@ -405,7 +405,10 @@ impl LlamaModel {
     /// [`LlamaModel::forward_sharded`]'s body.
     fn forward_step(&self, chunks: &[SeqChunk], kv: &mut KvCache, comms: &mut Comms) -> Result<Logits, WorkerError> {
         let c = &self.config;
-        crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size, usize::MAX)?;
+        // Positions past the model's context are refused as on the GPUs: the CPU's RoPE
+        // would place them, but attention's cost grows with them, so a run at a wild
+        // position would hold the worker for minutes.
+        crate::batch::validate_chunks(chunks, c.vocab_size, kv.num_blocks, kv.block_size, c.max_position.max(1))?;
         let sh = &self.shard;
         let sharded = sh.tp > 1;
         if (sharded && comms.tp.is_none()) || (sh.stages > 1 && comms.pp.is_none()) {

@@ -208,3 +208,28 @@ fn without_grammars_constraints_are_left_to_the_sampling_rank() {
     assert!(out.errors.is_empty());
     assert_eq!(out.sampled.len(), 1);
 }
+
+/// A sequence refused at admission (bad sampling parameters) leaves no grammar behind: a
+/// later sequence reusing its id without a constraint is not held to the old one.
+#[test]
+fn a_refused_admission_leaves_no_grammar_for_its_id() {
+    let prompt = synthetic::tokens(TINY.vocab, 4, 23);
+    let mut ex = Executor::new(Backend::cpu(model(), 16, 4)).with_grammars(grammars());
+    let bad = SamplingParams { temperature: 3.0, ..constrained(Constraint::Lark("start: missing_rule".into())) };
+    let refused = ex.step(StepInput { new_sequences: vec![seq(7, bad, vec![0], 0)], ..Default::default() });
+    assert!(refused.is_err(), "temperature 3 is out of range");
+    let out = ex
+        .step(StepInput {
+            new_sequences: vec![seq(7, SamplingParams::greedy(), vec![0], 0)],
+            runs: vec![Run { seq_id: 7, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false }],
+            ..Default::default()
+        })
+        .expect("step");
+    assert!(out.errors.is_empty(), "the refused sequence's grammar was applied: {:?}", out.errors);
+    assert_eq!(out.sampled.len(), 1);
+    // Its token is the unconstrained greedy one.
+    let m = model();
+    let mut s = Session::new(&m, 16);
+    let want = argmax(&s.feed(&prompt, false).expect("prefill"));
+    assert_eq!(out.sampled[0].1.token, want);
+}

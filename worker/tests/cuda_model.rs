@@ -441,3 +441,44 @@ fn steps_with_unsampled_chunks_run_on_the_gpu() {
         ex.step(StepInput { runs: vec![run(1, &a[9..], 9, true)], ..Default::default() }).expect("A's last chunk");
     assert_eq!(out.sampled[0].1.token, greedy_last(&mut reference, &a), "A after three chunks");
 }
+
+/// A row the GPU sampler cannot take (a logit-bias token past the vocabulary) fails its
+/// own sequence, as on the CPU; the other sequence of the step gets its greedy token and
+/// goes on decoding.
+#[test]
+fn a_bad_sampling_row_fails_only_its_sequence_on_the_gpu() {
+    use tessera_worker::executor::{Run, StepInput};
+    use tessera_worker::sampling::SamplingParams;
+    if !enabled("a_bad_sampling_row_fails_only_its_sequence_on_the_gpu") {
+        return;
+    }
+    let (mut reference, mut ex) = reference_and_executor();
+    let vocab = reference.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..9).map(|i| 200 + 41 * i).collect();
+    let bad = SamplingParams { logit_bias: vec![(vocab + 5, 1.0)], ..SamplingParams::greedy() };
+    let run =
+        |id, tokens: Vec<u32>, first_pos| Run { seq_id: id, tokens, first_pos, sample: true, from_previous: false };
+    let out = ex
+        .step(StepInput {
+            new_sequences: vec![new_seq(1, bad, 0), new_seq(2, SamplingParams::greedy(), 10)],
+            runs: vec![run(1, prompt.clone(), 0), run(2, prompt.clone(), 0)],
+            ..Default::default()
+        })
+        .expect("the step goes on without the bad row");
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert_eq!(out.errors[0].0, 1);
+    assert!(out.errors[0].1.contains("outside the vocabulary"), "{}", out.errors[0].1);
+    assert_eq!(out.sampled.len(), 1);
+    assert_eq!(out.sampled[0].0, 2);
+    let t = table(20, 64);
+    let row = reference
+        .forward(&[SeqChunk { tokens: &prompt, first_pos: 0, block_table: &t, logits: LogitsWanted::Last }])
+        .expect("reference")
+        .data;
+    let first = out.sampled[0].1.token;
+    assert_eq!(first, argmax(&row), "the good sequence's greedy token");
+    let out = ex
+        .step(StepInput { finished: vec![1], runs: vec![run(2, vec![first], prompt.len())], ..Default::default() })
+        .expect("next step");
+    assert!(out.errors.is_empty() && out.sampled.len() == 1, "{:?}", out.errors);
+}

@@ -209,3 +209,35 @@ fn steps_over_the_loaded_token_budget_are_refused_before_any_change() {
     // Exactly the budget runs.
     assert_eq!(ex.step(two(3, 2)).expect("five tokens").sampled.len(), 2);
 }
+
+/// Tables and cached tokens arrive before the runs that read them; what a sequence may
+/// park on the worker is bounded by the model's context (4096 positions here, blocks of
+/// 4: 1024 blocks plus one) and the cache's blocks (8).
+#[test]
+fn sequence_state_is_bounded_by_the_context_and_the_cache() {
+    let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
+    let refused = |ex: &mut Executor, input: StepInput, what: &str| {
+        let err = ex.step(input).expect_err(what).to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    };
+    let admit = |s: NewSequence| StepInput { new_sequences: vec![s], ..Default::default() };
+    refused(&mut ex, admit(new_seq(1, vec![4; 1026], vec![])), "a block table of 1026 blocks");
+    refused(&mut ex, admit(new_seq(1, vec![0, 8], vec![])), "block 8 is not one of the cache's 8 blocks");
+    refused(&mut ex, admit(new_seq(1, vec![0], vec![1; 4097])), "4097 cached tokens");
+    assert_eq!(ex.live_sequences(), 0);
+    // At the bounds: admitted.
+    ex.step(admit(new_seq(1, vec![4; 1025], vec![1; 4096]))).expect("a whole context");
+    ex.step(admit(new_seq(2, vec![0; 1024], vec![]))).expect("new");
+    // Appends are held to the same bounds.
+    let append = |id, blocks: Vec<u32>| StepInput { appends: vec![(id, blocks)], ..Default::default() };
+    refused(&mut ex, append(2, vec![0, 0]), "a block table of 1026 blocks");
+    refused(&mut ex, append(2, vec![u32::MAX]), "block 4294967295");
+    ex.step(append(2, vec![3])).expect("the last block");
+    // A run past the context is refused before the forward pass (the CPU's RoPE could
+    // place it; the GPU backends refuse it the same way).
+    let run = Run { seq_id: 1, tokens: vec![1], first_pos: 4096, sample: true, from_previous: false };
+    refused(&mut ex, StepInput { runs: vec![run], ..Default::default() }, "positions up to 4097");
+    // Sequence 1's last position in the context still runs.
+    let run = Run { seq_id: 1, tokens: vec![1], first_pos: 4095, sample: true, from_previous: false };
+    assert_eq!(ex.step(StepInput { runs: vec![run], ..Default::default() }).expect("last position").sampled.len(), 1);
+}
