@@ -153,7 +153,9 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
         }
         let drain_timeout = Duration::from_secs(args.drain_timeout_s);
         let server = crate::tls::server_builder(tls.as_ref())?
-            .add_service(CoordinatorServer::new(service))
+            // tonic's 4 MiB default refused requests the gateway accepts (a long JSON
+            // schema or tool definitions) before they reached validation, as a 500.
+            .add_service(CoordinatorServer::new(service).max_decoding_message_size(tessera_proto::MAX_MESSAGE_BYTES))
             .serve_with_incoming_shutdown(
                 // Token events are small writes: without TCP_NODELAY, Nagle's algorithm holds
                 // each one until the previous is acknowledged and tokens arrive in bursts.

@@ -91,7 +91,7 @@ pub fn run(args: WorkerArgs) -> Result<()> {
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .tcp_keepalive(Some(Duration::from_secs(30)))
             .layer(crate::drain::RefuseWhenNotReady::new(readiness.clone(), &["/tessera.worker.v1.Worker/Load"]))
-            .add_service(WorkerServer::new(service).max_decoding_message_size(64 << 20))
+            .add_service(WorkerServer::new(service).max_decoding_message_size(tessera_proto::MAX_MESSAGE_BYTES))
             // No Nagle delay on step replies: each is small and awaited.
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

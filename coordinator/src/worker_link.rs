@@ -89,7 +89,7 @@ impl WorkerLink {
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         };
-        Ok(WorkerClient::new(channel).max_decoding_message_size(64 << 20))
+        Ok(WorkerClient::new(channel).max_decoding_message_size(tessera_proto::MAX_MESSAGE_BYTES))
     }
 
     /// Asks the worker what it is (before loading: its collective addresses).

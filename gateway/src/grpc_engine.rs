@@ -125,12 +125,16 @@ fn constraint_to_proto(c: &Constraint) -> wpb::Constraint {
     wpb::Constraint { kind: Some(kind) }
 }
 
+/// The coordinator's refusal as the engine's error. `ResourceExhausted` is the coordinator's
+/// full queue (429); `OutOfRange` is gRPC's answer to a message over the receiver's size
+/// limit, a request too large (400) rather than a fault of the service (500).
 fn map_status(s: tonic::Status) -> EngineError {
     let retry = s.metadata().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(1);
     match s.code() {
         Code::ResourceExhausted => EngineError::Overloaded { retry_after_s: retry },
         Code::Unavailable => EngineError::Unavailable { retry_after_s: retry },
         Code::InvalidArgument => EngineError::InvalidRequest(s.message().to_string()),
+        Code::OutOfRange => EngineError::InvalidRequest(format!("the request is too large: {}", s.message())),
         _ => EngineError::Internal(format!("{:?}: {}", s.code(), s.message())),
     }
 }
@@ -202,5 +206,27 @@ impl Engine for GrpcEngine {
 
     fn stats(&self) -> Option<EngineStats> {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_the_engine_errors_of_their_http_codes() {
+        // What tonic answers for a message over the coordinator's decoding limit.
+        let big = tonic::Status::out_of_range("Error, decoded message length too large: found 70000000 bytes");
+        match map_status(big) {
+            EngineError::InvalidRequest(m) => assert!(m.contains("too large") && m.contains("70000000"), "{m}"),
+            other => panic!("a message over the size limit must be a 400, got {other:?}"),
+        }
+        let mut full = tonic::Status::resource_exhausted("queue full");
+        full.metadata_mut().insert("retry-after", tonic::metadata::MetadataValue::from_static("7"));
+        assert!(matches!(map_status(full), EngineError::Overloaded { retry_after_s: 7 }));
+        assert!(matches!(map_status(tonic::Status::unavailable("x")), EngineError::Unavailable { retry_after_s: 1 }));
+        let bad = map_status(tonic::Status::invalid_argument("sampling.top_p = 2 is out of range"));
+        assert!(matches!(bad, EngineError::InvalidRequest(m) if m == "sampling.top_p = 2 is out of range"));
+        assert!(matches!(map_status(tonic::Status::internal("boom")), EngineError::Internal(_)));
     }
 }

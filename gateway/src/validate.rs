@@ -2,6 +2,8 @@
 //! field in `param`. Produces the engine's `SamplingSpec` plus what the gateway itself needs
 //! (stream flags, `n`, stop strings).
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 use crate::app::AppState;
@@ -239,8 +241,11 @@ pub fn check_stops(param: &str, stops: &[String], max: usize) -> Result<(), ApiE
     Ok(())
 }
 
+/// The bias by token id, sorted. Keys such as "5", "05" and "+5" all parse to token 5: two
+/// of them are refused, as which bias would win depends on the map's order.
 fn logit_bias(f: &SamplingFields, vocab: u32) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(map) = &f.logit_bias else { return Ok(Vec::new()) };
+    let mut keys = HashMap::with_capacity(map.len());
     let mut bias = map
         .iter()
         .map(|(key, &value)| {
@@ -253,6 +258,12 @@ fn logit_bias(f: &SamplingFields, vocab: u32) -> Result<Vec<(u32, f32)>, ApiErro
                     format!("bias {value} for token {id} is outside [-100, 100]"),
                 ));
             }
+            if let Some(other) = keys.insert(id, key) {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("keys {other:?} and {key:?} both name token {id}; give each token once"),
+                ));
+            }
             Ok((id, value as f32))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -260,16 +271,25 @@ fn logit_bias(f: &SamplingFields, vocab: u32) -> Result<Vec<(u32, f32)>, ApiErro
     Ok(bias)
 }
 
-/// An optional float in `[lo, hi]` (`(lo, hi]` when `!lo_inclusive`).
+/// An optional float in `[lo, hi]` (`(lo, hi]` when `!lo_inclusive`), both as given and as
+/// the `f32` the engine gets: narrowing can turn an accepted value into 0, which the worker
+/// reads as "unset" (`top_p` 1e-46 would sample everything), or into infinity.
 fn float_in(param: &str, value: Option<f64>, lo: f64, hi: f64, lo_inclusive: bool) -> Result<Option<f32>, ApiError> {
     let Some(v) = value else { return Ok(None) };
-    let above = if lo_inclusive { v >= lo } else { v > lo };
-    if above && v <= hi {
-        return Ok(Some(v as f32));
-    }
+    let in_range = |x: f64| (if lo_inclusive { x >= lo } else { x > lo }) && x <= hi;
+    let narrow = v as f32;
     let open = if lo_inclusive { "[" } else { "(" };
     let range = if hi == f64::MAX { format!("{open}{lo}, inf)") } else { format!("{open}{lo}, {hi}]") };
-    Err(ApiError::invalid(param, format!("{param} must be in {range}, got {v}")))
+    if !in_range(v) {
+        return Err(ApiError::invalid(param, format!("{param} must be in {range}, got {v}")));
+    }
+    if !in_range(f64::from(narrow)) {
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} must be in {range} as a 32-bit float; {v} becomes {narrow}"),
+        ));
+    }
+    Ok(Some(narrow))
 }
 
 /// An optional integer in `[lo, hi]`.

@@ -89,6 +89,46 @@ async fn chat_validation_errors_name_their_param() {
     assert!(engine.log().requests.is_empty());
 }
 
+/// Values in range as JSON numbers that the `f32` sent to the engine cannot hold: 0 reads
+/// as "unset" there, infinity as nothing usable. Representable extremes pass unchanged.
+#[tokio::test]
+async fn sampling_values_are_checked_as_the_engine_gets_them() {
+    let engine = ok_engine();
+    let app = router(config(), engine.clone());
+    let cases = [
+        (json!({"top_p": 1e-46}), "top_p"),
+        (json!({"repetition_penalty": 1e39}), "repetition_penalty"),
+        (json!({"repetition_penalty": 1e-50}), "repetition_penalty"),
+    ];
+    for (extra, param) in cases {
+        let r = post_json(&app, "/v1/chat/completions", &chat(extra)).await;
+        let error = assert_error(&r, StatusCode::BAD_REQUEST, "invalid_request_error", Some(param));
+        assert!(error["message"].as_str().is_some_and(|m| m.contains("32-bit")), "{error}");
+    }
+    assert!(engine.log().requests.is_empty());
+    let extra = json!({"top_p": 1e-30, "repetition_penalty": 1e38, "temperature": 0.7});
+    let r = post_json(&app, "/v1/chat/completions", &chat(extra)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let p = &engine.log().requests[0].params;
+    assert_eq!((p.top_p, p.repetition_penalty, p.temperature), (1e-30, 1e38, 0.7));
+}
+
+/// "5", "05" and "+5" all name token 5: which bias would apply is the map's order's choice.
+#[tokio::test]
+async fn logit_bias_refuses_a_token_named_twice() {
+    let engine = ok_engine();
+    let app = router(config(), engine.clone());
+    for bias in [json!({"5": 1, "05": -1}), json!({"+5": 1, "5": 2, "7": 0})] {
+        let r = post_json(&app, "/v1/chat/completions", &chat(json!({"logit_bias": bias}))).await;
+        let error = assert_error(&r, StatusCode::BAD_REQUEST, "invalid_request_error", Some("logit_bias"));
+        assert!(error["message"].as_str().is_some_and(|m| m.contains("token 5")), "{error}");
+    }
+    assert!(engine.log().requests.is_empty());
+    let r = post_json(&app, "/v1/chat/completions", &chat(json!({"logit_bias": {"05": 1, "7": 2}}))).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(engine.log().requests[0].params.logit_bias, vec![(5, 1.0), (7, 2.0)]);
+}
+
 #[tokio::test]
 async fn context_errors_explain_the_numbers() {
     let app = router(config(), ok_engine());

@@ -22,6 +22,11 @@ pub use tessera::coordinator::v1 as coordinator;
 /// The worker service and its step stream.
 pub use tessera::worker::v1 as worker;
 
+/// The largest message any Tessera gRPC server or client decodes (tonic's default is 4
+/// MiB). A step for a large batch, a Load, or a request carrying a long JSON schema or tool
+/// definitions can pass 4 MiB; the gateway's 8 MiB body limit keeps requests far below this.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
 /// Tokens a step run computes: its `tokens`, or for a lookahead decode (`from_previous`,
 /// sent with no tokens) the one token the worker sampled for it in the step before. The
 /// wire run and the coordinator's and worker's own run types all count this way.

@@ -4,6 +4,8 @@
 //! `messages[].tool_calls`, `role: "tool"`); `anthropic_*` read Anthropic's (`tools[]` with
 //! `input_schema`, `tool_choice.type`, `tool_use` / `tool_result` blocks).
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -313,7 +315,7 @@ pub fn openai_messages(messages: &[Value]) -> Result<Vec<Turn>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must contain at least one message"));
     }
-    let mut turns = Vec::with_capacity(messages.len());
+    let mut turns = Turns::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let p = format!("messages[{i}]");
         let Some(m) = m.as_object() else {
@@ -338,14 +340,14 @@ pub fn openai_messages(messages: &[Value]) -> Result<Vec<Turn>, ApiError> {
                 let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| {
                     ApiError::invalid(format!("{p}.tool_call_id"), "a tool message needs a \"tool_call_id\" string")
                 })?;
-                turn.name = Some(answered_call(&turns, id, &format!("{p}.tool_call_id"))?);
+                turn.name = Some(turns.answered_call(id, &format!("{p}.tool_call_id"))?);
                 turn.tool_call_id = Some(id.to_owned());
             }
             _ => {}
         }
         turns.push(turn);
     }
-    Ok(turns)
+    Ok(turns.turns)
 }
 
 fn openai_calls(m: &Map<String, Value>, p: &str) -> Result<Vec<CallIn>, ApiError> {
@@ -383,12 +385,40 @@ fn openai_calls(m: &Map<String, Value>, p: &str) -> Result<Vec<CallIn>, ApiError
         .collect()
 }
 
-/// The name of the call `id` answers: one of the calls of the latest assistant turn.
-fn answered_call(turns: &[Turn], id: &str, param: &str) -> Result<String, ApiError> {
-    let last_assistant = turns.iter().rev().find(|t| t.role == "assistant");
-    last_assistant.and_then(|t| t.tool_calls.iter().find(|c| c.id == id)).map(|c| c.name.clone()).ok_or_else(|| {
-        ApiError::invalid(param, format!("{id:?} does not name a tool call of the preceding assistant message"))
-    })
+/// The turns read so far, with the calls of the latest assistant turn by id. Looking a tool
+/// turn's call up in that map, rather than scanning back for the assistant turn and through
+/// its calls, keeps a request of many tool turns linear (it was quadratic in their number).
+struct Turns {
+    turns: Vec<Turn>,
+    /// Call id -> tool name, of the latest assistant turn only; empty before any.
+    latest_calls: HashMap<String, String>,
+}
+
+impl Turns {
+    fn with_capacity(n: usize) -> Self {
+        Turns { turns: Vec::with_capacity(n), latest_calls: HashMap::new() }
+    }
+
+    /// Appends `turn`; an assistant turn's calls replace the previous ones as those answerable.
+    fn push(&mut self, turn: Turn) {
+        if turn.role == "assistant" {
+            // A fresh map rather than `clear`, which costs the old map's capacity each time.
+            let mut calls = HashMap::with_capacity(turn.tool_calls.len());
+            for c in &turn.tool_calls {
+                // The first call with a repeated id answers it, as a front-to-back search did.
+                calls.entry(c.id.clone()).or_insert_with(|| c.name.clone());
+            }
+            self.latest_calls = calls;
+        }
+        self.turns.push(turn);
+    }
+
+    /// The name of the call `id` answers: one of the calls of the latest assistant turn.
+    fn answered_call(&self, id: &str, param: &str) -> Result<String, ApiError> {
+        self.latest_calls.get(id).cloned().ok_or_else(|| {
+            ApiError::invalid(param, format!("{id:?} does not name a tool call of the preceding assistant message"))
+        })
+    }
 }
 
 /// Anthropic's `system` and messages: `text`, `tool_use` (assistant) and `tool_result`
@@ -398,7 +428,7 @@ pub fn anthropic_messages(system: Option<&Value>, messages: &[Value]) -> Result<
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must contain at least one message"));
     }
-    let mut turns = Vec::with_capacity(messages.len() + 1);
+    let mut turns = Turns::with_capacity(messages.len() + 1);
     match system {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => turns.push(Turn::text("system", s.clone())),
@@ -464,7 +494,7 @@ pub fn anthropic_messages(system: Option<&Value>, messages: &[Value]) -> Result<
                             "a tool_result block needs a \"tool_use_id\" string",
                         )
                     })?;
-                    let name = answered_call(&turns, id, &format!("{q}.tool_use_id"))?;
+                    let name = turns.answered_call(id, &format!("{q}.tool_use_id"))?;
                     let mut text = match b.get("content") {
                         None | Some(Value::Null) => String::new(),
                         Some(Value::String(s)) => s.clone(),
@@ -503,7 +533,9 @@ pub fn anthropic_messages(system: Option<&Value>, messages: &[Value]) -> Result<
             }
         }
         let had_results = !results.is_empty();
-        turns.extend(results);
+        for t in results {
+            turns.push(t);
+        }
         if role == "assistant" {
             let mut turn = Turn::text(role, texts.join("\n"));
             turn.tool_calls = calls;
@@ -512,7 +544,7 @@ pub fn anthropic_messages(system: Option<&Value>, messages: &[Value]) -> Result<
             turns.push(Turn::text(role, texts.join("\n")));
         }
     }
-    Ok(turns)
+    Ok(turns.turns)
 }
 
 /// The text of a `text` block.
@@ -592,6 +624,49 @@ mod tests {
         let mut wrong = ok.clone();
         wrong[2] = json!({"role": "tool", "tool_call_id": "call_9", "content": "42"});
         assert_eq!(param(openai_messages(&wrong).unwrap_err()).as_deref(), Some("messages[2].tool_call_id"));
+    }
+
+    #[test]
+    fn only_the_latest_assistant_turn_is_answered() {
+        let call = |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name}});
+        let first = json!({"role": "assistant", "content": null, "tool_calls": [call("c1", "f")]});
+        // A repeated id answers the first call with it, as before the lookup became a map.
+        let second = json!({"role": "assistant", "content": null, "tool_calls": [call("c2", "g"), call("c2", "h")]});
+        let answer = |id: &str| json!({"role": "tool", "tool_call_id": id, "content": ""});
+        let turns = openai_messages(&[first.clone(), answer("c1"), second.clone(), answer("c2")]).unwrap();
+        assert_eq!((turns[1].name.as_deref(), turns[3].name.as_deref()), (Some("f"), Some("g")));
+        let stale = [first.clone(), second, answer("c1")];
+        assert_eq!(param(openai_messages(&stale).unwrap_err()).as_deref(), Some("messages[2].tool_call_id"));
+        // An assistant turn without calls leaves nothing to answer.
+        let plain = [first, json!({"role": "assistant", "content": "done"}), answer("c1")];
+        assert_eq!(param(openai_messages(&plain).unwrap_err()).as_deref(), Some("messages[2].tool_call_id"));
+    }
+
+    /// Many tool turns answering one call: each is looked up in O(1). (Scanning back over
+    /// every earlier turn for each took about n^2 / 2 = 1.25e9 steps here.)
+    #[test]
+    fn many_tool_turns_answer_one_call() {
+        const N: usize = 50_000;
+        let call = json!({"id": "a", "type": "function", "function": {"name": "f"}});
+        let mut messages = vec![json!({"role": "assistant", "content": null, "tool_calls": [call]})];
+        messages.extend(std::iter::repeat_n(json!({"role": "tool", "tool_call_id": "a", "content": ""}), N));
+        let turns = openai_messages(&messages).unwrap();
+        assert_eq!(turns.len(), N + 1);
+        assert!(turns[1..].iter().all(|t| t.name.as_deref() == Some("f")));
+        messages.push(json!({"role": "tool", "tool_call_id": "b", "content": ""}));
+        let last = format!("messages[{}].tool_call_id", N + 1);
+        assert_eq!(param(openai_messages(&messages).unwrap_err()), Some(last));
+
+        let tool_use = json!({"type": "tool_use", "id": "a", "name": "f", "input": {}});
+        let mut messages = vec![json!({"role": "assistant", "content": [tool_use]})];
+        let result = json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a"}]});
+        messages.extend(std::iter::repeat_n(result, N));
+        let turns = anthropic_messages(None, &messages).unwrap();
+        assert_eq!(turns.len(), N + 1);
+        assert!(turns[1..].iter().all(|t| t.role == "tool" && t.name.as_deref() == Some("f")));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b"}]}));
+        let last = format!("messages[{}].content[0].tool_use_id", N + 1);
+        assert_eq!(param(anthropic_messages(None, &messages).unwrap_err()), Some(last));
     }
 
     #[test]
