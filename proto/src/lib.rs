@@ -24,7 +24,8 @@ pub use tessera::worker::v1 as worker;
 
 /// The largest message any Tessera gRPC server or client decodes (tonic's default is 4
 /// MiB). A step for a large batch, a Load, or a request carrying a long JSON schema or tool
-/// definitions can pass 4 MiB; the gateway's 8 MiB body limit keeps requests far below this.
+/// definitions can pass 4 MiB (the gateway takes bodies up to `--max-body-bytes`, 4 MiB
+/// unless raised).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// Tokens a step run computes: its `tokens`, or for a lookahead decode (`from_previous`,
