@@ -153,8 +153,9 @@ pub fn run(args: CoordinatorArgs) -> Result<()> {
         }
         let drain_timeout = Duration::from_secs(args.drain_timeout_s);
         let server = crate::tls::server_builder(tls.as_ref())?
-            // tonic's 4 MiB default refused requests the gateway accepts (a long JSON
-            // schema or tool definitions) before they reached validation, as a 500.
+            // tonic's 4 MiB default is near what a request the gateway accepts can reach (a
+            // 1 MiB schema, a full-vocabulary logit_bias, a long prompt as token ids, a
+            // raised --max-body-bytes); past it a request was refused as a 500.
             .add_service(CoordinatorServer::new(service).max_decoding_message_size(tessera_proto::MAX_MESSAGE_BYTES))
             .serve_with_incoming_shutdown(
                 // Token events are small writes: without TCP_NODELAY, Nagle's algorithm holds

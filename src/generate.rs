@@ -80,7 +80,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     params.validate()?;
     let mut sampler = Sampler::new(params)?;
-    let capacity = (prompt_ids.len() + args.max_tokens).min(model.config.max_position.max(prompt_ids.len() + 1));
+    // The model places positions below its context: the prompt must fit, and generation
+    // stops when the context is full (the last token sampled needs no position of its own).
+    let context = model.config.max_position;
+    if prompt_ids.len() > context {
+        anyhow::bail!("the prompt is {} tokens, longer than the model's context of {context}", prompt_ids.len());
+    }
+    let capacity = (prompt_ids.len() + args.max_tokens).min(context);
     let mut session = Session::new(&model, capacity);
     let stops = loaded.tokenizer.stop_token_ids().to_vec();
     let mut history = prompt_ids.clone();
@@ -92,7 +98,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let prefill = t0.elapsed();
     let t1 = Instant::now();
     let mut generated = 0usize;
-    while generated < args.max_tokens && session.position() < capacity {
+    while generated < args.max_tokens {
         let s = sampler.sample(&mut logits, &history)?;
         generated += 1;
         if stops.contains(&s.token) {

@@ -5,7 +5,7 @@
 //! away, `schedule`, send the step deltas to the worker, wait for its reply,
 //! `postprocess`, fan the tokens out to each request's event channel.
 //!
-//! Failure: a failed step (broken stream, worker error, step deadline) detaches the
+//! Failure: a failed step (broken stream, worker error, step deadline, a bad reply) detaches the
 //! workers at once. Each unfinished sequence is handed to another healthy replica of the
 //! set (`migration`: re-prefilled with its tokens so far, its client's stream goes on) or,
 //! when there is none, ends with an error event; nothing waits forever. The engine task

@@ -5,7 +5,10 @@
 //! (tensor-parallel gathers, pipeline sends) and the leader, the last stage's tensor rank
 //! 0, returns the sampled tokens. Any rank's failure fails the step, and so, with decode
 //! lookahead, does a tensor rank of the last stage that sampled differently from the leader
-//! (each rank runs its own sampled token in a lookahead decode, so they must agree).
+//! (each rank runs its own sampled token in a lookahead decode, so they must agree), and so
+//! does a reply no healthy worker sends (a token outside the vocabulary). A step that runs
+//! past the deadline fails too: by default 60 s for a replica of GPU workers, 300 s
+//! otherwise ([`default_step_timeout`]).
 
 use std::time::Duration;
 

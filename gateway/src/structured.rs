@@ -28,6 +28,13 @@ use crate::error::ApiError;
 /// HTTP round trip around it).
 pub const CHECK_BUDGET: Duration = Duration::from_millis(800);
 
+/// Longest constraint text (schema, grammar or pattern) a request may carry. Each new
+/// sequence's step message carries its constraint to the worker, and one step may admit
+/// many sequences within the 64 MiB gRPC message limit (`tessera_proto::MAX_MESSAGE_BYTES`);
+/// real schemas are kilobytes (OpenAI's own limits are ~15,000 characters of property
+/// names and enum values).
+pub const MAX_CONSTRAINT_BYTES: usize = 1 << 20;
+
 const PARAM: &str = "response_format";
 
 /// The structured-output fields of a chat or completions body (other fields ignored).
@@ -77,8 +84,19 @@ pub async fn from_body(state: &AppState, body: &[u8]) -> Result<Option<Constrain
     Ok(Some(c))
 }
 
-/// Compiles `c` for the served model on a blocking thread, within [`CHECK_BUDGET`].
+/// Compiles `c` for the served model on a blocking thread, within [`CHECK_BUDGET`], after
+/// checking its size against [`MAX_CONSTRAINT_BYTES`].
 pub async fn check(state: &AppState, c: &Constraint) -> Result<(), ApiError> {
+    let len = match c {
+        Constraint::JsonSchema(t) | Constraint::Lark(t) | Constraint::Regex(t) => t.len(),
+        Constraint::JsonObject => 0,
+    };
+    if len > MAX_CONSTRAINT_BYTES {
+        return Err(ApiError::invalid(
+            PARAM,
+            format!("the {} is {len} bytes; at most {MAX_CONSTRAINT_BYTES} are accepted", c.kind()),
+        ));
+    }
     let state = state.clone();
     let job = c.clone();
     let r = tokio::task::spawn_blocking(move || {

@@ -22,10 +22,11 @@ pub use tessera::coordinator::v1 as coordinator;
 /// The worker service and its step stream.
 pub use tessera::worker::v1 as worker;
 
-/// The largest message any Tessera gRPC server or client decodes (tonic's default is 4
-/// MiB). A step for a large batch, a Load, or a request carrying a long JSON schema or tool
-/// definitions can pass 4 MiB (the gateway takes bodies up to `--max-body-bytes`, 4 MiB
-/// unless raised).
+/// The largest message Tessera's gRPC servers (coordinator, worker) and the coordinator's
+/// worker links decode (tonic's default is 4 MiB; the gateway's client keeps it, as the
+/// coordinator's token events are small). A step admitting many sequences, each with its
+/// prompt, sampling parameters and constraint (at most 1 MiB, checked by the gateway), can
+/// pass 4 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// Tokens a step run computes: its `tokens`, or for a lookahead decode (`from_previous`,

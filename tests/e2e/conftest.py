@@ -41,13 +41,6 @@ def guarded_cluster(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def big_body_cluster(request, tmp_path_factory):
-    """A 16 MiB body limit (the default is 4 MiB): requests larger than gRPC's default
-    message limit reach the coordinator and the worker."""
-    yield from _cluster(request, tmp_path_factory, "big_body", gateway_args="--max-body-bytes 16777216")
-
-
-@pytest.fixture(scope="module")
 def small_queue_cluster(request, tmp_path_factory):
     """Two running and two waiting sequences at most: the rest is refused."""
     yield from _cluster(request, tmp_path_factory, "small_queue", coordinator_args="--max-waiting 2 --max-num-seqs 2")

@@ -157,17 +157,18 @@ impl Executor {
             self.grammar.remove(id);
         }
         let limits = self.seq_limits();
-        for s in input.new_sequences {
+        for mut s in input.new_sequences {
             if self.seqs.contains_key(&s.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
             }
             check_seq_tables(s.seq_id, &s.block_table, s.cached_tokens.len(), limits)?;
+            // Only the ranks that sample enforce constraints; the grammar takes the text
+            // (the sampler does not read it, and it may be megabytes).
+            let constraint = if self.grammars.is_some() { s.params.constraint.take() } else { None };
             // Parameters first: a refused sequence leaves no grammar behind for a later
             // sequence of the same id to inherit.
-            let constraint = s.params.constraint.clone();
             let mut sampler = Sampler::new(s.params)?;
-            // Only the ranks that sample enforce constraints.
-            if let (Some(c), Some(_)) = (constraint, &self.grammars) {
+            if let Some(c) = constraint {
                 let replay = usize::try_from(s.num_generated).unwrap_or(usize::MAX);
                 self.grammar.insert(s.seq_id, SeqGrammar::Pending { constraint: c, replay });
             }
