@@ -216,17 +216,23 @@ impl Supervision {
         let formed = tokio::time::timeout(self.form_timeout, form(addrs, &self.spec, group, self.ready_timeout))
             .await
             .map_err(|_| FormError::Timeout(self.form_timeout))??;
+        let deadline = formed.link.step_timeout();
         let handle = spawn_engine(index, formed);
         let pushed = self.set.push(handle);
         self.members.lock().unwrap_or_else(|e| e.into_inner()).push(addrs.to_vec());
         debug_assert_eq!(pushed, index, "only scale_out adds replicas");
-        tracing::info!("tessera coordinator: replica {pushed} added on {}", addrs.join(","));
+        tracing::info!(
+            "tessera coordinator: replica {pushed} added on {} (step deadline {} s)",
+            addrs.join(","),
+            deadline.as_secs()
+        );
         tokio::spawn(supervise(self.clone(), pushed));
         Ok(())
     }
 
-    /// One attempt to re-form replica `index`; `epoch` numbers the attempt.
-    async fn reform(&self, index: usize, epoch: u64) -> Result<Option<Vec<String>>, FormError> {
+    /// One attempt to re-form replica `index`; `epoch` numbers the attempt. On success, the
+    /// new members and the new link's step deadline (it follows their device kinds).
+    async fn reform(&self, index: usize, epoch: u64) -> Result<Option<(Vec<String>, Duration)>, FormError> {
         let records = match self.discovery.workers().await {
             Ok(r) => r,
             Err(e) => {
@@ -248,11 +254,12 @@ impl Supervision {
         let formed = tokio::time::timeout(self.form_timeout, form(&addrs, &self.spec, group, self.ready_timeout))
             .await
             .map_err(|_| FormError::Timeout(self.form_timeout))??;
+        let deadline = formed.link.step_timeout();
         let Some(handle) = self.set.get(index) else { return Ok(None) };
         if !handle.attach(formed.link, formed.sched) {
             return Ok(None);
         }
-        Ok(Some(addrs))
+        Ok(Some((addrs, deadline)))
     }
 }
 
@@ -286,8 +293,12 @@ pub async fn supervise(sup: Arc<Supervision>, index: usize) {
         loop {
             epoch += 1;
             match sup.reform(index, epoch).await {
-                Ok(Some(addrs)) => {
-                    tracing::info!("tessera coordinator: replica {index} re-formed on {}", addrs.join(","));
+                Ok(Some((addrs, deadline))) => {
+                    tracing::info!(
+                        "tessera coordinator: replica {index} re-formed on {} (step deadline {} s)",
+                        addrs.join(","),
+                        deadline.as_secs()
+                    );
                     if let Some(m) = sup.members.lock().unwrap_or_else(|e| e.into_inner()).get_mut(index) {
                         *m = addrs;
                     }

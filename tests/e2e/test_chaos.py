@@ -67,6 +67,8 @@ def test_one_replica_streams_fail_fast_and_the_cluster_reforms(one_replica):
     # The worker is started again and the replica re-formed: requests succeed again.
     wait_until(lambda: len(worker_pids(c)) == 1 and worker_pids(c) != [pid], 30, "the worker to be restarted")
     wait_until(lambda: _reformed(c, 1), 60, "the replica to re-form")
+    # The new link's deadline is logged as the first formation's is: a CPU worker, 300 s.
+    assert "step deadline 300 s" in c.log_tail(400).split("re-formed on", 1)[1].split("\n", 1)[0], c.log_tail()
     [r] = wait_until(lambda: (lambda r: [r] if r.status_code != 503 else None)(
         c.post("/v1/completions", _body("Hi", 4))), 10, "requests to be served again")
     assert r.status_code == 200, r.text

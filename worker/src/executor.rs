@@ -161,7 +161,8 @@ impl Executor {
             if self.seqs.contains_key(&s.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} already exists", s.seq_id)));
             }
-            check_seq_tables(s.seq_id, &s.block_table, s.cached_tokens.len(), limits)?;
+            check_table_len(s.seq_id, s.block_table.len(), limits)?;
+            check_seq_blocks(s.seq_id, &s.block_table, s.cached_tokens.len(), limits)?;
             // Only the ranks that sample enforce constraints; the grammar takes the text
             // (the sampler does not read it, and it may be megabytes).
             let constraint = if self.grammars.is_some() { s.params.constraint.take() } else { None };
@@ -179,7 +180,7 @@ impl Executor {
         for (id, blocks) in input.appends {
             let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
             let table = st.block_table.len().saturating_add(blocks.len());
-            check_seq_tables(id, &blocks, 0, limits).and_then(|()| check_table_len(id, table, limits))?;
+            check_table_len(id, table, limits).and_then(|()| check_seq_blocks(id, &blocks, 0, limits))?;
             st.block_table.extend(blocks);
         }
         if input.runs.is_empty() {
@@ -441,9 +442,9 @@ struct SeqLimits {
     max_tokens: usize,
 }
 
-/// Checks a new sequence's table (or an append to one: `cached` 0) against `l`.
-fn check_seq_tables(id: u64, blocks: &[u32], cached: usize, l: SeqLimits) -> Result<(), WorkerError> {
-    check_table_len(id, blocks.len(), l)?;
+/// Checks a new sequence's blocks and cached tokens (or an append's blocks: `cached` 0)
+/// against `l`; the table's length is [`check_table_len`]'s.
+fn check_seq_blocks(id: u64, blocks: &[u32], cached: usize, l: SeqLimits) -> Result<(), WorkerError> {
     if let Some(b) = blocks.iter().find(|&&b| b as usize >= l.num_blocks) {
         return Err(WorkerError::InvalidBatch(format!(
             "sequence {id}: block {b} is not one of the cache's {} blocks",
@@ -459,6 +460,7 @@ fn check_seq_tables(id: u64, blocks: &[u32], cached: usize, l: SeqLimits) -> Res
     Ok(())
 }
 
+/// Checks a whole table's length (a new sequence's, or one with an append) against `l`.
 fn check_table_len(id: u64, len: usize, l: SeqLimits) -> Result<(), WorkerError> {
     if len > l.max_table {
         return Err(WorkerError::InvalidBatch(format!(
