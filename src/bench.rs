@@ -53,6 +53,11 @@ pub struct BenchArgs {
     /// GPU only: prompt tokens of each sequence in the decode test.
     #[arg(long, default_value_t = 512)]
     pub decode_prompt: usize,
+    /// GPU only: sequence i of the decode test gets i % 16 more prompt tokens, so the
+    /// sequences start new KV blocks at different steps, as served ones do (by default
+    /// they all start one every 16 steps together).
+    #[arg(long)]
+    pub stagger: bool,
     /// GPU only: tensor-parallel ranks, one thread per GPU (`--device cuda:N`: GPUs N..N+tp);
     /// above 1, the decode test runs at tp = 1 and at this tp and prints their ratio.
     #[arg(long, default_value_t = 1)]

@@ -334,6 +334,9 @@ struct Decode {
     /// Median wall time of a step, s.
     step: f64,
     prep: f64,
+    /// Of `prep`: the chunks' checks and the input copies (medians).
+    validate: f64,
+    upload: f64,
     enqueue: f64,
     graphs: usize,
 }
@@ -357,10 +360,12 @@ fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f6
         String::new()
     };
     format!(
-        "| decode, {b} sequences ({prompt}+{gen}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
+        "| decode, {b} sequences ({prompt}+{gen}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
         d.tok_s,
         d.step * 1e3,
         d.prep * 1e6,
+        d.validate * 1e6,
+        d.upload * 1e6,
         d.enqueue * 1e6,
         d.graphs
     )
@@ -391,13 +396,15 @@ fn gemm_peak(m: &CudaModel, c: &tessera_model::config::ModelConfig) -> Result<f6
 fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micro: usize) -> Result<Outcome> {
     let (prompt, gen) = (args.decode_prompt, args.gen_tokens);
     let vocab = m.config().vocab_size;
-    let per_seq = (prompt + gen + 1).div_ceil(BLOCK);
+    // With `--stagger`, sequence i's prompt is i % BLOCK tokens longer.
+    let len = |i: usize| prompt + if args.stagger { i % BLOCK } else { 0 };
+    let per_seq = (len(BLOCK - 1) + gen + 1).div_ceil(BLOCK);
     if per_seq * b > m.num_blocks() {
         return Ok(Outcome::Skipped { needed: per_seq * b, have: m.num_blocks() });
     }
     let tables: Vec<Vec<u32>> = (0..b).map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect()).collect();
-    let prompts: Vec<Vec<u32>> = (0..b).map(|i| pseudo_random_tokens(prompt, vocab, 100 + i as u64)).collect();
-    let per_step = (8192 / prompt.max(1)).max(1);
+    let prompts: Vec<Vec<u32>> = (0..b).map(|i| pseudo_random_tokens(len(i), vocab, 100 + i as u64)).collect();
+    let per_step = (8192 / len(BLOCK - 1).max(1)).max(1);
     let all: Vec<usize> = (0..b).collect();
     let groups: Vec<&[usize]> = all.chunks(b.div_ceil(micro.max(1)).max(1)).collect();
     let mut sampler = GpuSampler::new();
@@ -424,6 +431,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         next.push(Some(toks));
     }
     let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let (mut validate, mut upload) = (Vec::new(), Vec::new());
     let t_all = Instant::now();
     for step in 0..gen {
         for (g, group) in groups.iter().enumerate() {
@@ -438,7 +446,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
                 .zip(&toks)
                 .map(|(&i, tok)| SeqChunk {
                     tokens: tok,
-                    first_pos: prompt + step,
+                    first_pos: len(i) + step,
                     block_table: &tables[i],
                     logits: LogitsWanted::Last,
                 })
@@ -448,6 +456,8 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
             graphs += usize::from(timing.graph);
             wall.push(t.elapsed().as_secs_f64());
             prep.push(timing.prep.as_secs_f64());
+            validate.push(timing.validate.as_secs_f64());
+            upload.push(timing.upload.as_secs_f64());
             enqueue.push(timing.enqueue.as_secs_f64());
         }
     }
@@ -461,6 +471,8 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         tok_s: (b * gen) as f64 / total,
         step: median(wall),
         prep: median(prep),
+        validate: median(validate),
+        upload: median(upload),
         enqueue: median(enqueue),
         graphs: graphs / groups.len().max(1),
     }))

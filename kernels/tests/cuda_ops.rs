@@ -24,7 +24,7 @@ use half::bf16;
 use rand_core::Rng;
 use tessera_kernels::cpu::rope::{rope as cpu_rope, Llama3Scaling, RopeParams, RopeStyle};
 use tessera_kernels::cpu::{activation, norm};
-use tessera_kernels::cuda::{Buf, Device, ModuleCache};
+use tessera_kernels::cuda::{Buf, Copy2d, Device, ModuleCache};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -226,6 +226,48 @@ fn embedding_copies_table_rows() {
         }
         eprintln!("embedding vocab={vocab} dim={dim} n={n}: ok");
     }
+}
+
+/// A strided 2-D block copy (device to device, and host to device) moves exactly the
+/// block: every element inside it equals the source's, every other element of the
+/// destination keeps its value; a block past either end is an error, not a copy.
+#[test]
+fn copy_2d_and_write_2d_move_exactly_the_block() {
+    let Some(dev) = gpu("copy_2d_and_write_2d_move_exactly_the_block") else { return };
+    let mut r = rng(15);
+    let (rows, cols) = (37usize, 53usize);
+    let src = rand_bf16(&mut r, rows * cols, -1.0, 1.0);
+    let old = rand_bf16(&mut r, rows * cols, 2.0, 3.0);
+    let sd = dev.upload(&src).unwrap();
+    for c in [
+        Copy2d { rows: 5, width: 7, src_pitch: cols, src_at: 3 * cols + 11, dst_pitch: cols, dst_at: 20 * cols + 2 },
+        Copy2d { rows: rows - 1, width: 1, src_pitch: cols, src_at: cols + 40, dst_pitch: cols, dst_at: 40 },
+        Copy2d { rows: 2, width: cols, src_pitch: cols, src_at: 0, dst_pitch: cols, dst_at: (rows - 2) * cols },
+    ] {
+        let mut want = old.clone();
+        for i in 0..c.rows {
+            for j in 0..c.width {
+                want[c.dst_at + i * c.dst_pitch + j] = src[c.src_at + i * c.src_pitch + j];
+            }
+        }
+        let mut dd = dev.upload(&old).unwrap();
+        dev.copy_2d(&mut dd, &sd, &c).unwrap();
+        let mut dh = dev.upload(&old).unwrap();
+        dev.write_2d(&mut dh, &src, &c).unwrap();
+        for (what, buf) in [("copy_2d", &dd), ("write_2d", &dh)] {
+            let got = dev.download(buf).unwrap();
+            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what} {c:?}: the destination is not the expected one");
+        }
+    }
+    let past = Copy2d { rows: 2, width: 4, src_pitch: cols, src_at: (rows - 1) * cols, dst_pitch: cols, dst_at: 0 };
+    let mut dd = dev.upload(&old).unwrap();
+    assert!(dev.copy_2d(&mut dd, &sd, &past).is_err(), "a block past the source's end");
+    assert!(dev.write_2d(&mut dd, &src, &past).is_err(), "a block past the host source's end");
+    assert!(dev.write_2d(&mut dd, &src[..cols], &Copy2d::columns(2, cols, 0, 1)).is_err());
+    let got = dev.download(&dd).unwrap();
+    assert!(got.iter().zip(&old).all(|(a, b)| a.to_bits() == b.to_bits()), "a refused copy wrote");
+    eprintln!("copy_2d / write_2d: ok");
 }
 
 // ---------------------------------------------------------------- rope

@@ -80,6 +80,44 @@ pub(crate) fn spans_of(picked: &[(usize, usize)]) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The block of a decode graph's table mirror that [`update_mirror`] changed: rows
+/// `rows`, columns `cols` (entries of `[rows, max_blocks]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct TableDelta {
+    pub rows: std::ops::Range<usize>,
+    pub cols: std::ops::Range<usize>,
+}
+
+/// Writes decode chunks' used block-table entries (chunk `i` into row `i` of `mirror`,
+/// `[rows, mb]`, the host copy of a graph's device tables) and returns the smallest block
+/// that holds every entry that changed, or `None`. A decode step usually appends a block
+/// to a few sequences: the block is then one or two columns wide, where copying whole rows
+/// of the rows between the first and the last changed one would move the whole mirror
+/// when those sequences sit at both ends of the batch. The rest of the block is unchanged
+/// entries, which the device already holds (the mirror only changes through this).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn update_mirror(
+    mirror: &mut [u32],
+    mb: usize,
+    chunks: &[SeqChunk],
+    block_size: usize,
+) -> Option<TableDelta> {
+    let mut rows: Option<(usize, usize)> = None;
+    let (mut c0, mut c1) = (usize::MAX, 0);
+    for (i, s) in chunks.iter().enumerate() {
+        let used = (s.first_pos + s.tokens.len()).div_ceil(block_size);
+        let (row, new) = (&mut mirror[i * mb..i * mb + used], &s.block_table[..used]);
+        if row != new {
+            let first = row.iter().zip(new).position(|(a, b)| a != b).unwrap_or(used);
+            row[first..].copy_from_slice(&new[first..]);
+            rows = Some(rows.map_or((i, i), |(a, _)| (a, i)));
+            (c0, c1) = (c0.min(first), c1.max(used));
+        }
+    }
+    rows.map(|(a, z)| TableDelta { rows: a..z + 1, cols: c0..c1 })
+}
+
 /// The cache slot (`block * block_size + offset`) of position `p` (the table covers it:
 /// `validate_chunks` checked).
 pub(crate) fn slot_of(table: &[u32], p: usize, block_size: usize) -> u32 {
@@ -114,5 +152,86 @@ mod tests {
         assert_eq!((ix.max_q, ix.max_context(), rows_of(&ix.picked)), (5, 33, 5));
         assert_eq!(ix.picked, [(4, 1), (5, 1), (6, 3)]);
         assert_eq!(spans_of(&ix.picked), [(0, 1), (1, 1), (2, 3)]);
+    }
+
+    fn decode(tokens: &[u32; 1], first_pos: usize, table: &[u32]) -> SeqChunk<'static> {
+        // Leaked so the chunks can outlive the loop that builds them (test only).
+        let (t, b): (&'static [u32], &'static [u32]) = (Box::leak(Box::new(*tokens)), Box::leak(table.into()));
+        SeqChunk { tokens: t, first_pos, block_table: b, logits: LogitsWanted::Last }
+    }
+
+    #[test]
+    fn appends_at_both_ends_of_a_batch_change_one_column() {
+        let (mb, bs) = (8, 4);
+        let mut mirror = vec![0u32; 4 * mb];
+        let tables: Vec<Vec<u32>> = (0..4u32).map(|i| (0..8).map(|j| 100 * i + j + 1).collect()).collect();
+        // Four sequences at positions 10..=13: three blocks each.
+        let step = |pos: &[usize]| -> Vec<SeqChunk<'static>> {
+            pos.iter().enumerate().map(|(i, &p)| decode(&[1], p, &tables[i])).collect()
+        };
+        // Position p uses (p + 1) / 4 blocks, rounded up: 10 and 11 use 3, 12..15 use 4.
+        let first = update_mirror(&mut mirror, mb, &step(&[10, 11, 10, 11]), bs);
+        assert_eq!(first, Some(TableDelta { rows: 0..4, cols: 0..3 }));
+        assert_eq!(update_mirror(&mut mirror, mb, &step(&[10, 11, 10, 11]), bs), None, "nothing changed");
+        let d = update_mirror(&mut mirror, mb, &step(&[11, 11, 11, 12]), bs);
+        assert_eq!(d, Some(TableDelta { rows: 3..4, cols: 3..4 }));
+        let d = update_mirror(&mut mirror, mb, &step(&[12, 12, 11, 13]), bs);
+        assert_eq!(d, Some(TableDelta { rows: 0..2, cols: 3..4 }));
+        // The first and the last row take a fifth block: one column of all four rows travels,
+        // not the rows' whole width.
+        let d = update_mirror(&mut mirror, mb, &step(&[16, 13, 11, 16]), bs);
+        assert_eq!(d, Some(TableDelta { rows: 0..4, cols: 4..5 }));
+        for (i, used) in [5, 4, 3, 5].into_iter().enumerate() {
+            assert_eq!(&mirror[i * mb..i * mb + used], &tables[i][..used], "row {i}");
+        }
+        // A new sequence in row 1 (another table): its row changes from its first entry.
+        let other: Vec<u32> = (0..8).map(|j| 900 + j).collect();
+        let chunks = [decode(&[1], 16, &tables[0]), decode(&[1], 13, &other), decode(&[1], 11, &tables[2])];
+        let d = update_mirror(&mut mirror, mb, &chunks, bs);
+        assert_eq!(d, Some(TableDelta { rows: 1..2, cols: 0..4 }));
+        assert_eq!(&mirror[mb..mb + 4], &other[..4]);
+    }
+
+    /// Steps of a batch whose rows append blocks at staggered times and sometimes change
+    /// sequence (a new table in that row): copying each step's delta from the mirror into
+    /// a second array (the device's tables) keeps every used entry equal to the chunk's.
+    #[test]
+    fn the_deltas_keep_a_device_copy_equal_to_every_chunks_table() {
+        let (rows, mb, bs) = (12usize, 16usize, 4usize);
+        let (mut mirror, mut device) = (vec![0u32; rows * mb], vec![0u32; rows * mb]);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut pos: Vec<usize> = (0..rows).map(|i| i * 3 % 20).collect();
+        let mut tables: Vec<Vec<u32>> = (0..rows).map(|_| (0..mb).map(|_| (next() % 1000) as u32).collect()).collect();
+        let mut narrow = 0;
+        for _ in 0..200 {
+            for i in 0..rows {
+                if next() % 17 == 0 {
+                    // A new sequence takes the row.
+                    tables[i] = (0..mb).map(|_| (next() % 1000) as u32).collect();
+                    pos[i] = (next() % 20) as usize;
+                } else {
+                    pos[i] = (pos[i] + 1) % (mb * bs);
+                }
+            }
+            let chunks: Vec<SeqChunk> = (0..rows).map(|i| decode(&[1], pos[i], &tables[i])).collect();
+            if let Some(d) = update_mirror(&mut mirror, mb, &chunks, bs) {
+                narrow += usize::from(d.cols.len() < mb / 2);
+                for r in d.rows.clone() {
+                    let span = r * mb + d.cols.start..r * mb + d.cols.end;
+                    device[span.clone()].copy_from_slice(&mirror[span]);
+                }
+            }
+            for (i, c) in chunks.iter().enumerate() {
+                let used = (c.first_pos + 1).div_ceil(bs);
+                assert_eq!(&device[i * mb..i * mb + used], &c.block_table[..used], "row {i}");
+            }
+        }
+        assert!(narrow > 50, "most deltas are narrow: {narrow} of 200");
     }
 }

@@ -275,42 +275,71 @@ impl Device {
     /// copy queued on the stream (used to slice row-parallel weights by column and to
     /// interleave logit shards); see [`Copy2d`].
     pub fn copy_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &Buf<T>, c: &Copy2d) -> Result<(), KernelError> {
-        use cudarc::driver::sys;
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         const OP: &str = "cuda_copy_2d";
         crate::error::check(c.fits(src.len(), dst.len()), OP, || {
             format!("{c:?} does not fit src of {} / dst of {} elements", src.len(), dst.len())
         })?;
+        let s = &self.stream;
+        let (sp, _r1) = src.inner.device_ptr(s);
+        let (dp, _r2) = dst.inner.device_ptr_mut(s);
+        // SAFETY: both device pointers cover the checked block and stay alive while the
+        // stream uses them (the caller owns both buffers, as for every op).
+        unsafe { self.queue_2d(OP, Src2d::Device(sp), dp, c, std::mem::size_of::<T>()) }
+    }
+
+    /// Copies a `[rows, width]` block of the host matrix `src` into the device matrix `dst`
+    /// as one strided 2-D copy queued on the stream (a graph's changed block-table
+    /// entries); see [`Copy2d`]. `src` is pageable: the driver stages it before returning.
+    pub fn write_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &[T], c: &Copy2d) -> Result<(), KernelError> {
+        use cudarc::driver::DevicePtrMut;
+        const OP: &str = "cuda_write_2d";
+        crate::error::check(c.fits(src.len(), dst.len()), OP, || {
+            format!("{c:?} does not fit host src of {} / dst of {} elements", src.len(), dst.len())
+        })?;
+        let (dp, _r) = dst.inner.device_ptr_mut(&self.stream);
+        // SAFETY: the host block lies in `src` and the device block in `dst` (checked
+        // above); the driver reads pageable host memory before the call returns.
+        unsafe { self.queue_2d(OP, Src2d::Host(src.as_ptr().cast()), dp, c, std::mem::size_of::<T>()) }
+    }
+
+    /// Queues `c`'s block (elements of `e` bytes) from `src` to the device address `dst`.
+    ///
+    /// # Safety
+    /// Both blocks must lie inside live memory (`c.fits` on their lengths) that outlives
+    /// the copy; a host source must be readable until the call returns.
+    unsafe fn queue_2d(&self, op: &'static str, src: Src2d, dst: u64, c: &Copy2d, e: usize) -> Result<(), KernelError> {
+        use cudarc::driver::sys;
         if c.rows == 0 || c.width == 0 {
             return Ok(());
         }
-        let e = std::mem::size_of::<T>();
         let s = &self.stream;
-        s.context().bind_to_thread().map_err(dev_err(OP))?;
-        let (sp, _r1) = src.inner.device_ptr(s);
-        let (dp, _r2) = dst.inner.device_ptr_mut(s);
+        s.context().bind_to_thread().map_err(dev_err(op))?;
+        let (src_type, src_host, src_device) = match src {
+            Src2d::Device(p) => (sys::CUmemorytype::CU_MEMORYTYPE_DEVICE, std::ptr::null(), p + (c.src_at * e) as u64),
+            // SAFETY: `src_at` lies inside the host source (the caller's `fits`).
+            Src2d::Host(p) => (sys::CUmemorytype::CU_MEMORYTYPE_HOST, unsafe { p.byte_add(c.src_at * e) }, 0),
+        };
         let m = sys::CUDA_MEMCPY2D {
             srcXInBytes: 0,
             srcY: 0,
-            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            srcHost: std::ptr::null(),
-            srcDevice: sp + (c.src_at * e) as u64,
+            srcMemoryType: src_type,
+            srcHost: src_host,
+            srcDevice: src_device,
             srcArray: std::ptr::null_mut(),
             srcPitch: c.src_pitch * e,
             dstXInBytes: 0,
             dstY: 0,
             dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             dstHost: std::ptr::null_mut(),
-            dstDevice: dp + (c.dst_at * e) as u64,
+            dstDevice: dst + (c.dst_at * e) as u64,
             dstArray: std::ptr::null_mut(),
             dstPitch: c.dst_pitch * e,
             WidthInBytes: c.width * e,
             Height: c.rows,
         };
-        // SAFETY: both device pointers cover the checked block and stay alive while the
-        // stream uses them (the caller owns both buffers, as for every op).
-        let copy = unsafe { sys::cuMemcpy2DAsync_v2(&m, s.cu_stream()) };
-        copy.result().map_err(dev_err(OP))
+        // SAFETY: the caller vouches for both blocks (above).
+        unsafe { sys::cuMemcpy2DAsync_v2(&m, s.cu_stream()) }.result().map_err(dev_err(op))
     }
 
     /// Waits for the queued work, then copies `src` to the host. Errors of earlier
@@ -382,3 +411,9 @@ const _: () = {
     send_sync::<Buf<half::bf16>>();
     send_sync::<RopeCache>();
 };
+
+/// The source of [`Device::queue_2d`]: a device address or a host pointer.
+enum Src2d {
+    Device(u64),
+    Host(*const std::ffi::c_void),
+}

@@ -38,7 +38,7 @@ use tessera_model::config::ModelConfig;
 use crate::batch::{validate_chunks, Logits, SeqChunk};
 use crate::error::WorkerError;
 use crate::gpu_store::GpuStore;
-use crate::step_index::{rows_of, slot_of, spans_of, HostIndex};
+use crate::step_index::{rows_of, slot_of, spans_of, update_mirror, HostIndex};
 
 use super::allreduce::TpAllReduce;
 use super::sampler::{GpuSampler, RowRequest};
@@ -209,42 +209,46 @@ impl StepIndex {
 
     /// Writes a decode batch (one token per chunk, `chunks.len() <= b`) into a graph's
     /// inputs; rows past the batch are padding. `host.tables` mirrors the device's block
-    /// tables, so only the span of rows whose used blocks changed is uploaded (a decode
-    /// step usually changes none or a few; entries past a row's context are never read).
+    /// tables, so only the block of entries that changed is uploaded, one strided copy
+    /// ([`update_mirror`]: a decode step usually appends a block to a few sequences;
+    /// entries past a row's context are never read). Returns the time the copies took.
     fn refill(
         &mut self,
         dev: &Device,
         host: &mut GraphHost,
         chunks: &[SeqChunk],
         block_size: usize,
-    ) -> Result<(), WorkerError> {
+    ) -> Result<Duration, WorkerError> {
         let mb = self.max_blocks;
         host.ids.fill(0);
         host.positions.fill(0);
         host.slots.fill(u32::MAX);
         host.ctx.fill(0);
-        let mut dirty: Option<(usize, usize)> = None;
         for (i, s) in chunks.iter().enumerate() {
             let p = s.first_pos;
             host.ids[i] = s.tokens[0];
             host.positions[i] = p as u32;
             host.slots[i] = slot_of(s.block_table, p, block_size);
             host.ctx[i] = (p + 1) as u32;
-            let used = (p + 1).div_ceil(block_size);
-            let row = &mut host.tables[i * mb..i * mb + used];
-            if row != &s.block_table[..used] {
-                row.copy_from_slice(&s.block_table[..used]);
-                dirty = Some(dirty.map_or((i, i), |(a, _)| (a, i)));
-            }
         }
+        let delta = update_mirror(&mut host.tables, mb, chunks, block_size);
+        let t = Instant::now();
         dev.write(&mut self.ids, &host.ids)?;
         dev.write(&mut self.positions, &host.positions)?;
         dev.write(&mut self.slots, &host.slots)?;
-        if let Some((a, z)) = dirty {
-            dev.write_at(&mut self.block_tables, a * mb, &host.tables[a * mb..(z + 1) * mb])?;
+        if let Some(d) = delta {
+            let block = Copy2d {
+                rows: d.rows.len(),
+                width: d.cols.len(),
+                src_pitch: mb,
+                src_at: d.rows.start * mb + d.cols.start,
+                dst_pitch: mb,
+                dst_at: d.rows.start * mb + d.cols.start,
+            };
+            dev.write_2d(&mut self.block_tables, &host.tables, &block)?;
         }
         dev.write(&mut self.context_lens, &host.ctx)?;
-        Ok(())
+        Ok(t.elapsed())
     }
 
     fn build(dev: &Device, chunks: &[SeqChunk], block_size: usize) -> Result<Self, WorkerError> {
@@ -271,6 +275,10 @@ impl StepIndex {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepTiming {
     pub prep: Duration,
+    /// Of `prep`: checking the chunks, and copying the inputs to the device (a graph's
+    /// step; an eager step's `upload` also holds building them and its buffers).
+    pub validate: Duration,
+    pub upload: Duration,
     pub enqueue: Duration,
     /// Whether the step replayed a captured graph.
     pub graph: bool,
@@ -605,6 +613,7 @@ impl CudaModel {
         let t0 = Instant::now();
         let c = &self.core.config;
         validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size, rope_positions(c))?;
+        let validate = t0.elapsed();
         let bs = self.kv.block_size;
         // A graph's step has one token and one logit row per sequence: a one-token prefill
         // chunk that is not the prompt's last (no row) runs eagerly.
@@ -616,10 +625,10 @@ impl CudaModel {
         });
         if let Some(g) = graph {
             let dg = &mut self.graphs[g];
-            dg.idx.refill(&self.core.dev, &mut dg.host, chunks, bs)?;
+            let upload = dg.idx.refill(&self.core.dev, &mut dg.host, chunks, bs)?;
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
-            self.timing = StepTiming { prep: t1 - t0, enqueue: t1.elapsed(), graph: true };
+            self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };
             let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
             return Ok((Some(g), chunks.len(), spans));
         }
@@ -636,12 +645,12 @@ impl CudaModel {
             Some(v) if v.rows == rows => Some(v),
             _ => VocabScratch::new(&self.core, rows)?,
         };
-        let t1 = Instant::now();
+        let (upload, t1) = (t0.elapsed() - validate, Instant::now());
         let r = run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut s, &idx);
         let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
         self.eager_vocab = vocab;
         self.put_scratch(s);
-        self.timing = StepTiming { prep: t1 - t0, enqueue: t1.elapsed(), graph: false };
+        self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: false };
         self.eager_logits = Some(logits);
         r?;
         Ok((None, rows, spans))
