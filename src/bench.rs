@@ -55,7 +55,8 @@ pub struct BenchArgs {
     pub decode_prompt: usize,
     /// GPU only: sequence i of the decode test gets i % 16 more prompt tokens, so the
     /// sequences start new KV blocks at different steps, as served ones do (by default
-    /// they all start one every 16 steps together).
+    /// they all start one every 16 steps together). The longest sequence must still fit the
+    /// decode graphs' context, or its steps run eagerly (the report counts graph steps).
     #[arg(long)]
     pub stagger: bool,
     /// GPU only: tensor-parallel ranks, one thread per GPU (`--device cuda:N`: GPUs N..N+tp);

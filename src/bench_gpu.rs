@@ -348,6 +348,7 @@ enum Outcome {
 
 fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f64) -> String {
     let (prompt, gen) = (args.decode_prompt, args.gen_tokens);
+    let stagger = if args.stagger { ", prompts +0..15" } else { "" };
     let d = match outcome {
         Outcome::Skipped { needed, have } => {
             return format!("| decode, {b} sequences | skipped | needs {needed} KV blocks, {have} exist |")
@@ -360,7 +361,7 @@ fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f6
         String::new()
     };
     format!(
-        "| decode, {b} sequences ({prompt}+{gen}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
+        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
         d.tok_s,
         d.step * 1e3,
         d.prep * 1e6,

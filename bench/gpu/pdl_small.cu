@@ -18,6 +18,7 @@
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/pdl_small bench/gpu/pdl_small.cu -lcublasLt && /tmp/pdl_small
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 #include <cublasLt.h>
 #include <cuda_runtime.h>

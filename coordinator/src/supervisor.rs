@@ -231,7 +231,8 @@ impl Supervision {
     }
 
     /// One attempt to re-form replica `index`; `epoch` numbers the attempt. On success, the
-    /// new members and the new link's step deadline (it follows their device kinds).
+    /// new members and the new link's step deadline (the operator's, else by their device
+    /// kinds).
     async fn reform(&self, index: usize, epoch: u64) -> Result<Option<(Vec<String>, Duration)>, FormError> {
         let records = match self.discovery.workers().await {
             Ok(r) => r,

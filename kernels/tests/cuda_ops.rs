@@ -265,6 +265,9 @@ fn copy_2d_and_write_2d_move_exactly_the_block() {
     assert!(dev.copy_2d(&mut dd, &sd, &past).is_err(), "a block past the source's end");
     assert!(dev.write_2d(&mut dd, &src, &past).is_err(), "a block past the host source's end");
     assert!(dev.write_2d(&mut dd, &src[..cols], &Copy2d::columns(2, cols, 0, 1)).is_err());
+    let past_dst = Copy2d { rows: 2, width: 4, src_pitch: cols, src_at: 0, dst_pitch: cols, dst_at: (rows - 1) * cols };
+    assert!(dev.copy_2d(&mut dd, &sd, &past_dst).is_err(), "a block past the destination's end");
+    assert!(dev.write_2d(&mut dd, &src, &past_dst).is_err(), "a block past the destination's end");
     let got = dev.download(&dd).unwrap();
     assert!(got.iter().zip(&old).all(|(a, b)| a.to_bits() == b.to_bits()), "a refused copy wrote");
     eprintln!("copy_2d / write_2d: ok");

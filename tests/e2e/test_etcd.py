@@ -214,6 +214,9 @@ def test_a_worker_registered_later_forms_a_new_replica(etcd_cluster):
     procs.start("worker_2", [str(tessera_bin()), "worker", "--listen", second_addr, "--threads", "1", *common])
     wait_for("the second replica", lambda: f"replica 1 added on {second_addr}" in procs.tail("coordinator", 200),
              60, procs)
+    # Its step deadline is logged as the first replica's is: CPU workers, 300 s.
+    added = procs.tail("coordinator", 200).split(f"replica 1 added on {second_addr}", 1)[1].split("\n", 1)[0]
+    assert "(step deadline 300 s)" in added, added
     # The first replica's worker dies for good: the new replica serves on its own.
     os.killpg(first_worker.pid, signal.SIGKILL)
     first_worker.wait(timeout=10)

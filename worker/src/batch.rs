@@ -118,8 +118,8 @@ pub fn validate_chunks(
         if s.tokens.is_empty() {
             return Err(WorkerError::InvalidBatch(format!("chunk {i} has no tokens")));
         }
-        // The largest id first (a loop the compiler vectorises; a step checks thousands of
-        // table entries), the offending one only for the message.
+        // Here and for the tables (thousands of entries a step): the largest id first, a
+        // loop the compiler vectorises; the offending one only for the message.
         if max_id(s.tokens) >= vocab {
             let t = s.tokens.iter().find(|&&t| t as usize >= vocab).copied().unwrap_or_default();
             return Err(WorkerError::InvalidBatch(format!(

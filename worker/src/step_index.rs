@@ -96,6 +96,9 @@ pub(crate) struct TableDelta {
 /// of the rows between the first and the last changed one would move the whole mirror
 /// when those sequences sit at both ends of the batch. The rest of the block is unchanged
 /// entries, which the device already holds (the mirror only changes through this).
+///
+/// Every chunk's used blocks (`first_pos + tokens` positions) must fit a row (`<= mb`, as
+/// the graph's choice in `CudaModel::step` ensures) and `mirror` must hold a row per chunk.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn update_mirror(
     mirror: &mut [u32],
@@ -103,6 +106,7 @@ pub(crate) fn update_mirror(
     chunks: &[SeqChunk],
     block_size: usize,
 ) -> Option<TableDelta> {
+    debug_assert!(chunks.len().saturating_mul(mb) <= mirror.len(), "a mirror row per chunk");
     let mut rows: Option<(usize, usize)> = None;
     let (mut c0, mut c1) = (usize::MAX, 0);
     for (i, s) in chunks.iter().enumerate() {
@@ -165,7 +169,7 @@ mod tests {
         let (mb, bs) = (8, 4);
         let mut mirror = vec![0u32; 4 * mb];
         let tables: Vec<Vec<u32>> = (0..4u32).map(|i| (0..8).map(|j| 100 * i + j + 1).collect()).collect();
-        // Four sequences at positions 10..=13: three blocks each.
+        // Four sequences of tables 8 blocks long, at positions from 10 (blocks of 4).
         let step = |pos: &[usize]| -> Vec<SeqChunk<'static>> {
             pos.iter().enumerate().map(|(i, &p)| decode(&[1], p, &tables[i])).collect()
         };

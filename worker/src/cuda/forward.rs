@@ -233,21 +233,29 @@ impl StepIndex {
         }
         let delta = update_mirror(&mut host.tables, mb, chunks, block_size);
         let t = Instant::now();
-        dev.write(&mut self.ids, &host.ids)?;
-        dev.write(&mut self.positions, &host.positions)?;
-        dev.write(&mut self.slots, &host.slots)?;
-        if let Some(d) = delta {
-            let block = Copy2d {
-                rows: d.rows.len(),
-                width: d.cols.len(),
-                src_pitch: mb,
-                src_at: d.rows.start * mb + d.cols.start,
-                dst_pitch: mb,
-                dst_at: d.rows.start * mb + d.cols.start,
-            };
-            dev.write_2d(&mut self.block_tables, &host.tables, &block)?;
+        let copies = (|| {
+            dev.write(&mut self.ids, &host.ids)?;
+            dev.write(&mut self.positions, &host.positions)?;
+            dev.write(&mut self.slots, &host.slots)?;
+            if let Some(d) = delta {
+                let block = Copy2d {
+                    rows: d.rows.len(),
+                    width: d.cols.len(),
+                    src_pitch: mb,
+                    src_at: d.rows.start * mb + d.cols.start,
+                    dst_pitch: mb,
+                    dst_at: d.rows.start * mb + d.cols.start,
+                };
+                dev.write_2d(&mut self.block_tables, &host.tables, &block)?;
+            }
+            dev.write(&mut self.context_lens, &host.ctx)
+        })();
+        if let Err(e) = copies {
+            // The mirror is ahead of the device now: make it differ from every real table,
+            // so the next step uploads all its entries.
+            host.tables.fill(u32::MAX);
+            return Err(e.into());
         }
-        dev.write(&mut self.context_lens, &host.ctx)?;
         Ok(t.elapsed())
     }
 
