@@ -15,7 +15,7 @@ archs=("$@")
 command -v hipcc >/dev/null || { echo "check_sources: hipcc not found (apt-get install hipcc rocm-device-libs)" >&2; exit 1; }
 
 # module = file stem; the sampling modules also take sampling_shared.cuh.
-modules=(norm activation embedding rope attention qkv init sampling sampling_split gemv allreduce_oneshot token_mask)
+modules=(norm activation embedding inputs rope attention qkv init sampling sampling_split gemv allreduce_oneshot token_mask)
 failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

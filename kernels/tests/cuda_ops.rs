@@ -24,7 +24,7 @@ use half::bf16;
 use rand_core::Rng;
 use tessera_kernels::cpu::rope::{rope as cpu_rope, Llama3Scaling, RopeParams, RopeStyle};
 use tessera_kernels::cpu::{activation, norm};
-use tessera_kernels::cuda::{Buf, Copy2d, Device, ModuleCache};
+use tessera_kernels::cuda::{Buf, Copy2d, Device, HostStage, ModuleCache};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -239,6 +239,7 @@ fn copy_2d_and_write_2d_move_exactly_the_block() {
     let src = rand_bf16(&mut r, rows * cols, -1.0, 1.0);
     let old = rand_bf16(&mut r, rows * cols, 2.0, 3.0);
     let sd = dev.upload(&src).unwrap();
+    let staged = stage_of(&dev, &src);
     for c in [
         Copy2d { rows: 5, width: 7, src_pitch: cols, src_at: 3 * cols + 11, dst_pitch: cols, dst_at: 20 * cols + 2 },
         Copy2d { rows: rows - 1, width: 1, src_pitch: cols, src_at: cols + 40, dst_pitch: cols, dst_at: 40 },
@@ -253,7 +254,7 @@ fn copy_2d_and_write_2d_move_exactly_the_block() {
         let mut dd = dev.upload(&old).unwrap();
         dev.copy_2d(&mut dd, &sd, &c).unwrap();
         let mut dh = dev.upload(&old).unwrap();
-        dev.write_2d(&mut dh, &src, &c).unwrap();
+        dev.write_2d(&mut dh, &staged, &c).unwrap();
         for (what, buf) in [("copy_2d", &dd), ("write_2d", &dh)] {
             let got = dev.download(buf).unwrap();
             let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -263,14 +264,65 @@ fn copy_2d_and_write_2d_move_exactly_the_block() {
     let past = Copy2d { rows: 2, width: 4, src_pitch: cols, src_at: (rows - 1) * cols, dst_pitch: cols, dst_at: 0 };
     let mut dd = dev.upload(&old).unwrap();
     assert!(dev.copy_2d(&mut dd, &sd, &past).is_err(), "a block past the source's end");
-    assert!(dev.write_2d(&mut dd, &src, &past).is_err(), "a block past the host source's end");
-    assert!(dev.write_2d(&mut dd, &src[..cols], &Copy2d::columns(2, cols, 0, 1)).is_err());
+    assert!(dev.write_2d(&mut dd, &staged, &past).is_err(), "a block past the host source's end");
+    assert!(dev.write_2d(&mut dd, &stage_of(&dev, &src[..cols]), &Copy2d::columns(2, cols, 0, 1)).is_err());
     let past_dst = Copy2d { rows: 2, width: 4, src_pitch: cols, src_at: 0, dst_pitch: cols, dst_at: (rows - 1) * cols };
     assert!(dev.copy_2d(&mut dd, &sd, &past_dst).is_err(), "a block past the destination's end");
-    assert!(dev.write_2d(&mut dd, &src, &past_dst).is_err(), "a block past the destination's end");
+    assert!(dev.write_2d(&mut dd, &staged, &past_dst).is_err(), "a block past the destination's end");
     let got = dev.download(&dd).unwrap();
     assert!(got.iter().zip(&old).all(|(a, b)| a.to_bits() == b.to_bits()), "a refused copy wrote");
     eprintln!("copy_2d / write_2d: ok");
+}
+
+/// A pinned host stage holding `v`.
+fn stage_of<T: tessera_kernels::cuda::Elem>(dev: &Device, v: &[T]) -> HostStage<T> {
+    let mut s = dev.alloc_stage::<T>(v.len()).unwrap();
+    s.as_mut_slice().unwrap().copy_from_slice(v);
+    s
+}
+
+/// A decode graph's packed inputs: a staged copy delivers the stage as it was when the copy
+/// was queued, even when the host rewrites the stage before the stream reaches the copy
+/// (the rewrite waits), and `unpack4` splits the `[4, n]` upload into its four rows.
+#[test]
+fn staged_inputs_arrive_as_queued_and_unpack_into_four_arrays() {
+    let Some(dev) = gpu("staged_inputs_arrive_as_queued_and_unpack_into_four_arrays") else { return };
+    let mut r = rng(16);
+    for n in [1usize, 5, 256, 1000] {
+        let mut stage = dev.alloc_stage::<u32>(4 * n).unwrap();
+        assert!(stage.as_slice().unwrap().iter().all(|&v| v == 0), "a new stage is zero-filled");
+        let first: Vec<u32> = (0..4 * n).map(|_| r.next_u32()).collect();
+        let second: Vec<u32> = (0..4 * n).map(|_| r.next_u32()).collect();
+        stage.as_mut_slice().unwrap().copy_from_slice(&first);
+        // Keep the stream busy (~ms of device copies) so the staged copy is still queued
+        // when the host rewrites the stage.
+        let big = 256 << 20;
+        let (src, mut dst) = (dev.alloc::<u32>(big).unwrap(), dev.alloc::<u32>(big).unwrap());
+        for _ in 0..4 {
+            dev.copy_rows(&mut dst, 0, &src, 0, 1, big).unwrap();
+        }
+        let (mut p1, mut p2) = (dev.alloc::<u32>(4 * n).unwrap(), dev.alloc::<u32>(4 * n).unwrap());
+        dev.write_staged(&mut p1, &stage).unwrap();
+        stage.as_mut_slice().unwrap().copy_from_slice(&second);
+        dev.write_staged(&mut p2, &stage).unwrap();
+        assert_eq!(dev.download(&p1).unwrap(), first, "n {n}: the first copy saw the rewrite");
+        assert_eq!(dev.download(&p2).unwrap(), second, "n {n}");
+
+        let mut out: Vec<Buf<u32>> = (0..4).map(|_| dev.upload(&vec![u32::MAX - 1; n]).unwrap()).collect();
+        let [a, b, c, d] = &mut out[..] else { unreachable!() };
+        dev.unpack4(&p1, [a, b, c, d]).unwrap();
+        for (k, o) in out.iter().enumerate() {
+            assert_eq!(dev.download(o).unwrap(), first[k * n..(k + 1) * n], "n {n}: row {k}");
+        }
+        let [a, b, c, d] = &mut out[..] else { unreachable!() };
+        assert!(dev.unpack4(&p2, [a, b, c, d]).is_ok());
+        let short = dev.alloc::<u32>(4 * n - 1).unwrap();
+        let [a, b, c, d] = &mut out[..] else { unreachable!() };
+        assert!(dev.unpack4(&short, [a, b, c, d]).is_err(), "n {n}: a packed array of the wrong length");
+        let mut small = dev.alloc::<u32>(n).unwrap();
+        assert!(dev.write_staged(&mut small, &stage).is_err(), "n {n}: a destination of the wrong length");
+    }
+    eprintln!("staged inputs / unpack4: ok");
 }
 
 // ---------------------------------------------------------------- rope

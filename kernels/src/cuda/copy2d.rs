@@ -21,6 +21,13 @@ impl Copy2d {
         Copy2d { rows, width, src_pitch: cols, src_at: col, dst_pitch: width, dst_at: 0 }
     }
 
+    /// Rows `rows` and columns `cols` of one `[_, pitch]` matrix into the same place of
+    /// another of the same shape (a changed block of a host mirror to the device copy).
+    pub fn block(pitch: usize, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) -> Self {
+        let at = rows.start * pitch + cols.start;
+        Copy2d { rows: rows.len(), width: cols.len(), src_pitch: pitch, src_at: at, dst_pitch: pitch, dst_at: at }
+    }
+
     /// Whether the block lies inside a source of `src_len` and a destination of `dst_len`
     /// elements, rows not overlapping within either (`width <= pitch`), with no overflow.
     pub fn fits(&self, src_len: usize, dst_len: usize) -> bool {
@@ -61,6 +68,21 @@ mod tests {
         for i in 0..rows {
             assert_eq!(&dst[i * 3..i * 3 + 3], &src[i * cols + 2..i * cols + 5]);
         }
+    }
+
+    #[test]
+    fn a_block_lands_in_the_same_place() {
+        let (rows, pitch) = (6, 9);
+        let src: Vec<u32> = (0..(rows * pitch) as u32).map(|v| v * 17 + 3).collect();
+        let c = Copy2d::block(pitch, 2..5, 4..7);
+        assert!(c.fits(src.len(), src.len()));
+        let mut dst = vec![0; rows * pitch];
+        copy_host(&c, &src, &mut dst);
+        for (k, (d, s)) in dst.iter().zip(&src).enumerate() {
+            let inside = (2..5).contains(&(k / pitch)) && (4..7).contains(&(k % pitch));
+            assert_eq!(*d, if inside { *s } else { 0 }, "element {k}");
+        }
+        assert!(!Copy2d::block(pitch, 5..7, 0..1).fits(rows * pitch, rows * pitch), "row 6 is past the end");
     }
 
     #[test]

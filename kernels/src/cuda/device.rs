@@ -66,6 +66,7 @@ pub(crate) struct Kernels {
     pub silu_mul: CudaFunction,
     pub silu_mul_vec8: CudaFunction,
     pub embedding: CudaFunction,
+    pub unpack4_u32: CudaFunction,
     pub rope: CudaFunction,
     pub qkv_rope_write: CudaFunction,
     pub qkv_rope_write_vec8: CudaFunction,
@@ -154,6 +155,7 @@ impl Device {
             silu_mul: f("activation", "silu_mul")?,
             silu_mul_vec8: f("activation", "silu_mul_vec8")?,
             embedding: f("embedding", "embedding")?,
+            unpack4_u32: f("inputs", "unpack4_u32")?,
             rope: f("rope", "rope")?,
             qkv_rope_write: f("qkv", "qkv_rope_write")?,
             qkv_rope_write_vec8: f("qkv", "qkv_rope_write_vec8")?,
@@ -288,27 +290,19 @@ impl Device {
         unsafe { self.queue_2d(OP, Src2d::Device(sp), dp, c, std::mem::size_of::<T>()) }
     }
 
-    /// Copies a `[rows, width]` block of the host matrix `src` into the device matrix `dst`
-    /// as one strided 2-D copy queued on the stream (a graph's changed block-table
-    /// entries); see [`Copy2d`]. `src` is pageable: the driver stages it before returning.
-    pub fn write_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &[T], c: &Copy2d) -> Result<(), KernelError> {
-        use cudarc::driver::DevicePtrMut;
-        const OP: &str = "cuda_write_2d";
-        crate::error::check(c.fits(src.len(), dst.len()), OP, || {
-            format!("{c:?} does not fit host src of {} / dst of {} elements", src.len(), dst.len())
-        })?;
-        let (dp, _r) = dst.inner.device_ptr_mut(&self.stream);
-        // SAFETY: the host block lies in `src` and the device block in `dst` (checked
-        // above); the driver reads pageable host memory before the call returns.
-        unsafe { self.queue_2d(OP, Src2d::Host(src.as_ptr().cast()), dp, c, std::mem::size_of::<T>()) }
-    }
-
     /// Queues `c`'s block (elements of `e` bytes) from `src` to the device address `dst`.
     ///
     /// # Safety
     /// Both blocks must lie inside live memory (`c.fits` on their lengths) that outlives
     /// the copy; a host source must be readable until the call returns.
-    unsafe fn queue_2d(&self, op: &'static str, src: Src2d, dst: u64, c: &Copy2d, e: usize) -> Result<(), KernelError> {
+    pub(super) unsafe fn queue_2d(
+        &self,
+        op: &'static str,
+        src: Src2d,
+        dst: u64,
+        c: &Copy2d,
+        e: usize,
+    ) -> Result<(), KernelError> {
         use cudarc::driver::sys;
         if c.rows == 0 || c.width == 0 {
             return Ok(());
@@ -413,7 +407,7 @@ const _: () = {
 };
 
 /// The source of [`Device::queue_2d`]: a device address or a host pointer.
-enum Src2d {
+pub(super) enum Src2d {
     Device(u64),
     Host(*const std::ffi::c_void),
 }

@@ -11,9 +11,10 @@
 //! Submodules: `arch` and `module_cache` (pure, always built and tested); with the feature,
 //! `sources` (the embedded .cu text), `nvrtc` (compile + cache), `device` (context, stream,
 //! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `gemv` (the decode GEMM
-//! for at most 8 rows, which `gemm` routes to), `attention` (paged
-//! attention launchers), `qkv` (fused Q/K/V preparation), `init` (random fill), `sampling`
-//! (token sampling), `nccl` (all-reduce across the GPUs of a tensor-parallel group),
+//! for at most 8 rows, which `gemm` routes to), `attention` (paged attention launchers),
+//! `qkv` (fused Q/K/V preparation), `init` (random fill), `inputs` (a decode step's small
+//! inputs: pinned staging, its copies, the packed upload's split), `sampling` (token
+//! sampling), `nccl` (all-reduce across the GPUs of a tensor-parallel group),
 //! `nccl_p2p` (pipeline send/recv and the all-gather of logit shards), `ipc_allreduce` (the
 //! one-shot all-reduce over peer memory); without it, `stub`. Always built: `copy2d` (the
 //! strided block copy's bounds), `paged` (the attention batch description and split planning),
@@ -42,6 +43,8 @@ mod gemv_fused;
 mod graph;
 #[cfg(feature = "cuda")]
 mod init;
+#[cfg(feature = "cuda")]
+mod inputs;
 #[cfg(feature = "cuda")]
 mod launch_ex;
 #[cfg(feature = "cuda")]
@@ -83,6 +86,8 @@ pub use device::{Buf, Device, RopeCache};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
 #[cfg(feature = "cuda")]
+pub use inputs::HostStage;
+#[cfg(feature = "cuda")]
 pub use ipc_allreduce::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
 #[cfg(not(feature = "cuda"))]
 pub use ipc_allreduce_stub::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
@@ -98,7 +103,7 @@ pub use sample_params::{SampleParams, SamplePaths, SampledRow};
 #[cfg(feature = "cuda")]
 pub use sampling::SampleOutput;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{Buf, DecodeWorkspace, Device, Graph, NcclComm, RopeCache, SampleOutput};
+pub use stub::{Buf, DecodeWorkspace, Device, Graph, HostStage, NcclComm, RopeCache, SampleOutput};
 
 /// `bf16` as the CUDA platform stores activations and weights.
 pub use half::bf16;

@@ -10,6 +10,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("norm", include_str!("../../cuda/norm.cu")),
     ("activation", include_str!("../../cuda/activation.cu")),
     ("embedding", include_str!("../../cuda/embedding.cu")),
+    ("inputs", include_str!("../../cuda/inputs.cu")),
     ("rope", include_str!("../../cuda/rope.cu")),
     ("attention", include_str!("../../cuda/attention.cu")),
     ("qkv", include_str!("../../cuda/qkv.cu")),

@@ -31,6 +31,27 @@ impl<T> Buf<T> {
     }
 }
 
+/// Page-locked host memory (never constructed without the `cuda` feature).
+pub struct HostStage<T> {
+    never: Infallible,
+    _elem: PhantomData<T>,
+}
+
+impl<T> HostStage<T> {
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+    pub fn as_slice(&self) -> Result<&[T], KernelError> {
+        match self.never {}
+    }
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T], KernelError> {
+        match self.never {}
+    }
+}
+
 /// Per-position (cos, sin) table of one model's RoPE on the device.
 pub struct RopeCache {
     never: Infallible,
@@ -477,7 +498,21 @@ impl Device {
     pub fn copy_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &Buf<T>, c: &super::Copy2d) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn write_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &[T], c: &super::Copy2d) -> Result<(), KernelError> {
+    pub fn write_2d<T: Elem>(
+        &self,
+        dst: &mut Buf<T>,
+        src: &HostStage<T>,
+        c: &super::Copy2d,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn alloc_stage<T: Elem>(&self, len: usize) -> Result<HostStage<T>, KernelError> {
+        match self.never {}
+    }
+    pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {
         match self.never {}
     }
 }

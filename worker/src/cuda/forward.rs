@@ -27,12 +27,14 @@
 //! Decode steps (one token per sequence, up to [`MAX_GRAPH_BATCH`] sequences) replay a
 //! CUDA graph captured at load for the next larger batch bucket: its inputs are fixed
 //! buffers overwritten before each replay (padding rows have context 0 and write no K/V),
-//! so such a step is a handful of host-to-device copies and one launch.
+//! so such a step is two host-to-device copies from page-locked memory (the ids,
+//! positions, slots and context lengths packed together, which the graph's first kernel
+//! splits; the block-table entries that changed) and one launch.
 
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, PagedBatch};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, HostStage, PagedBatch};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
@@ -135,13 +137,17 @@ struct StepIndex {
     picked: Vec<(usize, usize)>,
 }
 
-/// Host copies of a graph's padded inputs (kept to avoid allocating per step).
+/// Host copies of a graph's padded inputs, in page-locked memory (kept to avoid allocating
+/// per step; a copy from them is only queued, see `tessera_kernels::cuda::HostStage`).
 struct GraphHost {
-    ids: Vec<u32>,
-    positions: Vec<u32>,
-    slots: Vec<u32>,
-    tables: Vec<u32>,
-    ctx: Vec<u32>,
+    /// `[4, b]`: token ids, positions, cache slots, context lengths, uploaded in one copy
+    /// into the graph's `packed` buffer and split by its first kernel.
+    inputs: HostStage<u32>,
+    /// `[b, max_blocks]`: the device's block tables as last uploaded.
+    tables: HostStage<u32>,
+    /// False after a failed upload: the mirror may be ahead of the device, so the next
+    /// step rewrites it (and so uploads every used entry) before comparing.
+    tables_valid: bool,
 }
 
 /// A decode step of up to `b` sequences, captured: fixed inputs, activations and logits.
@@ -149,6 +155,8 @@ struct DecodeGraph {
     b: usize,
     idx: StepIndex,
     host: GraphHost,
+    /// `[4, b]`: the step's packed inputs on the device (see [`GraphHost::inputs`]).
+    packed: Buf<u32>,
     /// The activations the graph reads and writes: owned here so they live as long as it.
     _scratch: Scratch,
     /// `[b, vocab]` (one element on a pipeline stage before the last).
@@ -182,78 +190,84 @@ impl VocabScratch {
 }
 
 impl StepIndex {
-    /// Fixed input buffers of a `b`-row decode graph with tables `max_blocks` wide, and the
-    /// host arrays that fill them.
-    fn fixed(dev: &Device, b: usize, max_blocks: usize, block_size: usize) -> Result<(Self, GraphHost), WorkerError> {
-        let host = GraphHost {
-            ids: vec![0; b],
-            positions: vec![0; b],
-            slots: vec![u32::MAX; b],
-            tables: vec![0; b * max_blocks],
-            ctx: vec![0; b],
-        };
+    /// Fixed input buffers of a `b`-row decode graph with tables `max_blocks` wide, the
+    /// packed `[4, b]` upload they are split from, and the host arrays that fill them.
+    fn fixed(
+        dev: &Device,
+        b: usize,
+        max_blocks: usize,
+        block_size: usize,
+    ) -> Result<(Self, Buf<u32>, GraphHost), WorkerError> {
+        let mut host =
+            GraphHost { inputs: dev.alloc_stage(4 * b)?, tables: dev.alloc_stage(b * max_blocks)?, tables_valid: true };
+        // Padding rows: slot u32::MAX (no K/V write), context 0.
+        host.inputs.as_mut_slice()?[2 * b..3 * b].fill(u32::MAX);
+        let mut packed = dev.alloc(4 * b)?;
+        dev.write_staged(&mut packed, &host.inputs)?;
         let idx = StepIndex {
-            ids: dev.upload(&host.ids)?,
-            positions: dev.upload(&host.positions)?,
-            slots: dev.upload(&host.slots)?,
-            block_tables: dev.upload(&host.tables)?,
+            ids: dev.alloc(b)?,
+            positions: dev.alloc(b)?,
+            slots: dev.upload(&vec![u32::MAX; b])?,
+            block_tables: dev.alloc(b * max_blocks)?,
             max_blocks,
-            context_lens: dev.upload(&host.ctx)?,
+            context_lens: dev.alloc(b)?,
             cu_q: None,
             max_context: max_blocks * block_size,
             max_q: 1,
             picked: (0..b).map(|i| (i, 1)).collect(),
         };
-        Ok((idx, host))
+        Ok((idx, packed, host))
     }
 
     /// Writes a decode batch (one token per chunk, `chunks.len() <= b`) into a graph's
-    /// inputs; rows past the batch are padding. `host.tables` mirrors the device's block
-    /// tables, so only the block of entries that changed is uploaded, one strided copy
-    /// ([`update_mirror`]: a decode step usually appends a block to a few sequences;
-    /// entries past a row's context are never read). Returns the time the copies took.
+    /// inputs; rows past the batch are padding. The ids, positions, slots and context
+    /// lengths go up in one copy into `packed` (the graph splits it). `host.tables` mirrors
+    /// the device's block tables, so only the block of entries that changed is uploaded,
+    /// one strided copy ([`update_mirror`]: a decode step usually appends a block to a few
+    /// sequences; entries past a row's context are never read). Returns the time the
+    /// copies took.
     fn refill(
         &mut self,
         dev: &Device,
         host: &mut GraphHost,
+        packed: &mut Buf<u32>,
         chunks: &[SeqChunk],
         block_size: usize,
     ) -> Result<Duration, WorkerError> {
         let mb = self.max_blocks;
-        host.ids.fill(0);
-        host.positions.fill(0);
-        host.slots.fill(u32::MAX);
-        host.ctx.fill(0);
+        let inputs = host.inputs.as_mut_slice()?;
+        let b = inputs.len() / 4;
+        let (ids, rest) = inputs.split_at_mut(b);
+        let (positions, rest) = rest.split_at_mut(b);
+        let (slots, ctx) = rest.split_at_mut(b);
+        ids.fill(0);
+        positions.fill(0);
+        slots.fill(u32::MAX);
+        ctx.fill(0);
         for (i, s) in chunks.iter().enumerate() {
             let p = s.first_pos;
-            host.ids[i] = s.tokens[0];
-            host.positions[i] = p as u32;
-            host.slots[i] = slot_of(s.block_table, p, block_size);
-            host.ctx[i] = (p + 1) as u32;
+            ids[i] = s.tokens[0];
+            positions[i] = p as u32;
+            slots[i] = slot_of(s.block_table, p, block_size);
+            ctx[i] = (p + 1) as u32;
         }
-        let delta = update_mirror(&mut host.tables, mb, chunks, block_size);
+        let mirror = host.tables.as_mut_slice()?;
+        if !host.tables_valid {
+            // Differs from every real table: every used entry changes.
+            mirror.fill(u32::MAX);
+            host.tables_valid = true;
+        }
+        let delta = update_mirror(mirror, mb, chunks, block_size);
         let t = Instant::now();
         let copies = (|| {
-            dev.write(&mut self.ids, &host.ids)?;
-            dev.write(&mut self.positions, &host.positions)?;
-            dev.write(&mut self.slots, &host.slots)?;
-            if let Some(d) = delta {
-                let block = Copy2d {
-                    rows: d.rows.len(),
-                    width: d.cols.len(),
-                    src_pitch: mb,
-                    src_at: d.rows.start * mb + d.cols.start,
-                    dst_pitch: mb,
-                    dst_at: d.rows.start * mb + d.cols.start,
-                };
-                dev.write_2d(&mut self.block_tables, &host.tables, &block)?;
+            dev.write_staged(packed, &host.inputs)?;
+            match delta {
+                Some(d) => dev.write_2d(&mut self.block_tables, &host.tables, &Copy2d::block(mb, d.rows, d.cols)),
+                None => Ok(()),
             }
-            dev.write(&mut self.context_lens, &host.ctx)
         })();
         if let Err(e) = copies {
-            // The mirror is ahead of the device now: make it differ from every real table,
-            // so the next step uploads all its entries.
-            host.tables.fill(u32::MAX);
+            host.tables_valid = false;
             return Err(e.into());
         }
         Ok(t.elapsed())
@@ -513,7 +527,7 @@ impl CudaModel {
         let max_blocks = max_ctx.div_ceil(bs);
         self.graphs.clear();
         for &b in GRAPH_BUCKETS.iter().filter(|&&b| b <= max_batch.min(MAX_GRAPH_BATCH)) {
-            let (idx, host) = StepIndex::fixed(&self.core.dev, b, max_blocks, bs)?;
+            let (mut idx, packed, host) = StepIndex::fixed(&self.core.dev, b, max_blocks, bs)?;
             let mut scratch = Scratch::new(&self.core.dev, &self.core.config, b)?;
             let mut logits = self.core.dev.alloc::<f32>(self.logits_len(b))?;
             let mut vocab = VocabScratch::new(&self.core, b)?;
@@ -523,10 +537,12 @@ impl CudaModel {
             self.core.dev.synchronize()?;
             let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.decode_ws);
             let graph = core.dev.capture(|| {
+                let i = &mut idx;
+                core.dev.unpack4(&packed, [&mut i.ids, &mut i.positions, &mut i.slots, &mut i.context_lens])?;
                 run_layers(core, kv, ws, &mut scratch, &idx).map_err(into_kernel)?;
                 lm_head(core, &scratch, &idx, &mut logits, &mut vocab).map_err(into_kernel)
             })?;
-            self.graphs.push(DecodeGraph { b, idx, host, _scratch: scratch, logits, _vocab: vocab, graph });
+            self.graphs.push(DecodeGraph { b, idx, host, packed, _scratch: scratch, logits, _vocab: vocab, graph });
         }
         Ok(())
     }
@@ -633,7 +649,7 @@ impl CudaModel {
         });
         if let Some(g) = graph {
             let dg = &mut self.graphs[g];
-            let upload = dg.idx.refill(&self.core.dev, &mut dg.host, chunks, bs)?;
+            let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, bs)?;
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
             self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };

@@ -1,0 +1,112 @@
+//! A decode step's small inputs, moved to the device in as few driver calls as possible:
+//! page-locked host staging ([`HostStage`]), the copies from it ([`Device::write_staged`],
+//! [`Device::write_2d`]) and the kernel that splits a packed upload into its arrays
+//! ([`Device::unpack4`]).
+//!
+//! Why: a copy from pageable memory makes the driver stage it through its own pinned buffer
+//! before the call returns, ~5-7 µs of host time each; a copy from page-locked memory is
+//! only queued. A graph step's ids, positions, slots and context lengths are therefore
+//! written into one pinned `[4, b]` array, uploaded in one copy and split on the device.
+//!
+//! A copy from a stage reads it when the stream gets there, not when it is queued, so a
+//! stage must not be rewritten before then: every copy records the stage's event after it,
+//! and [`HostStage::as_mut_slice`] waits for that event (cudarc's `PinnedHostSlice` does
+//! both; between decode steps the copies have long finished, so the wait is free).
+
+use cudarc::driver::{DevicePtrMut, HostSlice, PinnedHostSlice, PushKernelArg};
+
+use super::device::{dev_err, Buf, Device, Src2d};
+use super::{Copy2d, Elem};
+use crate::error::check;
+use crate::KernelError;
+
+/// Page-locked host memory that copies to the device read asynchronously.
+pub struct HostStage<T> {
+    inner: PinnedHostSlice<T>,
+}
+
+impl<T: Elem> HostStage<T> {
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// The contents, once every queued copy that reads them has run.
+    pub fn as_slice(&self) -> Result<&[T], KernelError> {
+        self.inner.as_slice().map_err(dev_err("cuda_host_stage"))
+    }
+
+    /// The contents for writing, once every queued copy that reads them has run.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T], KernelError> {
+        self.inner.as_mut_slice().map_err(dev_err("cuda_host_stage"))
+    }
+}
+
+impl Device {
+    /// A zero-filled page-locked host array of `len` elements. Not write-combined: the
+    /// host reads it too (a graph's block-table mirror is compared every step).
+    pub fn alloc_stage<T: Elem>(&self, len: usize) -> Result<HostStage<T>, KernelError> {
+        const OP: &str = "cuda_alloc_stage";
+        // SAFETY: the memory is zero-filled below before anything reads it; `T` is valid as
+        // all-zero bits (`Elem`).
+        let mut inner = unsafe { self.stream.context().alloc_pinned_with_flags::<T>(len, 0) }.map_err(dev_err(OP))?;
+        let p = inner.as_mut_ptr().map_err(dev_err(OP))?;
+        // SAFETY: `p` points at `len` elements of `T` that nothing else references yet.
+        unsafe { std::ptr::write_bytes(p, 0, len) };
+        Ok(HostStage { inner })
+    }
+
+    /// Queues a copy of the whole stage `src` into `dst` (same length).
+    pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>) -> Result<(), KernelError> {
+        const OP: &str = "cuda_write_staged";
+        check(dst.len() == src.len(), OP, || format!("buffer has {} elements, stage {}", dst.len(), src.len()))?;
+        self.stream.memcpy_htod(&src.inner, &mut dst.inner).map_err(dev_err(OP))
+    }
+
+    /// Queues a `[rows, width]` block of the host matrix `src` into the device matrix `dst`
+    /// as one strided 2-D copy (a graph's changed block-table entries); see [`Copy2d`].
+    pub fn write_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>, c: &Copy2d) -> Result<(), KernelError> {
+        const OP: &str = "cuda_write_2d";
+        check(c.fits(src.len(), dst.len()), OP, || {
+            format!("{c:?} does not fit a stage of {} / dst of {} elements", src.len(), dst.len())
+        })?;
+        // SAFETY: used with this stream only. The stream first waits for the stage's
+        // earlier copies; `_read` records the stage's event after this copy when dropped,
+        // so `as_mut_slice` cannot hand out the memory while the copy may still read it.
+        let (host, _read) = unsafe { src.inner.stream_synced_slice(&self.stream) };
+        let (dp, _w) = dst.inner.device_ptr_mut(&self.stream);
+        // SAFETY: the host block lies in the stage and the device block in `dst` (checked
+        // above); both outlive the copy (the stage's drop waits for its event).
+        unsafe { self.queue_2d(OP, Src2d::Host(host.as_ptr().cast()), dp, c, std::mem::size_of::<T>()) }
+    }
+
+    /// Splits `packed`, `[4, n]`, into `out[0..4]` of `n` elements each (row `k` into
+    /// `out[k]`), on the device.
+    pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {
+        const OP: &str = "cuda_unpack4";
+        let n = out[0].len();
+        check(out.iter().all(|o| o.len() == n) && packed.len() == 4 * n, OP, || {
+            let lens: Vec<usize> = out.iter().map(|o| o.len()).collect();
+            format!("packed has {} elements, outputs {lens:?} (want 4 x n)", packed.len())
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = u32::try_from(n).map_err(|_| KernelError::Shape { op: OP, detail: format!("{n} elements") })?;
+        const BLOCK: u32 = 256;
+        let [a, b, c, d] = out;
+        let mut l = self.stream.launch_builder(&self.kernels.unpack4_u32);
+        l.arg(&packed.inner).arg(&n32).arg(&mut a.inner).arg(&mut b.inner).arg(&mut c.inner).arg(&mut d.inner);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (n32.div_ceil(BLOCK).min(1024), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel reads `4 n` elements of `packed` and writes `n` of each output
+        // (lengths checked above).
+        unsafe { l.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+}
