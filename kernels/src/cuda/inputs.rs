@@ -10,10 +10,11 @@
 //!
 //! A copy from a stage reads it when the stream gets there, not when it is queued, so a
 //! stage must not be rewritten before then: every copy records the stage's event after it,
-//! and [`HostStage::as_mut_slice`] waits for that event (cudarc's `PinnedHostSlice` does
-//! both; between decode steps the copies have long finished, so the wait is free).
+//! and [`HostStage::as_mut_slice`] waits for that event (between decode steps the copies
+//! have long finished, so the wait is free). The event is ours: cudarc's pinned slice keeps
+//! one too, but records it only when the context tracks events, which ours does not.
 
-use cudarc::driver::{DevicePtrMut, HostSlice, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{CudaEvent, DevicePtrMut, PinnedHostSlice, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device, Src2d};
 use super::{Copy2d, Elem};
@@ -23,6 +24,8 @@ use crate::KernelError;
 /// Page-locked host memory that copies to the device read asynchronously.
 pub struct HostStage<T> {
     inner: PinnedHostSlice<T>,
+    /// Recorded after each queued copy that reads the stage.
+    read: CudaEvent,
 }
 
 impl<T: Elem> HostStage<T> {
@@ -34,14 +37,23 @@ impl<T: Elem> HostStage<T> {
         self.inner.is_empty()
     }
 
-    /// The contents, once every queued copy that reads them has run.
+    /// The contents (reading them needs no wait: copies only read the stage).
     pub fn as_slice(&self) -> Result<&[T], KernelError> {
         self.inner.as_slice().map_err(dev_err("cuda_host_stage"))
     }
 
     /// The contents for writing, once every queued copy that reads them has run.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T], KernelError> {
+        self.read.synchronize().map_err(dev_err("cuda_host_stage"))?;
         self.inner.as_mut_slice().map_err(dev_err("cuda_host_stage"))
+    }
+}
+
+impl<T> Drop for HostStage<T> {
+    /// Frees the memory (the fields' drop) only after the copies that read it.
+    fn drop(&mut self) {
+        // An error here means the context is lost, and its copies with it.
+        let _ = self.read.synchronize();
     }
 }
 
@@ -50,20 +62,24 @@ impl Device {
     /// host reads it too (a graph's block-table mirror is compared every step).
     pub fn alloc_stage<T: Elem>(&self, len: usize) -> Result<HostStage<T>, KernelError> {
         const OP: &str = "cuda_alloc_stage";
+        let ctx = self.stream.context();
         // SAFETY: the memory is zero-filled below before anything reads it; `T` is valid as
         // all-zero bits (`Elem`).
-        let mut inner = unsafe { self.stream.context().alloc_pinned_with_flags::<T>(len, 0) }.map_err(dev_err(OP))?;
+        let mut inner = unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(dev_err(OP))?;
         let p = inner.as_mut_ptr().map_err(dev_err(OP))?;
         // SAFETY: `p` points at `len` elements of `T` that nothing else references yet.
         unsafe { std::ptr::write_bytes(p, 0, len) };
-        Ok(HostStage { inner })
+        Ok(HostStage { inner, read: ctx.new_event(None).map_err(dev_err(OP))? })
     }
 
     /// Queues a copy of the whole stage `src` into `dst` (same length).
     pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>) -> Result<(), KernelError> {
         const OP: &str = "cuda_write_staged";
         check(dst.len() == src.len(), OP, || format!("buffer has {} elements, stage {}", dst.len(), src.len()))?;
-        self.stream.memcpy_htod(&src.inner, &mut dst.inner).map_err(dev_err(OP))
+        let host = src.inner.as_slice().map_err(dev_err(OP))?;
+        // A plain slice to cudarc: page-locked, so the copy is queued, not staged.
+        self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err(OP))?;
+        src.read.record(&self.stream).map_err(dev_err(OP))
     }
 
     /// Queues a `[rows, width]` block of the host matrix `src` into the device matrix `dst`
@@ -73,14 +89,12 @@ impl Device {
         check(c.fits(src.len(), dst.len()), OP, || {
             format!("{c:?} does not fit a stage of {} / dst of {} elements", src.len(), dst.len())
         })?;
-        // SAFETY: used with this stream only. The stream first waits for the stage's
-        // earlier copies; `_read` records the stage's event after this copy when dropped,
-        // so `as_mut_slice` cannot hand out the memory while the copy may still read it.
-        let (host, _read) = unsafe { src.inner.stream_synced_slice(&self.stream) };
+        let host = src.inner.as_slice().map_err(dev_err(OP))?;
         let (dp, _w) = dst.inner.device_ptr_mut(&self.stream);
         // SAFETY: the host block lies in the stage and the device block in `dst` (checked
-        // above); both outlive the copy (the stage's drop waits for its event).
-        unsafe { self.queue_2d(OP, Src2d::Host(host.as_ptr().cast()), dp, c, std::mem::size_of::<T>()) }
+        // above); the stage outlives the copy (its drop waits for `read`, recorded next).
+        unsafe { self.queue_2d(OP, Src2d::Host(host.as_ptr().cast()), dp, c, std::mem::size_of::<T>()) }?;
+        src.read.record(&self.stream).map_err(dev_err(OP))
     }
 
     /// Splits `packed`, `[4, n]`, into `out[0..4]` of `n` elements each (row `k` into
