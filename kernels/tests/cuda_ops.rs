@@ -290,7 +290,7 @@ fn staged_inputs_arrive_as_queued_and_unpack_into_four_arrays() {
     let mut r = rng(16);
     for n in [1usize, 5, 256, 1000] {
         let mut stage = dev.alloc_stage::<u32>(4 * n).unwrap();
-        assert!(stage.as_slice().unwrap().iter().all(|&v| v == 0), "a new stage is zero-filled");
+        assert!(stage.as_slice().iter().all(|&v| v == 0), "a new stage is zero-filled");
         let first: Vec<u32> = (0..4 * n).map(|_| r.next_u32()).collect();
         let second: Vec<u32> = (0..4 * n).map(|_| r.next_u32()).collect();
         stage.as_mut_slice().unwrap().copy_from_slice(&first);
@@ -302,9 +302,9 @@ fn staged_inputs_arrive_as_queued_and_unpack_into_four_arrays() {
             dev.copy_rows(&mut dst, 0, &src, 0, 1, big).unwrap();
         }
         let (mut p1, mut p2) = (dev.alloc::<u32>(4 * n).unwrap(), dev.alloc::<u32>(4 * n).unwrap());
-        dev.write_staged(&mut p1, &stage).unwrap();
+        dev.write_staged(&mut p1, &stage, 0).unwrap();
         stage.as_mut_slice().unwrap().copy_from_slice(&second);
-        dev.write_staged(&mut p2, &stage).unwrap();
+        dev.write_staged(&mut p2, &stage, 0).unwrap();
         assert_eq!(dev.download(&p1).unwrap(), first, "n {n}: the first copy saw the rewrite");
         assert_eq!(dev.download(&p2).unwrap(), second, "n {n}");
 
@@ -319,8 +319,12 @@ fn staged_inputs_arrive_as_queued_and_unpack_into_four_arrays() {
         let short = dev.alloc::<u32>(4 * n - 1).unwrap();
         let [a, b, c, d] = &mut out[..] else { unreachable!() };
         assert!(dev.unpack4(&short, [a, b, c, d]).is_err(), "n {n}: a packed array of the wrong length");
+        // A part of the stage: row 3 alone; past the end is refused.
         let mut small = dev.alloc::<u32>(n).unwrap();
-        assert!(dev.write_staged(&mut small, &stage).is_err(), "n {n}: a destination of the wrong length");
+        dev.write_staged(&mut small, &stage, 3 * n).unwrap();
+        assert_eq!(dev.download(&small).unwrap(), second[3 * n..], "n {n}: row 3 alone");
+        assert!(dev.write_staged(&mut small, &stage, 3 * n + 1).is_err(), "n {n}: past the stage's end");
+        assert!(dev.write_staged(&mut small, &stage, usize::MAX).is_err(), "n {n}: an overflowing offset");
     }
     eprintln!("staged inputs / unpack4: ok");
 }

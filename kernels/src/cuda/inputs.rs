@@ -6,13 +6,15 @@
 //! Why: a copy from pageable memory makes the driver stage it through its own pinned buffer
 //! before the call returns, ~5-7 µs of host time each; a copy from page-locked memory is
 //! only queued. A graph step's ids, positions, slots and context lengths are therefore
-//! written into one pinned `[4, b]` array, uploaded in one copy and split on the device.
+//! written into one pinned `[4, b]` array, uploaded in one copy and split on the device;
+//! the block-table mirror shares the stage, so one event covers both copies.
 //!
 //! A copy from a stage reads it when the stream gets there, not when it is queued, so a
 //! stage must not be rewritten before then: every copy records the stage's event after it,
 //! and [`HostStage::as_mut_slice`] waits for that event (between decode steps the copies
-//! have long finished, so the wait is free). The event is ours: cudarc's pinned slice keeps
-//! one too, but records it only when the context tracks events, which ours does not.
+//! have long finished, so the wait returns at once). The event is ours: cudarc's pinned
+//! slice keeps one too, but records it only when the context tracks events, which ours
+//! does not, and syncs it on every access, so the stage keeps the memory's address instead.
 
 use cudarc::driver::{CudaEvent, DevicePtrMut, PinnedHostSlice, PushKernelArg};
 
@@ -23,29 +25,41 @@ use crate::KernelError;
 
 /// Page-locked host memory that copies to the device read asynchronously.
 pub struct HostStage<T> {
-    inner: PinnedHostSlice<T>,
+    /// Owns the allocation (freed on drop); accessed only through `ptr`.
+    _mem: PinnedHostSlice<T>,
+    ptr: *mut T,
+    len: usize,
     /// Recorded after each queued copy that reads the stage.
     read: CudaEvent,
 }
 
+// SAFETY: the stage owns its memory as a Vec would (`ptr` is `_mem`'s); shared access only
+// reads it, mutable access needs `&mut self`.
+unsafe impl<T: Send> Send for HostStage<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for HostStage<T> {}
+
 impl<T: Elem> HostStage<T> {
     pub fn len(&self) -> usize {
-        self.inner.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
+        self.len == 0
     }
 
-    /// The contents (reading them needs no wait: copies only read the stage).
-    pub fn as_slice(&self) -> Result<&[T], KernelError> {
-        self.inner.as_slice().map_err(dev_err("cuda_host_stage"))
+    /// The contents (no wait: copies only read the stage).
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised elements (zero-filled at allocation) that
+        // live as long as `self`; nothing writes them while `&self` is held.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// The contents for writing, once every queued copy that reads them has run.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T], KernelError> {
         self.read.synchronize().map_err(dev_err("cuda_host_stage"))?;
-        self.inner.as_mut_slice().map_err(dev_err("cuda_host_stage"))
+        // SAFETY: as in `as_slice`, and no queued copy reads the memory any more.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
     }
 }
 
@@ -65,18 +79,23 @@ impl Device {
         let ctx = self.stream.context();
         // SAFETY: the memory is zero-filled below before anything reads it; `T` is valid as
         // all-zero bits (`Elem`).
-        let mut inner = unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(dev_err(OP))?;
-        let p = inner.as_mut_ptr().map_err(dev_err(OP))?;
-        // SAFETY: `p` points at `len` elements of `T` that nothing else references yet.
-        unsafe { std::ptr::write_bytes(p, 0, len) };
-        Ok(HostStage { inner, read: ctx.new_event(None).map_err(dev_err(OP))? })
+        let mut mem = unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(dev_err(OP))?;
+        let ptr = mem.as_mut_ptr().map_err(dev_err(OP))?;
+        // SAFETY: `ptr` points at `len` elements of `T` that nothing else references yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(HostStage { _mem: mem, ptr, len, read: ctx.new_event(None).map_err(dev_err(OP))? })
     }
 
-    /// Queues a copy of the whole stage `src` into `dst` (same length).
-    pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>) -> Result<(), KernelError> {
+    /// Queues a copy of `src[from..from + dst.len()]` into `dst`.
+    pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>, from: usize) -> Result<(), KernelError> {
         const OP: &str = "cuda_write_staged";
-        check(dst.len() == src.len(), OP, || format!("buffer has {} elements, stage {}", dst.len(), src.len()))?;
-        let host = src.inner.as_slice().map_err(dev_err(OP))?;
+        let host = from.checked_add(dst.len()).and_then(|end| src.as_slice().get(from..end));
+        let Some(host) = host else {
+            return Err(KernelError::Shape {
+                op: OP,
+                detail: format!("{} elements at {from} of a stage of {}", dst.len(), src.len()),
+            });
+        };
         // A plain slice to cudarc: page-locked, so the copy is queued, not staged.
         self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err(OP))?;
         src.read.record(&self.stream).map_err(dev_err(OP))
@@ -89,11 +108,10 @@ impl Device {
         check(c.fits(src.len(), dst.len()), OP, || {
             format!("{c:?} does not fit a stage of {} / dst of {} elements", src.len(), dst.len())
         })?;
-        let host = src.inner.as_slice().map_err(dev_err(OP))?;
         let (dp, _w) = dst.inner.device_ptr_mut(&self.stream);
         // SAFETY: the host block lies in the stage and the device block in `dst` (checked
         // above); the stage outlives the copy (its drop waits for `read`, recorded next).
-        unsafe { self.queue_2d(OP, Src2d::Host(host.as_ptr().cast()), dp, c, std::mem::size_of::<T>()) }?;
+        unsafe { self.queue_2d(OP, Src2d::Host(src.ptr.cast_const().cast()), dp, c, std::mem::size_of::<T>()) }?;
         src.read.record(&self.stream).map_err(dev_err(OP))
     }
 

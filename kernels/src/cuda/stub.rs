@@ -44,7 +44,7 @@ impl<T> HostStage<T> {
     pub fn is_empty(&self) -> bool {
         match self.never {}
     }
-    pub fn as_slice(&self) -> Result<&[T], KernelError> {
+    pub fn as_slice(&self) -> &[T] {
         match self.never {}
     }
     pub fn as_mut_slice(&mut self) -> Result<&mut [T], KernelError> {
@@ -509,7 +509,7 @@ impl Device {
     pub fn alloc_stage<T: Elem>(&self, len: usize) -> Result<HostStage<T>, KernelError> {
         match self.never {}
     }
-    pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>) -> Result<(), KernelError> {
+    pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>, from: usize) -> Result<(), KernelError> {
         match self.never {}
     }
     pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {

@@ -138,13 +138,13 @@ struct StepIndex {
 }
 
 /// Host copies of a graph's padded inputs, in page-locked memory (kept to avoid allocating
-/// per step; a copy from them is only queued, see `tessera_kernels::cuda::HostStage`).
+/// per step; a copy from it is only queued, see `tessera_kernels::cuda::HostStage`).
 struct GraphHost {
-    /// `[4, b]`: token ids, positions, cache slots, context lengths, uploaded in one copy
-    /// into the graph's `packed` buffer and split by its first kernel.
-    inputs: HostStage<u32>,
-    /// `[b, max_blocks]`: the device's block tables as last uploaded.
-    tables: HostStage<u32>,
+    b: usize,
+    /// `[4, b]` then `[b, max_blocks]`. The first part: token ids, positions, cache slots,
+    /// context lengths, uploaded in one copy into the graph's `packed` buffer and split by
+    /// its first kernel. The second: the device's block tables as last uploaded.
+    stage: HostStage<u32>,
     /// False after a failed upload: the mirror may be ahead of the device, so the next
     /// step rewrites it (and so uploads every used entry) before comparing.
     tables_valid: bool,
@@ -198,12 +198,11 @@ impl StepIndex {
         max_blocks: usize,
         block_size: usize,
     ) -> Result<(Self, Buf<u32>, GraphHost), WorkerError> {
-        let mut host =
-            GraphHost { inputs: dev.alloc_stage(4 * b)?, tables: dev.alloc_stage(b * max_blocks)?, tables_valid: true };
+        let mut host = GraphHost { b, stage: dev.alloc_stage(4 * b + b * max_blocks)?, tables_valid: true };
         // Padding rows: slot u32::MAX (no K/V write), context 0.
-        host.inputs.as_mut_slice()?[2 * b..3 * b].fill(u32::MAX);
+        host.stage.as_mut_slice()?[2 * b..3 * b].fill(u32::MAX);
         let mut packed = dev.alloc(4 * b)?;
-        dev.write_staged(&mut packed, &host.inputs)?;
+        dev.write_staged(&mut packed, &host.stage, 0)?;
         let idx = StepIndex {
             ids: dev.alloc(b)?,
             positions: dev.alloc(b)?,
@@ -234,9 +233,8 @@ impl StepIndex {
         chunks: &[SeqChunk],
         block_size: usize,
     ) -> Result<Duration, WorkerError> {
-        let mb = self.max_blocks;
-        let inputs = host.inputs.as_mut_slice()?;
-        let b = inputs.len() / 4;
+        let (mb, b) = (self.max_blocks, host.b);
+        let (inputs, mirror) = host.stage.as_mut_slice()?.split_at_mut(4 * b);
         let (ids, rest) = inputs.split_at_mut(b);
         let (positions, rest) = rest.split_at_mut(b);
         let (slots, ctx) = rest.split_at_mut(b);
@@ -251,7 +249,6 @@ impl StepIndex {
             slots[i] = slot_of(s.block_table, p, block_size);
             ctx[i] = (p + 1) as u32;
         }
-        let mirror = host.tables.as_mut_slice()?;
         if !host.tables_valid {
             // Differs from every real table: every used entry changes.
             mirror.fill(u32::MAX);
@@ -260,11 +257,11 @@ impl StepIndex {
         let delta = update_mirror(mirror, mb, chunks, block_size);
         let t = Instant::now();
         let copies = (|| {
-            dev.write_staged(packed, &host.inputs)?;
-            match delta {
-                Some(d) => dev.write_2d(&mut self.block_tables, &host.tables, &Copy2d::block(mb, d.rows, d.cols)),
-                None => Ok(()),
-            }
+            dev.write_staged(packed, &host.stage, 0)?;
+            let Some(d) = delta else { return Ok(()) };
+            let block = Copy2d::block(mb, d.rows, d.cols);
+            // The mirror starts after the packed inputs in the stage.
+            dev.write_2d(&mut self.block_tables, &host.stage, &Copy2d { src_at: block.src_at + 4 * b, ..block })
         })();
         if let Err(e) = copies {
             host.tables_valid = false;
