@@ -338,8 +338,6 @@ struct Decode {
     validate: f64,
     upload: f64,
     enqueue: f64,
-    /// The thread's CPU time over prep and launches (median).
-    cpu: f64,
     graphs: usize,
 }
 
@@ -363,14 +361,13 @@ fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f6
         String::new()
     };
     format!(
-        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs, CPU time {:.0} µs; {}/{gen} steps from a CUDA graph |",
+        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
         d.tok_s,
         d.step * 1e3,
         d.prep * 1e6,
         d.validate * 1e6,
         d.upload * 1e6,
         d.enqueue * 1e6,
-        d.cpu * 1e6,
         d.graphs
     )
 }
@@ -435,7 +432,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         next.push(Some(toks));
     }
     let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
-    let (mut validate, mut upload, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut validate, mut upload) = (Vec::new(), Vec::new());
     let t_all = Instant::now();
     for step in 0..gen {
         for (g, group) in groups.iter().enumerate() {
@@ -463,7 +460,6 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
             validate.push(timing.validate.as_secs_f64());
             upload.push(timing.upload.as_secs_f64());
             enqueue.push(timing.enqueue.as_secs_f64());
-            cpu.push(timing.cpu.as_secs_f64());
         }
     }
     // A follower takes the last step's tokens too, so the next test starts in step.
@@ -479,7 +475,6 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         validate: median(validate),
         upload: median(upload),
         enqueue: median(enqueue),
-        cpu: median(cpu),
         graphs: graphs / groups.len().max(1),
     }))
 }

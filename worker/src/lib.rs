@@ -5,7 +5,6 @@ pub mod backend;
 pub mod batch;
 pub mod collective;
 pub mod constrained;
-pub mod cpu_clock;
 pub mod cuda;
 pub mod error;
 pub mod executor;

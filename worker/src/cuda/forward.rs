@@ -38,7 +38,6 @@ use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, H
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
-use crate::cpu_clock::thread_cpu_time;
 use crate::error::WorkerError;
 use crate::gpu_store::GpuStore;
 use crate::step_index::{rows_of, slot_of, spans_of, update_mirror, HostIndex};
@@ -291,7 +290,7 @@ impl StepIndex {
 
 /// Host time of the last step: `prep` (validation, index building, uploads: the GPU has
 /// nothing of this step to run yet) and `enqueue` (launching the kernels or the graph; the
-/// GPU runs them meanwhile), wall times; `cpu`, the thread's CPU time over both.
+/// GPU runs them meanwhile). Their sum is the CPU cost of a step.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepTiming {
     pub prep: Duration,
@@ -300,8 +299,6 @@ pub struct StepTiming {
     pub validate: Duration,
     pub upload: Duration,
     pub enqueue: Duration,
-    /// The thread's CPU time over `prep` and `enqueue` ([`thread_cpu_time`]).
-    pub cpu: Duration,
     /// Whether the step replayed a captured graph.
     pub graph: bool,
 }
@@ -634,7 +631,7 @@ impl CudaModel {
     /// one), the wanted rows and each chunk's span.
     #[allow(clippy::type_complexity)]
     fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
-        let (t0, c0) = (Instant::now(), thread_cpu_time());
+        let t0 = Instant::now();
         let c = &self.core.config;
         validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size, rope_positions(c))?;
         let validate = t0.elapsed();
@@ -652,8 +649,7 @@ impl CudaModel {
             let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, bs)?;
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
-            let cpu = thread_cpu_time().saturating_sub(c0);
-            self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), cpu, graph: true };
+            self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };
             let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
             return Ok((Some(g), chunks.len(), spans));
         }
@@ -675,8 +671,7 @@ impl CudaModel {
         let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
         self.eager_vocab = vocab;
         self.put_scratch(s);
-        let cpu = thread_cpu_time().saturating_sub(c0);
-        self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), cpu, graph: false };
+        self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: false };
         self.eager_logits = Some(logits);
         r?;
         Ok((None, rows, spans))
