@@ -39,7 +39,18 @@ pub struct SchedulerConfig {
     /// it finishes the first instead of waiting for the coordinator's round trip. Needs
     /// `max_in_flight >= 2`.
     pub lookahead: bool,
+    /// Bytes a step's newly admitted sequences may add to its message: each new sequence
+    /// carries its sampling parameters (a structured-output constraint can be 1 MiB) and
+    /// its cached and generated tokens. Admission stops before a sequence that would pass
+    /// it (the first of a step always goes), so a step stays well inside the gRPC message
+    /// limit (`tessera_proto::MAX_MESSAGE_BYTES`, 64 MiB) however many such requests
+    /// arrive together; the rest wait for the next step.
+    pub max_step_new_bytes: usize,
 }
+
+/// Default of [`SchedulerConfig::max_step_new_bytes`]: half the gRPC message limit, the
+/// other half left to the step's runs and block tables.
+pub const DEFAULT_STEP_NEW_BYTES: usize = 32 << 20;
 
 impl SchedulerConfig {
     /// A config for a pool of `num_blocks` blocks of `block_size` positions and a model of
@@ -56,6 +67,7 @@ impl SchedulerConfig {
             long_prefill_threshold: 0,
             max_in_flight: 1,
             lookahead: false,
+            max_step_new_bytes: DEFAULT_STEP_NEW_BYTES,
         }
     }
 
@@ -68,6 +80,7 @@ impl SchedulerConfig {
             ("block_size", self.block_size),
             ("num_blocks", self.num_blocks),
             ("max_model_len", self.max_model_len),
+            ("max_step_new_bytes", self.max_step_new_bytes),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));

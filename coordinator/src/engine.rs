@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use prost::Message as _;
 use tessera_proto::coordinator as cpb;
 use tessera_proto::worker as pb;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -377,7 +378,7 @@ impl Engine {
                 self.next_id += 1;
                 let stop = StopCriteria::new(s.max_tokens, s.stop_ids);
                 let prompt_tokens = s.prompt.len();
-                let seq = Sequence::new(id, s.prompt, stop, id);
+                let seq = Sequence::new(id, s.prompt, stop, id).with_wire_bytes(s.sampling.encoded_len());
                 match self.sched.add(seq) {
                     Ok(()) => {
                         self.clients.insert(id, ClientState::new(s.events, s.sampling, prompt_tokens));

@@ -9,6 +9,7 @@
 //! same as an undisturbed run's. The client sees one stream: no second `PromptInfo`, no
 //! token twice, and `Finished` carries the original prompt size and the total count.
 
+use prost::Message as _;
 use tessera_proto::coordinator as cpb;
 use tessera_proto::worker as pb;
 
@@ -95,7 +96,8 @@ impl Migrant {
     /// The sequence to admit on the receiving replica under id `id`: prompt then output,
     /// waiting, to be re-prefilled like a preempted one.
     pub fn sequence(&self, id: u64) -> Sequence {
-        let mut seq = Sequence::new(id, self.prompt.clone(), self.stop.clone(), id);
+        let mut seq = Sequence::new(id, self.prompt.clone(), self.stop.clone(), id)
+            .with_wire_bytes(self.client.sampling.encoded_len());
         for &t in &self.output {
             seq.push_output(t);
         }

@@ -16,8 +16,10 @@
 //!   to the head of the waiting queue to re-prefill prompt + output) and allocation is
 //!   retried. A sequence may preempt itself when it is the newest. The oldest running
 //!   sequence can always proceed, since `add` refuses anything that cannot fit alone.
-//! - **Then waiting sequences**, strictly FIFO, while the budget, the sequence cap and the
-//!   blocks allow; the head waits if it does not fit (no skipping ahead). Admission reuses
+//! - **Then waiting sequences**, strictly FIFO, while the budget, the sequence cap, the
+//!   blocks and the step message's room for new sequences (`max_step_new_bytes`: their
+//!   sampling parameters and tokens) allow; the head waits if it does not fit (no skipping
+//!   ahead). Admission reuses
 //!   the longest cached prefix. Nothing is admitted in a step that preempted, and
 //!   admission never preempts.
 //! - At most `max_in_flight` batches execute at once (1 unless the replica is a pipeline,
@@ -238,7 +240,8 @@ impl Scheduler {
         Some(self.build_batch(picked))
     }
 
-    /// Admits waiting sequences FIFO while budget, sequence cap and blocks allow.
+    /// Admits waiting sequences FIFO while budget, sequence cap, blocks and the step
+    /// message's room for new sequences (`max_step_new_bytes`) allow.
     fn admit_waiting(
         &mut self,
         budget: &mut usize,
@@ -246,6 +249,7 @@ impl Scheduler {
         cap_chunk: impl Fn(usize) -> usize,
     ) {
         let bs = self.cfg.block_size;
+        let mut new_bytes = 0usize;
         while let Some(&id) = self.waiting.front() {
             if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
                 break;
@@ -254,6 +258,10 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
+            let bytes = seq.admission_bytes(bs);
+            if new_bytes > 0 && new_bytes.saturating_add(bytes) > self.cfg.max_step_new_bytes {
+                break;
+            }
             seq.update_hashes(bs);
             let prefix = self.blocks.match_prefix(seq.tokens(), &seq.prefix.hashes);
             let cached = prefix.len() * bs;
@@ -278,6 +286,7 @@ impl Scheduler {
             self.running.push(id);
             picked.push((id, n));
             *budget -= n;
+            new_bytes = new_bytes.saturating_add(bytes);
         }
     }
 

@@ -110,6 +110,9 @@ pub struct Sequence {
     pub(crate) blocks_sent: usize,
     /// Executing batches this sequence is part of (2 with a lookahead decode in flight).
     pub(crate) in_flight: u8,
+    /// Bytes its first step message carries besides tokens and block ids (its sampling
+    /// parameters); see [`SchedulerConfig::max_step_new_bytes`](crate::config::SchedulerConfig).
+    pub wire_bytes: usize,
 }
 
 impl Sequence {
@@ -132,7 +135,24 @@ impl Sequence {
             worker_known: false,
             blocks_sent: 0,
             in_flight: 0,
+            wire_bytes: 0,
         }
+    }
+
+    /// The same sequence, declaring `bytes` of sampling parameters for its first step
+    /// message.
+    pub fn with_wire_bytes(mut self, bytes: usize) -> Self {
+        self.wire_bytes = bytes;
+        self
+    }
+
+    /// What admitting this sequence adds to a step message, at most: its sampling
+    /// parameters, its tokens twice (the prefix-cache hits and the prior output it is sent
+    /// with are both parts of them) and a block id per `block_size` positions, 4 bytes
+    /// each, plus framing.
+    pub(crate) fn admission_bytes(&self, block_size: usize) -> usize {
+        let len = self.len();
+        self.wire_bytes.saturating_add(4 * (2 * len + len.div_ceil(block_size.max(1)))).saturating_add(64)
     }
 
     /// Total tokens: prompt plus output.

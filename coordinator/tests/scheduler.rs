@@ -413,3 +413,36 @@ fn lookahead_decodes_follow_the_executing_step_unless_blocks_are_short() {
     let (_, short_steps) = run_two(7);
     assert!(short_steps > 0, "the tight pool was short of blocks at some step");
 }
+
+/// Each new sequence's first step message carries its sampling parameters (a structured-
+/// output constraint can be 1 MiB): a step admits new sequences only while they fit
+/// `max_step_new_bytes`, FIFO, the first of a step always; the others wait for later
+/// steps and still generate their reference tokens.
+#[test]
+fn admission_keeps_a_steps_new_sequences_within_its_message_room() {
+    let cfg = tessera_coordinator::SchedulerConfig { max_step_new_bytes: 10_000, ..config(4, 256, 64, 16, 64) };
+    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let mut w = FakeWorker::new(&cfg);
+    let mut got = Collected::default();
+    let mut rng = Rng::new(40);
+    // 4,000 bytes of parameters + 5 tokens each: two fit in 10,000 bytes, three do not.
+    let prompts: Vec<Vec<u32>> = (0..5).map(|_| rng.tokens(5, 50)).collect();
+    for (i, p) in prompts.iter().enumerate() {
+        s.add(seq(i as u64 + 1, p.clone(), 4).with_wire_bytes(4_000)).unwrap();
+    }
+    // One bigger than the whole room, behind them: admitted alone when it is first.
+    let big = rng.tokens(5, 50);
+    s.add(seq(6, big.clone(), 4).with_wire_bytes(50_000)).unwrap();
+    let mut admitted = Vec::new();
+    while got.finished.len() < 6 {
+        let b = step(&mut s, &mut w, &mut got).unwrap();
+        admitted.push(b.new_seqs.iter().map(|n| n.seq_id).collect::<Vec<_>>());
+    }
+    let admitted: Vec<Vec<u64>> = admitted.into_iter().filter(|a| !a.is_empty()).collect();
+    assert_eq!(admitted, [vec![1, 2], vec![3, 4], vec![5], vec![6]], "FIFO, two per step, the big one alone");
+    for (i, p) in prompts.iter().chain([&big]).enumerate() {
+        let (want, _) = reference(p, &StopCriteria::new(4, Vec::new()), 64);
+        assert_eq!(got.tokens[&(i as u64 + 1)], want, "sequence {}", i + 1);
+    }
+    assert!(Scheduler::new(tessera_coordinator::SchedulerConfig { max_step_new_bytes: 0, ..cfg }).is_err());
+}

@@ -167,6 +167,7 @@ fn cfg_in_flight(
         long_prefill_threshold: chunk,
         max_in_flight: in_flight,
         lookahead: false,
+        max_step_new_bytes: tessera_coordinator::config::DEFAULT_STEP_NEW_BYTES,
     }
 }
 

@@ -29,10 +29,11 @@ use crate::error::ApiError;
 pub const CHECK_BUDGET: Duration = Duration::from_millis(800);
 
 /// Longest constraint text (schema, grammar or pattern) a request may carry. Each new
-/// sequence's step message carries its constraint to the worker, and one step may admit
-/// many sequences within the 64 MiB gRPC message limit (`tessera_proto::MAX_MESSAGE_BYTES`);
-/// real schemas are kilobytes (OpenAI's own limits are ~15,000 characters of property
-/// names and enum values).
+/// sequence's step message carries its constraint to the worker; the coordinator admits
+/// new sequences into a step only while they fit half the 64 MiB gRPC message limit
+/// (`SchedulerConfig::max_step_new_bytes`), so this bounds what one request can take of a
+/// step. Real schemas are kilobytes (OpenAI's own limits are ~15,000 characters of
+/// property names and enum values).
 pub const MAX_CONSTRAINT_BYTES: usize = 1 << 20;
 
 const PARAM: &str = "response_format";

@@ -99,6 +99,7 @@ pub fn config(
         long_prefill_threshold: 0,
         max_in_flight: 1,
         lookahead: false,
+        max_step_new_bytes: tessera_coordinator::config::DEFAULT_STEP_NEW_BYTES,
     }
 }
 
