@@ -325,7 +325,24 @@ fn staged_inputs_arrive_as_queued_and_unpack_into_four_arrays() {
         assert_eq!(dev.download(&small).unwrap(), second[3 * n..], "n {n}: row 3 alone");
         assert!(dev.write_staged(&mut small, &stage, 3 * n + 1).is_err(), "n {n}: past the stage's end");
         assert!(dev.write_staged(&mut small, &stage, usize::MAX).is_err(), "n {n}: an overflowing offset");
+
+        // The strided copy marks the stage read too: rows 1..3 queued behind busy work, the
+        // stage rewritten at once, the copy still delivers what was there when it was queued.
+        for _ in 0..4 {
+            dev.copy_rows(&mut dst, 0, &src, 0, 1, big).unwrap();
+        }
+        let mut q = dev.alloc::<u32>(4 * n).unwrap();
+        dev.write_2d(&mut q, &stage, &Copy2d::block(n, 1..3, 0..n)).unwrap();
+        stage.as_mut_slice().unwrap().copy_from_slice(&first);
+        let got = dev.download(&q).unwrap();
+        assert_eq!(got[n..3 * n], second[n..3 * n], "n {n}: the 2-D copy saw the rewrite");
+        assert!(got[..n].iter().chain(&got[3 * n..]).all(|&v| v == 0), "n {n}: rows outside the block");
     }
+    // A stage is tied to the stream of the device that made it.
+    let other = Device::new(0).unwrap();
+    let (stage, mut buf) = (dev.alloc_stage::<u32>(8).unwrap(), other.alloc::<u32>(8).unwrap());
+    assert!(other.write_staged(&mut buf, &stage, 0).is_err(), "a stage of another device's stream");
+    assert!(other.write_2d(&mut buf, &stage, &Copy2d::block(8, 0..1, 0..8)).is_err());
     eprintln!("staged inputs / unpack4: ok");
 }
 

@@ -95,7 +95,8 @@ pub(crate) struct TableDelta {
 /// to a few sequences: the block is then one or two columns wide, where copying whole rows
 /// of the rows between the first and the last changed one would move the whole mirror
 /// when those sequences sit at both ends of the batch. The rest of the block is unchanged
-/// entries, which the device already holds (the mirror only changes through this).
+/// entries, which the device already holds (the mirror changes only through this, or is
+/// filled with `u32::MAX` after a failed upload so that every used entry differs).
 ///
 /// Every chunk's used blocks (`first_pos + tokens` positions) must fit a row (`<= mb`, as
 /// the graph's choice in `CudaModel::step` ensures) and `mirror` must hold a row per chunk.

@@ -294,7 +294,9 @@ impl Device {
     ///
     /// # Safety
     /// Both blocks must lie inside live memory (`c.fits` on their lengths) that outlives
-    /// the copy; a host source must be readable until the call returns.
+    /// the copy: a page-locked host source is read when the stream reaches the copy, so it
+    /// must stay readable and unchanged until then (pageable memory is read before the
+    /// call returns).
     pub(super) unsafe fn queue_2d(
         &self,
         op: &'static str,

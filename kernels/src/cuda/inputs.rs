@@ -16,6 +16,8 @@
 //! slice keeps one too, but records it only when the context tracks events, which ours
 //! does not, and syncs it on every access, so the stage keeps the memory's address instead.
 
+use std::sync::Arc;
+
 use cudarc::driver::{CudaEvent, DevicePtrMut, PinnedHostSlice, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device, Src2d};
@@ -31,6 +33,9 @@ pub struct HostStage<T> {
     len: usize,
     /// Recorded after each queued copy that reads the stage.
     read: CudaEvent,
+    /// The stream (address of the device's `CudaStream`) every copy from the stage is
+    /// queued on: the event tracks one stream's order, so copies on another are refused.
+    stream: usize,
 }
 
 // SAFETY: the stage owns its memory as a Vec would (`ptr` is `_mem`'s); shared access only
@@ -83,12 +88,30 @@ impl Device {
         let ptr = mem.as_mut_ptr().map_err(dev_err(OP))?;
         // SAFETY: `ptr` points at `len` elements of `T` that nothing else references yet.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(HostStage { _mem: mem, ptr, len, read: ctx.new_event(None).map_err(dev_err(OP))? })
+        let read = ctx.new_event(None).map_err(dev_err(OP))?;
+        Ok(HostStage { _mem: mem, ptr, len, read, stream: Arc::as_ptr(&self.stream) as usize })
+    }
+
+    /// Refuses a stage made by another device (another stream), before any copy is queued.
+    fn check_stage<T>(&self, op: &'static str, src: &HostStage<T>) -> Result<(), KernelError> {
+        check(src.stream == Arc::as_ptr(&self.stream) as usize, op, || {
+            "the stage belongs to another device's stream".to_string()
+        })
+    }
+
+    /// Marks `src` as read by the copy just queued. Should the event fail to record, waits
+    /// for the stream instead, so the stage is never handed out or freed under a copy.
+    fn mark_read<T>(&self, op: &'static str, src: &HostStage<T>) -> Result<(), KernelError> {
+        src.read.record(&self.stream).map_err(dev_err(op)).inspect_err(|_| {
+            // An error here too means the context is lost, and the copy with it.
+            let _ = self.stream.synchronize();
+        })
     }
 
     /// Queues a copy of `src[from..from + dst.len()]` into `dst`.
     pub fn write_staged<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>, from: usize) -> Result<(), KernelError> {
         const OP: &str = "cuda_write_staged";
+        self.check_stage(OP, src)?;
         let host = from.checked_add(dst.len()).and_then(|end| src.as_slice().get(from..end));
         let Some(host) = host else {
             return Err(KernelError::Shape {
@@ -98,13 +121,14 @@ impl Device {
         };
         // A plain slice to cudarc: page-locked, so the copy is queued, not staged.
         self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err(OP))?;
-        src.read.record(&self.stream).map_err(dev_err(OP))
+        self.mark_read(OP, src)
     }
 
     /// Queues a `[rows, width]` block of the host matrix `src` into the device matrix `dst`
     /// as one strided 2-D copy (a graph's changed block-table entries); see [`Copy2d`].
     pub fn write_2d<T: Elem>(&self, dst: &mut Buf<T>, src: &HostStage<T>, c: &Copy2d) -> Result<(), KernelError> {
         const OP: &str = "cuda_write_2d";
+        self.check_stage(OP, src)?;
         check(c.fits(src.len(), dst.len()), OP, || {
             format!("{c:?} does not fit a stage of {} / dst of {} elements", src.len(), dst.len())
         })?;
@@ -112,7 +136,7 @@ impl Device {
         // SAFETY: the host block lies in the stage and the device block in `dst` (checked
         // above); the stage outlives the copy (its drop waits for `read`, recorded next).
         unsafe { self.queue_2d(OP, Src2d::Host(src.ptr.cast_const().cast()), dp, c, std::mem::size_of::<T>()) }?;
-        src.read.record(&self.stream).map_err(dev_err(OP))
+        self.mark_read(OP, src)
     }
 
     /// Splits `packed`, `[4, n]`, into `out[0..4]` of `n` elements each (row `k` into

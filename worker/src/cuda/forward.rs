@@ -155,7 +155,7 @@ struct DecodeGraph {
     b: usize,
     idx: StepIndex,
     host: GraphHost,
-    /// `[4, b]`: the step's packed inputs on the device (see [`GraphHost::inputs`]).
+    /// `[4, b]`: the step's packed inputs on the device (see [`GraphHost::stage`]).
     packed: Buf<u32>,
     /// The activations the graph reads and writes: owned here so they live as long as it.
     _scratch: Scratch,
@@ -220,11 +220,11 @@ impl StepIndex {
 
     /// Writes a decode batch (one token per chunk, `chunks.len() <= b`) into a graph's
     /// inputs; rows past the batch are padding. The ids, positions, slots and context
-    /// lengths go up in one copy into `packed` (the graph splits it). `host.tables` mirrors
-    /// the device's block tables, so only the block of entries that changed is uploaded,
-    /// one strided copy ([`update_mirror`]: a decode step usually appends a block to a few
-    /// sequences; entries past a row's context are never read). Returns the time the
-    /// copies took.
+    /// lengths go up in one copy into `packed` (the graph splits it). The stage's tail
+    /// mirrors the device's block tables, so only the block of entries that changed is
+    /// uploaded, one strided copy ([`update_mirror`]: a decode step usually appends a block
+    /// to a few sequences; entries past a row's context are never read). Returns the time
+    /// the copies took.
     fn refill(
         &mut self,
         dev: &Device,
