@@ -97,12 +97,12 @@ impl EngineHandle {
     }
 
     /// Hands this replica a sequence of a failed one; gives it back if the engine is gone.
-    pub fn adopt(&self, m: Migrant) -> Result<(), Migrant> {
+    pub fn adopt(&self, m: Migrant) -> Result<(), Box<Migrant>> {
         self.pending.fetch_add(1, Ordering::Relaxed);
         self.tx.send(Command::Adopt(m)).map_err(|e| {
             self.pending.fetch_sub(1, Ordering::Relaxed);
             match e.0 {
-                Command::Adopt(m) => m,
+                Command::Adopt(m) => Box::new(m),
                 _ => unreachable!("sent an Adopt"),
             }
         })

@@ -294,8 +294,8 @@ fn check_all(dev: &Device, comm: &NcclComm, ar: &mut IpcAllReduce) {
         dev.copy_rows(&mut outs, at, w, 0, n, 1).unwrap();
     }
     let got = dev.download(&outs).unwrap();
-    for i in 0..CALLS {
-        let (n, at) = (n_of(i), offsets[i]);
+    for (i, &at) in offsets.iter().enumerate() {
+        let n = n_of(i);
         let what = format!("back-to-back call {i} (n={n}) rank {rank}");
         assert_bits(&what, &got[at..at + n], &reference(seed_of(i), world, n), &all_in[at..at + n]);
     }

@@ -110,6 +110,7 @@ struct QkvCase {
 /// write_kv at each token's slot; NaN where nothing is written (and in the rotated dims of
 /// a position past the table).
 #[allow(clippy::type_complexity)]
+#[allow(clippy::too_many_arguments)]
 fn qkv_reference(
     c: &QkvCase,
     qkv: &[f32],

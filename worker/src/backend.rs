@@ -15,9 +15,9 @@ use crate::parallel::Comms;
 /// A loaded model with its KV memory.
 pub enum Backend {
     /// The CPU model; `comms` links a tensor/pipeline-parallel shard to its peers.
-    Cpu { model: LlamaModel, kv: KvCache, comms: Comms },
+    Cpu { model: Box<LlamaModel>, kv: KvCache, comms: Comms },
     /// The model and its sampler (the CUDA backend samples on the GPU, see executor.rs).
-    Cuda(Box<CudaModel>, GpuSampler),
+    Cuda(Box<CudaModel>, Box<GpuSampler>),
     /// A model on an AMD GPU; its logits are sampled on the host, as the CPU backend's.
     Hip(Box<HipModel>),
 }
@@ -31,7 +31,7 @@ impl Backend {
     /// A CPU shard of a tensor/pipeline-parallel replica with its collectives.
     pub fn cpu_sharded(model: LlamaModel, num_blocks: usize, block_size: usize, comms: Comms) -> Self {
         let kv = model.new_kv_cache(num_blocks, block_size);
-        Backend::Cpu { model, kv, comms }
+        Backend::Cpu { model: Box::new(model), kv, comms }
     }
 
     /// Whether this backend's steps produce logits to sample (not a pipeline stage before
@@ -46,7 +46,7 @@ impl Backend {
 
     /// A model on a GPU.
     pub fn cuda(model: CudaModel) -> Self {
-        Backend::Cuda(Box::new(model), GpuSampler::new())
+        Backend::Cuda(Box::new(model), Box::default())
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -74,7 +74,7 @@ pub enum SeqGrammar {
         constraint: Constraint,
         replay: usize,
     },
-    Active(SeqMatcher),
+    Active(Box<SeqMatcher>),
     /// Ended with this error (reported for the sequence, which the coordinator then ends).
     Failed(String),
 }
@@ -166,7 +166,7 @@ impl MaskJob {
         let words = self.words;
         let r = catch_unwind(AssertUnwindSafe(move || -> Result<(SeqMatcher, Vec<u32>), String> {
             let mut m = match grammar {
-                SeqGrammar::Active(m) => m,
+                SeqGrammar::Active(m) => *m,
                 SeqGrammar::Pending { constraint, .. } => {
                     let g = grammars.ok_or("constrained decoding is not available on this worker")?;
                     let mut m = g.compiler()?.compile(&constraint).map_err(|e| e.to_string())?;
@@ -181,7 +181,7 @@ impl MaskJob {
         }));
         match r {
             Ok(Ok((m, mask))) => {
-                self.grammar = SeqGrammar::Active(m);
+                self.grammar = SeqGrammar::Active(Box::new(m));
                 self.cell.set(MaskState::Ready(mask));
             }
             Ok(Err(e)) => {

@@ -49,6 +49,8 @@ fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
 }
 
 /// Runs a tp x pp replica in threads; returns the logits of the last stage's tp rank 0.
+// `stage` and `rank` index two tables transposed to each other: a range loop reads best.
+#[allow(clippy::needless_range_loop)]
 fn replica(files: &Arc<ModelFiles>, tp: usize, pp: usize) -> Vec<Vec<f32>> {
     let layers = SHAPE.layers;
     // One TP group per stage, one pipeline per tp rank.

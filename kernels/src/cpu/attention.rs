@@ -178,6 +178,7 @@ pub(crate) fn write_kv_as<T>(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     cache: &PagedKv,
     k_cache: &[f32],

@@ -142,9 +142,11 @@ impl Plan {
 pub(crate) struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    /// Keyed by (m, rows, cols, f32 output).
-    plans: Mutex<HashMap<(usize, usize, usize, bool), Arc<Plan>>>,
+    plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
 }
+
+/// A GEMM plan's key: (m, rows, cols, f32 output).
+type PlanKey = (usize, usize, usize, bool);
 
 // SAFETY: the handle is used only through &self methods that serialise plan creation with
 // the mutex; cublasLtMatmul on one handle from several threads is allowed by cuBLAS.
