@@ -19,9 +19,8 @@
 //! - **Then waiting sequences**, strictly FIFO, while the budget, the sequence cap, the
 //!   blocks and the step message's room for new sequences (`max_step_new_bytes`: their
 //!   sampling parameters and tokens) allow; the head waits if it does not fit (no skipping
-//!   ahead). Admission reuses
-//!   the longest cached prefix. Nothing is admitted in a step that preempted, and
-//!   admission never preempts.
+//!   ahead). Admission reuses the longest cached prefix. Nothing is admitted in a step that
+//!   preempted, and admission never preempts.
 //! - At most `max_in_flight` batches execute at once (1 unless the replica is a pipeline,
 //!   whose stages each work on a different batch, or 2 with decode lookahead): `schedule`
 //!   returns `None` while that many await `postprocess`, and never picks a sequence whose
