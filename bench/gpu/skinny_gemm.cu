@@ -15,7 +15,10 @@
 // in CTA order (deterministic), from f32 partials in a workspace. Variants: per-thread cp.async
 // with a CTA-wide barrier per stage (4 warps, CH = 64, P = 6), and a producer thread issuing
 // bulk tensor copies (TMA) with per-stage mbarriers (skinny_gemm_tma, P = 6 and 8); each also
-// with the mma work skipped ("copies only": the copy scheme's own ceiling). The first run's
+// with the mma work and output stores skipped ("copies only": the copy scheme's own ceiling;
+// the output then keeps the poison). The TMA kernel's stages can be as many as fit (P = 0),
+// its weight maps with or without L2 promotion, its output leaves through shared memory in
+// 16-byte stores. The first run's
 // other cp.async shapes (64 x 8 stages, 8 warps, 128-column stages) were no faster.
 //
 // Checked against cuBLASLt on random inputs (relative error of the whole output; each variant
@@ -91,7 +94,7 @@ __device__ __forceinline__ u32 owner(u64 it, u64 iters, u64 ctas) {
 }
 
 // NT = m / 8 (x rows as n8 tiles); m = 8 NT exactly, n % TILE == 0, k % CH == 0. MATH false
-// skips the mma work (the copy scheme's own ceiling; the output is then meaningless).
+// skips the mma work and the output stores (the copy scheme's own ceiling).
 template <int NT, int P, int CH, int NW, bool MATH>
 __global__ void __launch_bounds__(NW * 32, 1)
 skinny_gemm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w, u32 n, u32 k,
@@ -223,7 +226,7 @@ skinny_gemm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __re
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const u32 tok = nt * 8 + 2 * t4 + (e & 1), row = r0 + (e >> 1) * 8;
-                        out[(u64)tok * n + row] = to_bf16(c[mt][nt][e]);
+                        if (MATH) out[(u64)tok * n + row] = to_bf16(c[mt][nt][e]);
                     }
             }
         }
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, 1)
 skinny_gemm_tma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, bf16* __restrict__ out,
                 u32 n, u32 k, float* __restrict__ ws, u32* __restrict__ counters) {
     constexpr int M = NT * 8, CHUNK = 64, TILE = NW * 32;
-    constexpr u32 W_BYTES = TILE * 128, X_BYTES = M * 128, STAGE = W_BYTES + MAX_M * 128;  // 1024-aligned
+    constexpr u32 W_BYTES = TILE * 128, X_BYTES = M * 128, STAGE = W_BYTES + X_BYTES;  // 1024-aligned (M % 8 == 0)
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[2 * P];
     __shared__ u32 is_last;
@@ -450,18 +453,29 @@ skinny_gemm_tma(const __grid_constant__ CUtensorMap wmap, const __grid_constant_
                 }
             }
         }
-        if (write) {
+        if (write && MATH) {
+            // Through this warp's corner of shared memory, so each token's 32 outputs leave in
+            // four 16-byte stores instead of 32 scattered 2-byte ones.
+            const u32 e0 = base + P * STAGE + warp * (32 * M * 2);
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                const u32 r0 = tile * TILE + warp * 32 + mt * 16 + g;
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const u32 tok = nt * 8 + 2 * t4 + (e & 1), row = r0 + (e >> 1) * 8;
-                        out[(u64)tok * n + row] = to_bf16(c[mt][nt][e]);
+                        const u32 tok = nt * 8 + 2 * t4 + (e & 1), r = mt * 16 + g + (e >> 1) * 8;
+                        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(e0 + (tok * 32 + r) * 2), "h"(to_bf16(c[mt][nt][e])) : "memory");
                     }
+            __syncwarp();
+            for (u32 q = lane; q < M * 4; q += 32) {
+                uint4 v;
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                             : "r"(e0 + q * 16)
+                             : "memory");
+                *reinterpret_cast<uint4*>(out + (u64)(q / 4) * n + tile * TILE + warp * 32 + (q % 4) * 8) = v;
             }
+            __syncwarp();
         }
         zero();
         if (ch == kc) ch = 0, ++tile;
@@ -472,13 +486,14 @@ skinny_gemm_tma(const __grid_constant__ CUtensorMap wmap, const __grid_constant_
 
 // A 2-D bf16 tensor map: `rows` rows of `cols` values (row pitch `cols`), boxes of 64 columns
 // x `box_rows` rows, 128-byte swizzle.
-static CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
+static CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows,
+                              CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
     CUtensorMap map;
     cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
     cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem[2] = {1, 1};
     CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)base, dims, strides, box, elem,
                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                        promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", (int)r); exit(1); }
     return map;
 }
@@ -487,7 +502,7 @@ template <int NT, int P, bool MATH>
 static void ours_tma(const CUtensorMap& wm, const CUtensorMap& xm, bf16* out, int n, int k, float* ws, u32* ctr, int ctas,
                      cudaStream_t s) {
     constexpr int NW = 4;
-    const int smem = P * (NW * 32 * 128 + MAX_M * 128) + 1024;
+    const int smem = P * (NW * 32 * 128 + NT * 8 * 128) + NW * 32 * NT * 8 * 2 + 1024;  // + the epilogue's corners
     static bool set = false;
     if (!set) {
         CK(cudaFuncSetAttribute(skinny_gemm_tma<NT, P, NW, MATH>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -497,15 +512,20 @@ static void ours_tma(const CUtensorMap& wm, const CUtensorMap& xm, bf16* out, in
     CK(cudaGetLastError());
 }
 
+// As many stages as fit in ~200 KB at m = 8 nt tokens (11 at 16, 10 at 32, 8 at 64).
+constexpr int max_stages(int nt) { return 200 * 1024 / (128 * 128 + nt * 8 * 128); }
+
+// P = 0: max_stages.
 template <int P, bool MATH>
 static void ours_tma_m(int m, const CUtensorMap& wm, const CUtensorMap& xm, bf16* out, int n, int k, float* ws, u32* ctr,
                        int ctas, cudaStream_t s) {
-    if (m == 16) ours_tma<2, P, MATH>(wm, xm, out, n, k, ws, ctr, ctas, s);
-    else if (m == 32) ours_tma<4, P, MATH>(wm, xm, out, n, k, ws, ctr, ctas, s);
-    else ours_tma<8, P, MATH>(wm, xm, out, n, k, ws, ctr, ctas, s);
+    if (m == 16) ours_tma<2, P ? P : max_stages(2), MATH>(wm, xm, out, n, k, ws, ctr, ctas, s);
+    else if (m == 32) ours_tma<4, P ? P : max_stages(4), MATH>(wm, xm, out, n, k, ws, ctr, ctas, s);
+    else ours_tma<8, P ? P : max_stages(8), MATH>(wm, xm, out, n, k, ws, ctr, ctas, s);
 }
 
-int main() {
+// Optional arguments: a shape name and a token count, to run only that row (e.g. under ncu).
+int main(int argc, char** argv) {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int SETS = 8, REPS = 50;
@@ -524,8 +544,9 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    printf("| shape | m | MB of W | cuBLASLt µs (TB/s) | ours / copies only: cp.async, 4 warps, 64 cols x 6 stages | TMA, 6 stages | TMA, 8 stages | worst rel err vs cuBLASLt |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| shape | m | MB of W | cuBLASLt µs (TB/s) | ours / copies only: TMA, 6 stages sized to m | TMA, max stages (11 / 10 / 8) | the same, no L2 promotion | worst rel err vs cuBLASLt |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Shape& sh : shapes) {
+        if (argc > 1 && strcmp(argv[1], sh.name) != 0) continue;
         const size_t wn = (size_t)sh.n * sh.k;
         bf16* w;
         CK(cudaMalloc(&w, wn * 2 * SETS));
@@ -535,9 +556,13 @@ int main() {
         CK(cudaMalloc(&ref, (size_t)MAX_M * sh.n * 2));
         CK(cudaMalloc(&got, (size_t)MAX_M * sh.n * 2));
         fill_random<<<256, 256, 0, s>>>(x, (size_t)MAX_M * sh.k, 11, 1.f);
-        std::vector<CUtensorMap> wmaps;
-        for (int set = 0; set < SETS; ++set) wmaps.push_back(tensor_map(w + wn * set, sh.n, sh.k, 128));
+        std::vector<CUtensorMap> wmaps, wmaps_np;  // L2 promotion 256 B / none
+        for (int set = 0; set < SETS; ++set) {
+            wmaps.push_back(tensor_map(w + wn * set, sh.n, sh.k, 128));
+            wmaps_np.push_back(tensor_map(w + wn * set, sh.n, sh.k, 128, CU_TENSOR_MAP_L2_PROMOTION_NONE));
+        }
         for (int m : {16, 32, 64}) {
+            if (argc > 2 && atoi(argv[2]) != m) continue;
             const Gemm g = plan(h, m, sh.n, sh.k);
             const float one = 1.f, zero = 0.f;
             auto cublas = [&](int set) {
@@ -562,11 +587,11 @@ int main() {
             };
             const float t_ref = time(cublas);
 #define OURS(P, CH, NW, MATH) [&](int set) { ours_m<P, CH, NW, MATH>(m, got, x, w + wn * set, sh.n, sh.k, ws, ctr, sms, s); }
-#define TMA(P, MATH) [&](int set) { ours_tma_m<P, MATH>(m, wmaps[set], xmap, got, sh.n, sh.k, ws, ctr, sms, s); }
+#define TMA(P, MATH, MAPS) [&](int set) { ours_tma_m<P, MATH>(m, MAPS[set], xmap, got, sh.n, sh.k, ws, ctr, sms, s); }
             const CUtensorMap xmap = tensor_map(x, m, sh.k, m);
-            const float ta = time(OURS(6, 64, 4, true)), ca = time(OURS(6, 64, 4, false));
-            const float tb = time(TMA(6, true)), cb = time(TMA(6, false));
-            const float tc = time(TMA(8, true)), cc = time(TMA(8, false));
+            const float ta = time(TMA(6, true, wmaps)), ca = time(TMA(6, false, wmaps));
+            const float tb = time(TMA(0, true, wmaps)), cb = time(TMA(0, false, wmaps));
+            const float tc = time(TMA(0, true, wmaps_np)), cc = time(TMA(0, false, wmaps_np));
             // Error: both on weight set 0; each of ours twice (the second call must give the same bits).
             const size_t len = (size_t)m * sh.n;
             std::vector<bf16> a(len), b(len), b2(len);
@@ -578,9 +603,9 @@ int main() {
             for (int v = 0; v < 3; ++v) {
                 for (int rep = 0; rep < 2; ++rep) {
                     CK(cudaMemsetAsync(got, 0xff, len * 2, s));  // NaN: an output never written shows
-                    if (v == 0) ours_m<6, 64, 4, true>(m, got, x, w, sh.n, sh.k, ws, ctr, sms, s);
-                    else if (v == 1) TMA(6, true)(0);
-                    else TMA(8, true)(0);
+                    if (v == 0) TMA(6, true, wmaps)(0);
+                    else if (v == 1) TMA(0, true, wmaps)(0);
+                    else TMA(0, true, wmaps_np)(0);
                     CK(cudaStreamSynchronize(s));
                     CK(cudaMemcpy((rep ? b2 : b).data(), got, len * 2, cudaMemcpyDeviceToHost));
                 }
