@@ -99,7 +99,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let t1 = Instant::now();
     let mut generated = 0usize;
     while generated < args.max_tokens {
-        let s = sampler.sample(&mut logits, &history)?;
+        let s = sampler.sample(&mut logits, &history, generated)?;
         generated += 1;
         if stops.contains(&s.token) {
             break;

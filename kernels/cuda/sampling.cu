@@ -4,8 +4,11 @@
 // which spreads each row over many CTAs.
 // Semantics are the CPU sampler's (worker/src/sampling.rs), in its order:
 //   1. logit bias added (the row's bias entries; tokens distinct);
-//   2. repetition, then presence and frequency penalties on the row's (token, count) entries,
-//      with the CPU's exact f32 operations (no fused multiply-add), only when a penalty is on;
+//   2. repetition, then presence and frequency penalties on the row's (token, count) entries:
+//      one per distinct token of the sequence (prompt and output), count = 1 + its occurrences
+//      in the output; repetition applies to every entry, presence and frequency to the output
+//      occurrences (vLLM's rule); the CPU's exact f32 operations (no fused multiply-add), only
+//      when a penalty is on;
 //   3. logprobs = log_softmax of the adjusted logits: max-subtracted sum in f32;
 //   4. temperature < 1e-5: greedy, the first index of the maximum (the CPU `argmax`);
 //      otherwise z = (l - max) * (1 / T), top-k, top-p, min-p, and a draw from the rest.
@@ -380,7 +383,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     __syncthreads();
 
-    // 2. Penalties, one entry per distinct token (its count > 0), as the CPU computes them.
+    // 2. Penalties, one entry per distinct token (count = 1 + its output occurrences; 0: no
+    // entry), as the CPU computes them.
     const bool penalise = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
     if (penalise) {
         const u32 e0 = pen_offsets[row], e1 = pen_offsets[row + 1];
@@ -392,10 +396,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     continue;
                 }
                 if (c == 0) continue;
+                const u32 g = c - 1;  // occurrences in the output
                 float l = x[t];
                 // Past f32's range (a tiny penalty) held at the largest finite value, as the CPU.
                 l = l > 0.f ? fminf(__fdiv_rn(l, p.repetition_penalty), __int_as_float(0x7f7fffff)) : __fmul_rn(l, p.repetition_penalty);
-                l = __fsub_rn(l, __fadd_rn(__fmul_rn((float)c, p.frequency_penalty), p.presence_penalty));
+                l = __fsub_rn(l, __fadd_rn(__fmul_rn((float)g, p.frequency_penalty), g > 0 ? p.presence_penalty : 0.f));
                 x[t] = l;
             }
         } else if (tid == 0) {

@@ -32,7 +32,8 @@ use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
 
-/// One row's inputs: logits, parameters, (token, count) penalty and (token, bias) entries.
+/// One row's inputs: logits, parameters, (token, count) penalty entries (count = 1 + the
+/// token's occurrences in the output, 0 = none) and (token, bias) entries.
 #[derive(Clone)]
 struct Row {
     logits: Vec<f32>,
@@ -118,13 +119,14 @@ fn adjust_ref(row: &Row) -> Vec<f32> {
             if c == 0 {
                 continue;
             }
+            let g = c - 1; // occurrences in the output: presence and frequency count only these
             let v = &mut l[t as usize];
             if *v > 0.0 {
                 *v = (*v / p.repetition_penalty).min(f32::MAX);
             } else {
                 *v *= p.repetition_penalty;
             }
-            *v -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            *v -= g as f32 * p.frequency_penalty + if g > 0 { p.presence_penalty } else { 0.0 };
         }
     }
     l
@@ -337,8 +339,10 @@ fn greedy_matches_cpu_argmax() {
 }
 
 /// Bias then penalties give the reference's adjusted logits bit for bit, and the token and
-/// logprobs that follow from them; a +100 bias forces its token, -100 bans the winner, and a
-/// repetition penalty demotes a positive greedy winner.
+/// logprobs that follow from them (penalty counts 0-5: no entry, a token of the prompt only,
+/// 1-4 occurrences in the output); a +100 bias forces its token, -100 bans the winner, a
+/// repetition penalty demotes a positive greedy winner, and a presence penalty leaves a token
+/// seen only in the prompt alone.
 #[test]
 fn penalties_and_bias_match_reference() {
     let Some(dev) = gpu("penalties_and_bias_match_reference") else { return };
@@ -400,10 +404,19 @@ fn penalties_and_bias_match_reference() {
         let mut row = Row::new(lifted, SampleParams { repetition_penalty: 1e-38, ..params(0.0, 0, 1.0, 0.0, 0) });
         row.pen = vec![(forced, 1)];
         rows.push(row);
+        // Presence 5: not for a token of the prompt only (count 1), once for one in the output.
+        for count in [1, 2] {
+            let mut row = Row::new(base.clone(), SampleParams { presence_penalty: 5.0, ..params(0.0, 0, 1.0, 0.0, 0) });
+            row.pen = vec![(winner, count)];
+            rows.push(row);
+        }
         let (got, adjusted) = run(&dev, vocab, &rows, 0);
         for (i, (g, row)) in got.iter().zip(&rows).enumerate() {
             check_row(&format!("force/ban vocab {vocab} row {i}"), g, &adjusted[i * vocab..(i + 1) * vocab], row, 0);
         }
+        let w = winner as usize;
+        assert_eq!((got[6].token, adjusted[6 * vocab + w]), (winner, base[w]), "presence skips prompt-only tokens");
+        assert_eq!(adjusted[7 * vocab + w], base[w] - 5.0, "presence once for an output token");
         assert_eq!((got[0].token, got[2].token), (forced, forced), "a +100 bias forces its token");
         assert!(got[1].token != winner && got[3].token != winner, "a -100 bias bans the winner");
         assert_eq!(got[1].token, argmax_ref(&adjusted[vocab..2 * vocab]));

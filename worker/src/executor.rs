@@ -80,8 +80,22 @@ struct SeqState {
     sampler: Sampler,
     /// Every token run so far (prompt and generated), counted by the penalties.
     history: Vec<u32>,
+    /// Tokens it generated before this admission (they arrive as part of its prompt runs).
+    prior_generated: usize,
+    /// Its prompt's length, known at its first sampling run: the tokens then run, less
+    /// `prior_generated`. Everything after it is output, which the presence and frequency
+    /// penalties count.
+    prompt_len: Option<usize>,
     /// The token sampled in this sequence's latest sampling run (lookahead decodes run it).
     last_sampled: Option<u32>,
+}
+
+impl SeqState {
+    /// How many of the tokens before position `end` (a sampling run's end) are output.
+    fn output_before(&self, end: usize) -> usize {
+        let prompt = self.prompt_len.unwrap_or_else(|| end.saturating_sub(self.prior_generated));
+        end.saturating_sub(prompt)
+    }
 }
 
 /// A loaded model with its KV memory and live sequences.
@@ -174,7 +188,14 @@ impl Executor {
                 self.grammar.insert(s.seq_id, SeqGrammar::Pending { constraint: c, replay });
             }
             sampler.resume_at(s.num_generated);
-            let st = SeqState { block_table: s.block_table, sampler, history: s.cached_tokens, last_sampled: None };
+            let st = SeqState {
+                block_table: s.block_table,
+                sampler,
+                history: s.cached_tokens,
+                prior_generated: usize::try_from(s.num_generated).unwrap_or(usize::MAX),
+                prompt_len: None,
+                last_sampled: None,
+            };
             self.seqs.insert(s.seq_id, st);
         }
         for (id, blocks) in input.appends {
@@ -228,7 +249,8 @@ impl Executor {
                 // A row the GPU sampler cannot take (a token id past the vocabulary in its
                 // bias or history) fails its sequence alone, as on the CPU: a greedy
                 // placeholder keeps the rows aligned and its draw is dropped.
-                match RowRequest::new(st.sampler.params(), seed, draw, &history, vocab) {
+                let generated = st.output_before(r.first_pos + r.tokens.len());
+                match RowRequest::new(st.sampler.params(), seed, draw, &history, generated, vocab) {
                     Ok(req) => requests.push(req),
                     Err(e) => {
                         requests.push(RowRequest::greedy());
@@ -311,6 +333,10 @@ impl Executor {
             let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             st.history.truncate(r.first_pos);
             st.history.extend_from_slice(&r.tokens);
+            if r.sample {
+                let prompt = st.history.len() - st.output_before(st.history.len());
+                st.prompt_len = Some(prompt);
+            }
             if r.sample && samples {
                 picks.push(i);
             }
@@ -413,8 +439,9 @@ fn draw_rows(
             if let Some(m) = mask {
                 apply_mask(row, m);
             }
+            let generated = st.output_before(st.history.len());
             let SeqState { sampler, history, .. } = &mut **st;
-            *out = Some(sampler.sample(row, history));
+            *out = Some(sampler.sample(row, history, generated));
         }
     };
     if jobs.len() > 1 {

@@ -4,12 +4,11 @@
 //! Order of operations (llama.cpp / vLLM):
 //! 1. `logit_bias` is added;
 //! 2. repetition penalty (HF / llama.cpp: a positive logit is divided by it, a
-//!    negative one multiplied), then presence and frequency penalties (OpenAI:
-//!    `logit -= count * frequency_penalty + (count > 0) * presence_penalty`). Every
-//!    occurrence in the `history` the caller passes counts for all three: the worker
-//!    passes prompt + generated tokens, so prompt tokens are penalised too (llama.cpp
-//!    with an unbounded penalty window; vLLM counts only generated tokens for
-//!    presence/frequency);
+//!    negative one multiplied) on every token of the sequence, prompt and output; then
+//!    presence and frequency penalties (OpenAI: `logit -= count * frequency_penalty +
+//!    (count > 0) * presence_penalty`) with `count` the token's occurrences in the output
+//!    only, as vLLM counts them (counting the prompt too, a chat's template tokens, one
+//!    per message, would push the end-of-turn token down and replies would not end);
 //! 3. log-probabilities are taken here: log-softmax of the logits after 1-2, before
 //!    temperature and truncation (what vLLM reports by default);
 //! 4. temperature below [`GREEDY_TEMPERATURE`] (0 in practice) is greedy: the argmax,
@@ -59,11 +58,12 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Drop tokens whose probability is below `min_p` times the most likely one's. `0..=1`, 0 = off.
     pub min_p: f32,
-    /// Divides positive / multiplies negative logits of tokens seen in the history. `> 0`, 1 = off.
+    /// Divides positive / multiplies negative logits of tokens seen in the prompt or the
+    /// output. `> 0`, 1 = off.
     pub repetition_penalty: f32,
-    /// Subtracted once from the logit of every token seen in the history. `-2..=2`.
+    /// Subtracted once from the logit of every token seen in the output. `-2..=2`.
     pub presence_penalty: f32,
-    /// Subtracted from a token's logit once per occurrence in the history. `-2..=2`.
+    /// Subtracted from a token's logit once per occurrence in the output. `-2..=2`.
     pub frequency_penalty: f32,
     /// `(token, bias)` added to the logits first; -100 effectively bans, +100 forces. `-100..=100`.
     pub logit_bias: Vec<(u32, f32)>,
@@ -162,7 +162,8 @@ pub struct Sampler {
     /// Non-greedy draws made so far (the position in the random stream).
     draws: u64,
     rng: ChaCha8Rng,
-    /// `[vocab]` occurrence counts of the current history; all zero between calls.
+    /// `[vocab]`: 1 + occurrences in the output for each token of the current history;
+    /// all zero between calls.
     counts: Vec<u32>,
     /// Distinct tokens of the current history.
     seen: Vec<u32>,
@@ -252,9 +253,10 @@ impl Sampler {
     }
 
     /// Picks the next token from `logits` (`[vocab]`; finite or -inf), given the
-    /// sequence's `history` (prompt + generated so far; read only when a penalty is on).
+    /// sequence's `history` (prompt + generated so far; read only when a penalty is on),
+    /// whose last `generated` tokens are the sequence's output (more than its length: all).
     /// On return `logits` holds the biased and penalised values (before temperature).
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Result<Sampled, SamplingError> {
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32], generated: usize) -> Result<Sampled, SamplingError> {
         let vocab = logits.len();
         if vocab == 0 {
             return Err(SamplingError::EmptyLogits);
@@ -281,7 +283,7 @@ impl Sampler {
             logits[token as usize] += bias;
         }
         if penalise {
-            self.apply_penalties(logits, history);
+            self.apply_penalties(logits, history, generated);
         }
 
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -327,9 +329,9 @@ impl Sampler {
         Ok(Sampled { token, logprob: if wanted { logprob(token) } else { 0.0 }, top })
     }
 
-    /// Repetition, then presence and frequency penalties, on the tokens of `history`
-    /// (all ids already checked to be in the vocabulary).
-    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+    /// Repetition on the tokens of `history`, then presence and frequency penalties on those
+    /// of its last `generated` (all ids already checked to be in the vocabulary).
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32], generated: usize) {
         let p = &self.params;
         if self.counts.len() != logits.len() {
             self.counts.clear();
@@ -340,20 +342,25 @@ impl Sampler {
             let c = &mut self.counts[t as usize];
             if *c == 0 {
                 self.seen.push(t);
+                *c = 1;
             }
-            *c += 1;
+        }
+        for &t in &history[history.len().saturating_sub(generated)..] {
+            self.counts[t as usize] += 1;
         }
         for &t in &self.seen {
             let (l, c) = (&mut logits[t as usize], &mut self.counts[t as usize]);
-            // A tiny penalty (any value > 0 is valid) can push a positive logit past f32's
-            // range: held at the largest finite value, the token is as certain as asked
-            // and the logprobs stay defined. A negative one may reach -inf: a ban.
+            let out = *c - 1; // occurrences in the output
+                              // A tiny penalty (any value > 0 is valid) can push a positive logit past f32's
+                              // range: held at the largest finite value, the token is as certain as asked
+                              // and the logprobs stay defined. A negative one may reach -inf: a ban.
             if *l > 0.0 {
                 *l = (*l / p.repetition_penalty).min(f32::MAX);
             } else {
                 *l *= p.repetition_penalty;
             }
-            *l -= *c as f32 * p.frequency_penalty + p.presence_penalty;
+            // The GPU kernel's operations exactly (sampling.cu): the same bits.
+            *l -= out as f32 * p.frequency_penalty + if out > 0 { p.presence_penalty } else { 0.0 };
             *c = 0;
         }
     }

@@ -8,7 +8,7 @@ use tessera_kernels::GgmlType;
 use tessera_worker::backend::Backend;
 use tessera_worker::executor::{Executor, NewSequence, Run, StepInput};
 use tessera_worker::llama::LlamaModel;
-use tessera_worker::sampling::{argmax, SamplingParams};
+use tessera_worker::sampling::{argmax, Sampler, SamplingParams};
 use tessera_worker::session::Session;
 
 fn model() -> LlamaModel {
@@ -126,6 +126,94 @@ fn lookahead_runs_take_the_token_sampled_before() {
         got.push(out.sampled[0].1.token);
     }
     assert_eq!(got, want);
+}
+
+/// Presence and frequency penalties count the sequence's output, not its prompt (vLLM's
+/// rule; the repetition penalty counts both), however the prompt arrives: in one run, in
+/// chunks, or re-admitted after a preemption with its earlier output folded into the prompt
+/// runs. The reference is a private session whose sampler is told which tokens are output;
+/// the prompt is chosen so that counting it too would change the tokens.
+#[test]
+fn penalties_count_the_output_not_the_prompt() {
+    let m = model();
+    let params = SamplingParams {
+        presence_penalty: 2.0,
+        frequency_penalty: 2.0,
+        repetition_penalty: 1.3,
+        ..SamplingParams::greedy()
+    };
+    let n = 6;
+    let reference = |prompt: &[u32], count_prompt: bool| -> Vec<u32> {
+        let mut s = Session::new(&m, 64);
+        let mut sampler = Sampler::new(params.clone()).expect("params");
+        let mut logits = s.feed(prompt, false).expect("prefill");
+        let mut history = prompt.to_vec();
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let generated = if count_prompt { history.len() } else { out.len() };
+            let t = sampler.sample(&mut logits, &history, generated).expect("sample").token;
+            out.push(t);
+            history.push(t);
+            logits = s.feed(&[t], false).expect("decode");
+        }
+        out
+    };
+    // A prompt ending in four copies of the token greedy decoding would pick next.
+    let (prompt, want) = (1..40)
+        .find_map(|seed| {
+            let mut p = synthetic::tokens(TINY.vocab, 12, seed);
+            let t = greedy_alone(&m, &p, 1)[0];
+            p.extend([t; 4]);
+            let want = reference(&p, false);
+            (want != reference(&p, true)).then_some((p, want))
+        })
+        .expect("a prompt where counting it changes the output");
+    let table: Vec<u32> = (0..6).collect();
+    let seq = |num_generated: u64| NewSequence {
+        seq_id: 1,
+        params: params.clone(),
+        block_table: table.clone(),
+        cached_tokens: Vec::new(),
+        num_generated,
+    };
+    let run = |tokens: Vec<u32>, first_pos: usize, sample: bool| Run {
+        seq_id: 1,
+        tokens,
+        first_pos,
+        sample,
+        from_previous: false,
+    };
+    // (label, prompt runs as (start, end, sample), tokens generated before admission)
+    let cases: [(&str, Vec<(usize, usize, bool)>, usize); 3] = [
+        ("one run", vec![(0, prompt.len(), true)], 0),
+        ("chunked", vec![(0, 5, false), (5, prompt.len(), true)], 0),
+        ("re-admitted after 3", vec![(0, prompt.len() + 3, true)], 3),
+    ];
+    for (label, runs, prior) in cases {
+        let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
+        let all: Vec<u32> = prompt.iter().chain(&want[..prior]).copied().collect();
+        let mut got = want[..prior].to_vec();
+        for (i, &(a, b, sample)) in runs.iter().enumerate() {
+            let out = ex
+                .step(StepInput {
+                    new_sequences: if i == 0 { vec![seq(prior as u64)] } else { Vec::new() },
+                    runs: vec![run(all[a..b].to_vec(), a, sample)],
+                    ..Default::default()
+                })
+                .expect("prompt run");
+            if sample {
+                got.push(out.sampled[0].1.token);
+            }
+        }
+        while got.len() < n {
+            let pos = prompt.len() + got.len() - 1;
+            let out = ex
+                .step(StepInput { runs: vec![run(vec![*got.last().unwrap()], pos, true)], ..Default::default() })
+                .expect("decode step");
+            got.push(out.sampled[0].1.token);
+        }
+        assert_eq!(got, want, "{label}");
+    }
 }
 
 #[test]

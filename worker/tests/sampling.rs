@@ -33,7 +33,7 @@ fn sampler(params: SamplingParams) -> Sampler {
 
 fn draw(s: &mut Sampler, logits: &[f32]) -> Sampled {
     let mut l = logits.to_vec();
-    s.sample(&mut l, &[]).unwrap()
+    s.sample(&mut l, &[], 0).unwrap()
 }
 
 /// Draws `n` tokens and counts them per id.
@@ -229,11 +229,16 @@ fn truncations_apply_in_order_top_k_then_top_p_then_min_p() {
     assert_support("top_k+top_p+min_p", &c, &set);
 }
 
+/// Repetition penalises every token of the sequence; presence and frequency only the
+/// output's (the last `generated` of the history), as vLLM counts them.
 #[test]
 fn penalties_and_bias_change_exactly_the_right_logits() {
     let logits = rand_logits(14, 100, -5.0, 5.0);
-    // Tokens 3 (x3), 10, 50 (x2), 77; 77 also gets a bias; 20 only a bias.
+    // Prompt 3, 10, 50; output 3, 77, 50, 3 (so 3 x2, 50 x1, 77 x1 in the output, 10 only
+    // in the prompt); 77 also gets a bias, 20 only a bias.
     let history = [3u32, 10, 50, 3, 77, 50, 3];
+    let generated = 4;
+    let output = &history[history.len() - generated..];
     let (rp, pres, freq) = (1.3f32, 0.5f32, 0.25f32);
     let bias = vec![(77u32, 2.5f32), (20, -1.5)];
     let params = SamplingParams {
@@ -244,9 +249,10 @@ fn penalties_and_bias_change_exactly_the_right_logits() {
         ..SamplingParams::greedy()
     };
     let mut got = logits.clone();
-    sampler(params).sample(&mut got, &history).unwrap();
+    sampler(params).sample(&mut got, &history, generated).unwrap();
     for (i, (&g, &l)) in got.iter().zip(&logits).enumerate() {
-        let count = history.iter().filter(|&&t| t as usize == i).count();
+        let seen = history.iter().any(|&t| t as usize == i);
+        let count = output.iter().filter(|&&t| t as usize == i).count();
         let l = f64::from(l)
             + if i == 77 {
                 2.5
@@ -255,17 +261,20 @@ fn penalties_and_bias_change_exactly_the_right_logits() {
             } else {
                 0.0
             };
-        let want = if count == 0 {
+        let want = if !seen {
             l
         } else {
             let l = if l > 0.0 { l / f64::from(rp) } else { l * f64::from(rp) };
-            l - count as f64 * f64::from(freq) - f64::from(pres)
+            l - count as f64 * f64::from(freq) - if count > 0 { f64::from(pres) } else { 0.0 }
         };
-        assert!((f64::from(g) - want).abs() < 1e-5, "token {i} (count {count}): got {g}, want {want}");
-        if count == 0 && i != 20 && i != 77 {
+        assert!((f64::from(g) - want).abs() < 1e-5, "token {i} (output count {count}): got {g}, want {want}");
+        if !seen && i != 20 && i != 77 {
             assert_eq!(g, logits[i], "token {i} is not in the history but changed");
         }
     }
+    // Token 10, only in the prompt: the repetition penalty alone.
+    let l10 = logits[10];
+    assert_eq!(got[10], if l10 > 0.0 { l10 / rp } else { l10 * rp });
     // Both signs of logit were penalised in the history.
     assert!(history.iter().any(|&t| logits[t as usize] > 0.0) && history.iter().any(|&t| logits[t as usize] < 0.0));
 }
@@ -280,7 +289,7 @@ fn tiny_repetition_penalty_keeps_logits_finite() {
     let neg = (0..64u32).find(|&t| logits[t as usize] < -1.0).expect("a negative logit");
     let params = SamplingParams { repetition_penalty: 1e-38, logprobs: Some(2), ..SamplingParams::greedy() };
     let mut got = logits.clone();
-    let s = sampler(params).sample(&mut got, &[pos, neg]).expect("sampled");
+    let s = sampler(params).sample(&mut got, &[pos, neg], 0).expect("sampled");
     assert_eq!(s.token, pos);
     assert_eq!(got[pos as usize], f32::MAX);
     assert!(s.logprob.is_finite() && s.logprob <= 0.0, "logprob {}", s.logprob);
@@ -303,7 +312,7 @@ fn repeated_logit_biases_merge_in_order() {
     let logits = rand_logits(41, 16, -2.0, 2.0);
     let params = SamplingParams { logit_bias: vec![(3, 1.5), (7, -0.5), (3, 0.25)], ..SamplingParams::greedy() };
     let mut got = logits.clone();
-    sampler(params).sample(&mut got, &[]).unwrap();
+    sampler(params).sample(&mut got, &[], 0).unwrap();
     assert_eq!(got[3], logits[3] + (1.5 + 0.25));
     assert_eq!(got[7], logits[7] - 0.5);
 }
@@ -318,7 +327,7 @@ fn logit_bias_bans_and_forces() {
         assert_ne!(draw(&mut s, &logits).token, best);
     }
     let mut processed = logits.clone();
-    s.sample(&mut processed, &[]).unwrap();
+    s.sample(&mut processed, &[], 0).unwrap();
     assert_eq!(processed[best as usize], logits[best as usize] - 100.0);
     let forced = ranked(&softmax(&logits, 1.0))[49] as u32; // the least likely
     let params = SamplingParams {
@@ -435,28 +444,28 @@ fn bad_inputs_are_errors() {
     let logits = rand_logits(21, 10, -1.0, 1.0);
     let mut s = sampler(SamplingParams { logit_bias: vec![(10, 1.0)], ..SamplingParams::greedy() });
     assert_eq!(
-        s.sample(&mut logits.clone(), &[]),
+        s.sample(&mut logits.clone(), &[], 0),
         Err(SamplingError::TokenOutOfVocab { what: "logit_bias", token: 10, vocab: 10 })
     );
     let mut s = sampler(SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() });
     assert!(matches!(
-        s.sample(&mut logits.clone(), &[1, 12]),
+        s.sample(&mut logits.clone(), &[1, 12], 1),
         Err(SamplingError::TokenOutOfVocab { what: "history", token: 12, .. })
     ));
     let mut s = sampler(SamplingParams::default());
-    assert_eq!(s.sample(&mut [], &[]), Err(SamplingError::EmptyLogits));
+    assert_eq!(s.sample(&mut [], &[], 0), Err(SamplingError::EmptyLogits));
     let mut nan = logits.clone();
     nan[4] = f32::NAN;
-    assert!(matches!(s.sample(&mut nan, &[]), Err(SamplingError::BadLogit { token: 4, .. })));
+    assert!(matches!(s.sample(&mut nan, &[], 0), Err(SamplingError::BadLogit { token: 4, .. })));
     let mut inf = logits.clone();
     inf[2] = f32::INFINITY;
-    assert!(matches!(s.sample(&mut inf, &[]), Err(SamplingError::BadLogit { token: 2, .. })));
-    assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 5], &[]), Err(SamplingError::AllBanned));
+    assert!(matches!(s.sample(&mut inf, &[], 0), Err(SamplingError::BadLogit { token: 2, .. })));
+    assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 5], &[], 0), Err(SamplingError::AllBanned));
     // -inf entries are simply never drawn.
     let mut masked = vec![f32::NEG_INFINITY; 10];
     masked[6] = -3.0;
     for _ in 0..50 {
-        assert_eq!(s.sample(&mut masked.clone(), &[]).unwrap().token, 6);
+        assert_eq!(s.sample(&mut masked.clone(), &[], 0).unwrap().token, 6);
     }
 }
 
@@ -467,13 +476,14 @@ fn a_resumed_sampler_continues_the_seeded_stream() {
     let logits: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32) * 0.2).collect();
     let params = SamplingParams { temperature: 1.0, seed: Some(7), ..SamplingParams::default() };
     let mut original = Sampler::new(params.clone()).expect("sampler");
-    let first: Vec<u32> = (0..12).map(|_| original.sample(&mut logits.clone(), &[]).expect("sample").token).collect();
+    let first: Vec<u32> =
+        (0..12).map(|_| original.sample(&mut logits.clone(), &[], 0).expect("sample").token).collect();
     let mut resumed = Sampler::new(params.clone()).expect("sampler");
     resumed.resume_at(5);
-    let rest: Vec<u32> = (0..7).map(|_| resumed.sample(&mut logits.clone(), &[]).expect("sample").token).collect();
+    let rest: Vec<u32> = (0..7).map(|_| resumed.sample(&mut logits.clone(), &[], 0).expect("sample").token).collect();
     assert_eq!(rest, first[5..]);
     // Not resumed, it would repeat the start instead (so the test can tell the two apart).
     let mut fresh = Sampler::new(params).expect("sampler");
-    let again: Vec<u32> = (0..7).map(|_| fresh.sample(&mut logits.clone(), &[]).expect("sample").token).collect();
+    let again: Vec<u32> = (0..7).map(|_| fresh.sample(&mut logits.clone(), &[], 0).expect("sample").token).collect();
     assert_ne!(again, first[5..]);
 }

@@ -146,8 +146,11 @@ impl Device {
     ///
     /// Per-row adjustments are CSR lists: row `r` owns entries `offsets[r]..offsets[r + 1]`
     /// (`offsets`: `[n_rows + 1]`). Bias entries `(bias_tokens, bias_values)` are added
-    /// first, then penalties apply to `(pen_tokens, pen_counts)` = (token, occurrences in
-    /// the history; 0 = not seen). Within a row a token appears at most once per list.
+    /// first, then penalties apply to `(pen_tokens, pen_counts)`: one entry per distinct token
+    /// of the sequence (prompt and output), count = 1 + the token's occurrences in the output
+    /// (0: no entry). The repetition penalty applies to every entry, presence and frequency to
+    /// the output occurrences only (vLLM's rule). Within a row a token appears at most once
+    /// per list.
     /// Entry arrays may be longer than the offsets use (e.g. padded so that none is empty).
     /// Device-side values cannot be checked here: a token `>= vocab` or offsets out of
     /// order are skipped and reported in [`SampledRow::flags`], as are NaN / +inf logits

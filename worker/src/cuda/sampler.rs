@@ -24,7 +24,9 @@ use crate::sampling::{merged_bias, Sampled, SamplingError, SamplingParams, MAX_L
 #[derive(Debug, Clone)]
 pub struct RowRequest {
     pub params: SampleParams,
-    /// `(token, occurrences in the history)` of each distinct token, when a penalty is on.
+    /// `(token, 1 + occurrences in the output)` of each distinct token of the history, when
+    /// a penalty is on (the kernel's entry: repetition on all, presence and frequency on the
+    /// output occurrences).
     pub penalties: Vec<(u32, u32)>,
     pub bias: Vec<(u32, f32)>,
     /// The row's allowed-token mask, being computed beside the forward pass (constrained
@@ -34,13 +36,15 @@ pub struct RowRequest {
 
 impl RowRequest {
     /// The request of a sequence with `params`, at stream position `(seed, draw)`, whose
-    /// history (prompt and generated tokens) is `history` (read only for penalties).
-    /// Token ids are checked against `vocab` here, as the CPU sampler does.
+    /// history (prompt and generated tokens) is `history` (read only for penalties), its
+    /// last `generated` tokens the output. Token ids are checked against `vocab` here, as
+    /// the CPU sampler does.
     pub fn new(
         params: &SamplingParams,
         seed: u64,
         draw: u64,
         history: &[u32],
+        generated: usize,
         vocab: usize,
     ) -> Result<Self, SamplingError> {
         let check = |what, token: u32| {
@@ -57,11 +61,14 @@ impl RowRequest {
             params.repetition_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
         let mut penalties = Vec::new();
         if penalise {
-            let mut sorted = history.to_vec();
+            // (token, whether this occurrence is output), grouped by token.
+            let split = history.len().saturating_sub(generated);
+            let mut sorted: Vec<(u32, bool)> = history.iter().enumerate().map(|(i, &t)| (t, i >= split)).collect();
             sorted.sort_unstable();
-            for run in sorted.chunk_by(|a, b| a == b) {
-                check("history", run[0])?;
-                penalties.push((run[0], run.len() as u32));
+            for run in sorted.chunk_by(|a, b| a.0 == b.0) {
+                check("history", run[0].0)?;
+                let out = run.iter().filter(|e| e.1).count();
+                penalties.push((run[0].0, 1 + out as u32));
             }
         }
         // The kernel takes one entry per token (a sequence's sampler merged them already).
@@ -271,4 +278,29 @@ fn to_sampled(r: SampledRow) -> Result<Sampled, SamplingError> {
         return Err(SamplingError::BadLogit { token: r.token as usize, value: f32::NAN });
     }
     Ok(Sampled { token: r.token, logprob: r.logprob, top: r.top })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's penalty entries: every distinct token of the history, count 1 + its
+    /// occurrences in the output (the last `generated` tokens), in token order; none when
+    /// no penalty is on; a token past the vocabulary is refused.
+    #[test]
+    fn penalty_entries_count_output_occurrences_plus_one() {
+        let params = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() };
+        // Prompt 7, 3, 7, 9; output 3, 5, 3.
+        let history = [7u32, 3, 7, 9, 3, 5, 3];
+        let req = RowRequest::new(&params, 1, 0, &history, 3, 10).expect("request");
+        assert_eq!(req.penalties, vec![(3, 3), (5, 2), (7, 1), (9, 1)]);
+        // Everything output / nothing output / more than the history (all of it).
+        let all = RowRequest::new(&params, 1, 0, &history, 7, 10).expect("request");
+        assert_eq!(all.penalties, vec![(3, 4), (5, 2), (7, 3), (9, 2)]);
+        assert_eq!(RowRequest::new(&params, 1, 0, &history, 99, 10).expect("request").penalties, all.penalties);
+        let none = RowRequest::new(&params, 1, 0, &history, 0, 10).expect("request");
+        assert_eq!(none.penalties, vec![(3, 1), (5, 1), (7, 1), (9, 1)]);
+        assert!(RowRequest::new(&SamplingParams::greedy(), 1, 0, &history, 3, 10).expect("request").penalties.is_empty());
+        assert!(RowRequest::new(&params, 1, 0, &history, 3, 8).is_err(), "token 9 is past a vocabulary of 8");
+    }
 }
