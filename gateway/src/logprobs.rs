@@ -36,17 +36,22 @@ pub fn chat(codec: &dyn Codec, entries: &[TokenLogprob]) -> ChatLogprobs {
     ChatLogprobs { content }
 }
 
-/// `text_offset` continues from `*offset` (characters of the choice's tokens so far).
+/// `text_offset` continues from `*offset` (characters of the choice's tokens so far). Each
+/// `top_logprobs` map holds the sampled token besides its `logprobs` alternatives, as OpenAI
+/// documents (up to `logprobs + 1` entries; with `logprobs: 0` just the sampled token).
 pub fn completion(codec: &dyn Codec, entries: &[TokenLogprob], offset: &mut u32) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
     for e in entries {
         let (text, _) = token(codec, e.id);
         out.text_offset.push(*offset);
         *offset += text.chars().count() as u32;
-        out.tokens.push(text);
         out.token_logprobs.push(wire_logprob(e.logprob));
-        let top: Map<String, Value> =
+        let mut top: Map<String, Value> =
             e.top.iter().map(|&(id, lp)| (token(codec, id).0, Value::from(wire_logprob(lp)))).collect();
+        if !e.top.iter().any(|&(id, _)| id == e.id) {
+            top.entry(text.clone()).or_insert_with(|| Value::from(wire_logprob(e.logprob)));
+        }
+        out.tokens.push(text);
         out.top_logprobs.push(top);
     }
     out

@@ -76,7 +76,8 @@ async fn legacy_logprobs() {
     assert_eq!(lp["token_logprobs"], json!(want_lp));
     // Offsets count the characters of the token strings before each token.
     assert_eq!(lp["text_offset"], json!([0, 1, 2]));
-    let first_top = json!({"i": -2.0 / 8.0, "j": -3.0 / 8.0});
+    // The sampled token is always there besides the alternatives (OpenAI: up to logprobs + 1).
+    let first_top = json!({"h": -1.0 / 8.0, "i": -2.0 / 8.0, "j": -3.0 / 8.0});
     assert_eq!(lp["top_logprobs"][0], first_top);
     assert_eq!(lp["top_logprobs"].as_array().map(Vec::len), Some(3));
 }
@@ -99,6 +100,13 @@ async fn streaming_completion_with_usage() {
         .flatten()
         .collect();
     assert_eq!(offsets, vec![json!(0), json!(1), json!(2)]);
+    // logprobs 0: no alternatives, but the sampled token's own entry.
+    let tops: Vec<Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["top_logprobs"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(tops, vec![json!({"4": -1.0 / 8.0}), json!({":": -2.0 / 8.0}), json!({"0": -3.0 / 8.0})]);
     let finish = &chunks[chunks.len() - 2]["choices"][0];
     assert_eq!((finish["text"].as_str(), finish["finish_reason"].as_str()), (Some(""), Some("stop")));
     let usage = &chunks[chunks.len() - 1];
