@@ -83,14 +83,14 @@ impl ChoiceAssembler {
     /// `stop_ids` sorted (as in `SamplingSpec::stop_token_ids`).
     pub fn new(
         decoder: Box<dyn StreamDecoder>,
-        stop_strings: &[String],
+        matcher: StopMatcher,
         stop_ids: Vec<u32>,
         want_logprobs: bool,
         vocab_size: u32,
     ) -> Self {
         ChoiceAssembler {
             decoder,
-            matcher: StopMatcher::new(stop_strings),
+            matcher,
             stop_ids,
             want_logprobs,
             vocab_size,
@@ -224,7 +224,13 @@ mod tests {
 
     fn assembler(stops: &[&str], logprobs: bool) -> ChoiceAssembler {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        ChoiceAssembler::new(ByteCodec::new("t").new_stream_decoder(), &stops, vec![EOS], logprobs, VOCAB)
+        ChoiceAssembler::new(
+            ByteCodec::new("t").new_stream_decoder(),
+            StopMatcher::new(&stops),
+            vec![EOS],
+            logprobs,
+            VOCAB,
+        )
     }
 
     fn token(id: u32, lp: f32) -> Option<EngineEvent> {

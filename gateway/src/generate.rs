@@ -11,6 +11,7 @@ use crate::engine::{EventStream, GenerateRequest};
 use crate::error::ApiError;
 use crate::metrics::{ChoiceClock, RequestTracker};
 use crate::openai::common::{PromptTokensDetails, Usage};
+use crate::stop::StopMatcher;
 use crate::validate::CommonParams;
 
 /// One tokenized prompt and its resolved completion budget.
@@ -203,10 +204,10 @@ impl UsageTally {
 }
 
 /// The assembler for one planned sequence.
-pub fn assembler(state: &AppState, req: &GenerateRequest, stop_strings: &[String]) -> ChoiceAssembler {
+pub fn assembler(state: &AppState, req: &GenerateRequest, params: &CommonParams) -> ChoiceAssembler {
     ChoiceAssembler::new(
         state.codec().new_stream_decoder(),
-        stop_strings,
+        StopMatcher::new(&params.stop_strings).including_stop(params.include_stop_str),
         req.params.stop_token_ids.clone(),
         req.params.logprobs.is_some(),
         state.codec().vocab_size(),
@@ -221,7 +222,7 @@ pub async fn start(
     params: &CommonParams,
 ) -> Result<Vec<impl Stream<Item = ChoiceItem> + Send + 'static>, ApiError> {
     let requests = plan(response_id, prompts, params);
-    let assemblers: Vec<ChoiceAssembler> = requests.iter().map(|r| assembler(state, r, &params.stop_strings)).collect();
+    let assemblers: Vec<ChoiceAssembler> = requests.iter().map(|r| assembler(state, r, params)).collect();
     let receivers = admit(state, requests).await?;
     let tracker = RequestTracker::current();
     tracker.admitted(prompts, params.n);

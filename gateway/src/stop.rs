@@ -4,7 +4,8 @@
 //! split: the text before the stop string that *completes* first (the occurrence with the
 //! lowest end offset; on a tie, the longer one), as a streaming matcher must decide, since it
 //! cannot wait to see whether a longer stop string that started earlier will complete too.
-//! The stop string itself is never sent. So text that could
+//! The stop string itself is not sent unless the matcher was built to include it (vLLM's
+//! `include_stop_str_in_output`). So text that could
 //! still grow into a stop string (a suffix that is a proper prefix of one) is held back until
 //! the next piece decides it. Each push scans only the held-back tail plus the new piece, so
 //! the work is O(piece + longest stop) per token.
@@ -26,13 +27,21 @@ pub struct StopMatcher {
     stopped: bool,
     /// The stop string that matched, once one has.
     matched: Option<String>,
+    /// Whether the text ends after the matched stop string (else before it).
+    include: bool,
 }
 
 impl StopMatcher {
     /// Empty stop strings are ignored (they would match before any text).
     pub fn new(stops: &[String]) -> Self {
         let stops = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
-        StopMatcher { stops, held: String::new(), stopped: false, matched: None }
+        StopMatcher { stops, held: String::new(), stopped: false, matched: None, include: false }
+    }
+
+    /// This matcher, ending the text after the stop string instead of before it.
+    pub fn including_stop(mut self, include: bool) -> Self {
+        self.include = include;
+        self
     }
 
     pub fn is_empty(&self) -> bool {
@@ -55,9 +64,9 @@ impl StopMatcher {
         self.held.push_str(piece);
         if let Some((at, stop)) = self.earliest_match() {
             self.stopped = true;
-            self.matched = Some(stop);
             let mut out = std::mem::take(&mut self.held);
-            out.truncate(at);
+            out.truncate(if self.include { at + stop.len() } else { at });
+            self.matched = Some(stop);
             return StopStep::Stopped(out);
         }
         let keep_from = self.partial_match_start();
@@ -102,19 +111,24 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
     use rand_core::{Rng, SeedableRng};
 
-    /// The reference: scan the whole text for the first position where a stop string ends.
-    fn whole_text(text: &str, stops: &[String]) -> (String, bool) {
+    /// The reference: scan the whole text for the first position where a stop string ends;
+    /// the text up to its start, or (`include`) its end.
+    fn whole_text(text: &str, stops: &[String], include: bool) -> (String, bool) {
         for end in (1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
             let longest = stops.iter().filter(|s| !s.is_empty() && text.as_bytes()[..end].ends_with(s.as_bytes()));
             if let Some(s) = longest.max_by_key(|s| s.len()) {
-                return (text[..end - s.len()].to_owned(), true);
+                return (text[..if include { end } else { end - s.len() }].to_owned(), true);
             }
         }
         (text.to_owned(), false)
     }
 
     fn pieces(text: &str, stops: &[String], cuts: &[usize]) -> (String, bool) {
-        let mut m = StopMatcher::new(stops);
+        pieces_with(text, stops, cuts, false)
+    }
+
+    fn pieces_with(text: &str, stops: &[String], cuts: &[usize], include: bool) -> (String, bool) {
+        let mut m = StopMatcher::new(stops).including_stop(include);
         let mut out = String::new();
         let mut last = 0;
         for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
@@ -151,11 +165,15 @@ mod tests {
         for _ in 0..3000 {
             let text = word(&mut rng, 40);
             let stops: Vec<String> = (0..1 + rng.next_u32() % 4).map(|_| word(&mut rng, 5)).collect();
-            let want = whole_text(&text, &stops);
+            let want = whole_text(&text, &stops, false);
             stopped += want.1 as usize;
-            for _ in 0..4 {
-                let cuts = random_cuts(&mut rng, &text);
-                assert_eq!(pieces(&text, &stops, &cuts), want, "text {text:?} stops {stops:?} cuts {cuts:?}");
+            for include in [false, true] {
+                let want = whole_text(&text, &stops, include);
+                for _ in 0..2 {
+                    let cuts = random_cuts(&mut rng, &text);
+                    let got = pieces_with(&text, &stops, &cuts, include);
+                    assert_eq!(got, want, "text {text:?} stops {stops:?} cuts {cuts:?} include {include}");
+                }
             }
         }
         // Both outcomes must be exercised for the comparison to mean something.

@@ -29,6 +29,8 @@ pub struct CommonParams {
     pub include_usage: bool,
     pub n: u32,
     pub stop_strings: Vec<String>,
+    /// vLLM's `include_stop_str_in_output`: the matched stop string stays in the text.
+    pub include_stop_str: bool,
     /// What the client asked for; resolved per prompt by `resolve_max_tokens`.
     pub max_tokens: Option<u32>,
     /// Everything but `max_tokens` and `seed`, which are set per sequence.
@@ -61,6 +63,11 @@ pub fn common(
         }
         Some(m) => Some(u32::try_from(m).unwrap_or(u32::MAX)),
     };
+    match f.min_tokens {
+        Some(m) if m < 0 => return Err(ApiError::invalid("min_tokens", format!("min_tokens must be >= 0, got {m}"))),
+        Some(m) if m > 0 => return Err(ApiError::invalid("min_tokens", "min_tokens is not supported")),
+        _ => {}
+    }
     let ignore_eos = f.ignore_eos.unwrap_or(false);
     let mut stop_token_ids = token_ids("stop_token_ids", f.stop_token_ids.as_deref().unwrap_or(&[]), vocab)?;
     if !ignore_eos {
@@ -91,7 +98,15 @@ pub fn common(
         logprobs,
         constraint: None,
     };
-    Ok(CommonParams { stream, include_usage, n, stop_strings: stop_strings(f.stop.as_ref())?, max_tokens, spec })
+    Ok(CommonParams {
+        stream,
+        include_usage,
+        n,
+        stop_strings: stop_strings(f.stop.as_ref())?,
+        include_stop_str: f.include_stop_str_in_output.unwrap_or(false),
+        max_tokens,
+        spec,
+    })
 }
 
 /// Chat's `logprobs` (bool) and `top_logprobs` (0..=20, only with `logprobs: true`).

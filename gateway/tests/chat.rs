@@ -198,6 +198,48 @@ async fn stop_string_split_over_tokens_is_cut() {
     }
 }
 
+/// vLLM's `include_stop_str_in_output`: the text ends after the stop string instead of
+/// before it, streamed or not.
+#[tokio::test]
+async fn include_stop_str_in_output_keeps_the_stop_string() {
+    for stream in [false, true] {
+        let app = router(config(), engine_replying("The answer is 42.</ans> trailing", true, 0));
+        let body =
+            json!({"messages": user("q"), "stop": ["</ans>"], "include_stop_str_in_output": true, "stream": stream});
+        let r = post_json(&app, "/v1/chat/completions", &body).await;
+        let content = if stream {
+            deltas(&r.events(), 0).concat()
+        } else {
+            r.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
+        };
+        assert_eq!(content, "The answer is 42.</ans>", "stream {stream}");
+    }
+}
+
+/// vLLM's `continue_final_message`: the prompt ends inside the final assistant message, right
+/// after its text, with no generation prompt (add_generation_prompt defaults to false then).
+#[tokio::test]
+async fn continue_final_message_ends_the_prompt_inside_the_assistant_turn() {
+    let engine = engine_replying(" name", true, 0);
+    let app = router(config(), engine.clone());
+    let body = json!({"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello, my"}
+    ], "continue_final_message": true});
+    let r = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], " name");
+    assert_eq!(engine.log().requests[0].prompt_ids, ids("<|bos|><|user|>Hi\n<|assistant|>Hello, my"));
+    // Without it, the same messages close the assistant turn and open a new one.
+    let body = json!({"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello, my"}
+    ]});
+    post_json(&app, "/v1/chat/completions", &body).await;
+    let want = ids("<|bos|><|user|>Hi\n<|assistant|>Hello, my\n<|assistant|>");
+    assert_eq!(engine.log().requests[1].prompt_ids, want);
+}
+
 #[tokio::test]
 async fn stop_string_as_plain_string_and_held_text_before_length() {
     let app = router(config(), engine_replying("xy </an", false, 0));

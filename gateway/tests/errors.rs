@@ -64,6 +64,23 @@ async fn chat_validation_errors_name_their_param() {
         (chat(json!({"stream_options": {"include_usage": true}})), "stream_options"),
         (chat(json!({"stream": "yes"})), "stream"),
         (chat(json!({"seed": 1.5})), "seed"),
+        // vLLM fields this server does not implement are refused, not ignored.
+        (chat(json!({"min_tokens": 5})), "min_tokens"),
+        (chat(json!({"min_tokens": -1})), "min_tokens"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                   "continue_final_message": true, "add_generation_prompt": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}],
+                   "continue_final_message": true}),
+            "continue_final_message",
+        ),
         (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
         (
             json!({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]}),

@@ -21,6 +21,7 @@ use crate::openai::chat::{
 use crate::openai::common::{SamplingFields, Usage};
 use crate::request_trace::{Operation, RequestTrace};
 use crate::sse::{sse_response, ChunkRenderer};
+use crate::tools::openai::PromptEnd;
 use crate::validate;
 
 pub async fn chat_completions(
@@ -32,6 +33,20 @@ pub async fn chat_completions(
     let result = chat(state, body, &trace).with_context(trace.context()).await;
     trace.handler_result(&result);
     result
+}
+
+/// Where the rendered prompt ends: `add_generation_prompt` (default true) and vLLM's
+/// `continue_final_message` (which defaults the former to false; both true is refused).
+fn prompt_end(req: &ChatCompletionRequest) -> Result<PromptEnd, ApiError> {
+    match (req.continue_final_message.unwrap_or(false), req.add_generation_prompt) {
+        (true, Some(true)) => Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message and add_generation_prompt cannot both be true",
+        )),
+        (true, _) => Ok(PromptEnd::ContinueFinal),
+        (false, Some(false)) => Ok(PromptEnd::Closed),
+        (false, _) => Ok(PromptEnd::GenerationPrompt),
+    }
 }
 
 async fn chat(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) -> Result<Response, ApiError> {
@@ -48,7 +63,7 @@ async fn chat(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) ->
     validate::chat_messages(&req.messages)?;
     // Tool calling (tools/openai.rs): tools, tool_choice and tool turns validated, the prompt
     // rendered with them, and a forced call's grammar set.
-    let tools = crate::tools::openai::prepare(&state, &body, req.add_generation_prompt.unwrap_or(true))?;
+    let tools = crate::tools::openai::prepare(&state, &body, prompt_end(&req)?)?;
     crate::tools::grammar::apply(&state, &tools.tools, tools.syntax, &mut params.spec).await?;
     trace.request(&params);
     drop(validate);

@@ -13,8 +13,11 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<i64>,
     /// Newer name of `max_tokens`; wins when both are given.
     pub max_completion_tokens: Option<i64>,
-    /// vLLM extension (default true).
+    /// vLLM extension (default true, false with `continue_final_message`).
     pub add_generation_prompt: Option<bool>,
+    /// vLLM extension: the model continues the final (assistant) message instead of
+    /// starting a new one.
+    pub continue_final_message: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

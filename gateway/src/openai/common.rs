@@ -28,6 +28,10 @@ pub struct SamplingFields {
     pub min_p: Option<f64>,
     pub repetition_penalty: Option<f64>,
     pub ignore_eos: Option<bool>,
+    /// Ends the text after the matched stop string instead of before it.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Refused when above 0 (not implemented): silently ignoring it would change the output.
+    pub min_tokens: Option<i64>,
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
     /// Token id (as a string) -> bias in [-100, 100].

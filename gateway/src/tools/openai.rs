@@ -36,14 +36,49 @@ pub struct Prepared {
     pub prompt: String,
 }
 
+/// How the rendered prompt ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptEnd {
+    /// After the last message (`add_generation_prompt: false`).
+    Closed,
+    /// With the assistant's turn opened (the default).
+    GenerationPrompt,
+    /// Inside the final assistant message, right after its text, which the model then
+    /// continues (vLLM's `continue_final_message`).
+    ContinueFinal,
+}
+
 /// Validates the tool fields and tool turns of a chat body and renders the prompt.
-pub fn prepare(state: &AppState, body: &[u8], add_generation_prompt: bool) -> Result<Prepared, ApiError> {
+pub fn prepare(state: &AppState, body: &[u8], end: PromptEnd) -> Result<Prepared, ApiError> {
     let f: ToolFields = parse_json(body)?;
     let tools = openai_tools(f.tools.as_ref(), f.tool_choice.as_ref(), f.parallel_tool_calls)?;
     let turns = openai_messages(&f.messages)?;
-    let rendered = render(state.codec(), &turns, &tools, add_generation_prompt)
+    let rendered = render(state.codec(), &turns, &tools, end == PromptEnd::GenerationPrompt)
         .map_err(|e| ApiError::from_codec(e, "messages"))?;
-    Ok(Prepared { tools, syntax: rendered.syntax, prompt: rendered.text })
+    let mut prompt = rendered.text;
+    if end == PromptEnd::ContinueFinal {
+        prompt = continue_final(prompt, &turns)?;
+    }
+    Ok(Prepared { tools, syntax: rendered.syntax, prompt })
+}
+
+/// `prompt` (rendered without a generation prompt) cut right after the final message's
+/// text, which must be an assistant's and must appear in it (the last occurrence is taken,
+/// as vLLM does): what follows is the template closing the turn.
+fn continue_final(mut prompt: String, turns: &[crate::tools::spec::Turn]) -> Result<String, ApiError> {
+    const P: &str = "continue_final_message";
+    let last = turns
+        .last()
+        .filter(|t| t.role == "assistant")
+        .ok_or_else(|| ApiError::invalid(P, "continue_final_message needs the final message to be the assistant's"))?;
+    if last.content.is_empty() {
+        return Err(ApiError::invalid(P, "continue_final_message needs text in the final assistant message"));
+    }
+    let at = prompt.rfind(&last.content).ok_or_else(|| {
+        ApiError::invalid(P, "the final assistant message's text does not appear in the rendered prompt")
+    })?;
+    prompt.truncate(at + last.content.len());
+    Ok(prompt)
 }
 
 /// What the response needs besides the choices.
