@@ -51,8 +51,10 @@ pub fn extend_chain(hashes: &mut Vec<u64>, tokens: &[u32], block_size: usize) {
 }
 
 /// A `Hasher` for maps with u64 keys (block hashes, sequence ids): one [`mix64`] instead
-/// of SipHash. Keys are ours, not attacker-chosen hash-flooding material: block hashes
-/// come from our own mixer and sequence ids are assigned by the engine.
+/// of SipHash. Sequence ids are assigned by the engine, but block hashes come from prompt
+/// tokens through a fixed, public function, so a client could precompute blocks whose keys
+/// crowd one region of a map. Accepted: such a client mostly slows its own lookups (the
+/// maps hold at most the cache's blocks), and a keyed hash would cost every step.
 #[derive(Default, Clone, Copy)]
 pub struct U64Hasher(u64);
 

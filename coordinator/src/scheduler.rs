@@ -14,8 +14,10 @@
 //!   to the blocks there are; otherwise the **most recently admitted** running sequence is
 //!   preempted (recompute: its blocks are freed, often staying cached, and it goes back
 //!   to the head of the waiting queue to re-prefill prompt + output) and allocation is
-//!   retried. A sequence may preempt itself when it is the newest. The oldest running
-//!   sequence can always proceed, since `add` refuses anything that cannot fit alone.
+//!   retried. A sequence may preempt itself when it is the newest, or when every newer one
+//!   is still executing (pipelined or lookahead batches are never victims), the oldest
+//!   included; `add` refuses anything that cannot fit alone, so a preempted sequence can
+//!   always be re-admitted once the others' blocks return.
 //! - **Then waiting sequences**, strictly FIFO, while the budget, the sequence cap, the
 //!   blocks and the step message's room for new sequences (`max_step_new_bytes`: their
 //!   sampling parameters and tokens) allow; the head waits if it does not fit (no skipping

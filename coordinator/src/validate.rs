@@ -4,7 +4,15 @@
 //! with INVALID_ARGUMENT, rather than reach a worker and fail the step that every other
 //! sequence of the replica shares.
 
+use prost::Message;
 use tessera_proto::coordinator as cpb;
+
+/// Largest encoded sampling parameters (a structured-output grammar is most of them) a
+/// request may carry: a new sequence's first step message carries them to every worker, and
+/// a step must stay under the workers' message limit (`tessera_proto::MAX_MESSAGE_BYTES`,
+/// 64 MiB) even when such a sequence is admitted alone (the scheduler always lets a step's
+/// first new sequence in). Far above the gateway's own 1 MiB cap on a constraint.
+pub const MAX_SAMPLING_BYTES: usize = 8 << 20;
 
 /// Why a request is refused; the message names the field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -33,6 +41,10 @@ pub fn validate(req: &cpb::GenerateRequest, vocab_size: usize) -> Result<(), Inv
     in_vocab("prompt_ids", &req.prompt_ids)?;
     in_vocab("stop_token_ids", &req.stop_token_ids)?;
     let Some(s) = &req.sampling else { return Ok(()) };
+    let size = s.encoded_len();
+    if size > MAX_SAMPLING_BYTES {
+        return bad(format!("sampling is {size} bytes encoded (its constraint mostly); at most {MAX_SAMPLING_BYTES}"));
+    }
     in_vocab("logit_bias", &s.logit_bias.keys().copied().collect::<Vec<_>>())?;
     let range =
         |name: &str, v: f32, ok: bool| if ok { Ok(()) } else { bad(format!("sampling.{name} = {v} is out of range")) };

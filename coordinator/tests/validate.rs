@@ -82,3 +82,24 @@ fn malformed_requests_are_refused_with_the_field_named() {
         assert!(err.0.contains(field), "message {:?} should name {field}", err.0);
     }
 }
+
+/// A grammar too big for a step message is refused at the edge: admitted, its first step
+/// would be over the workers' message limit and fail the whole replica (then the next one,
+/// as the sequence moved). One at the limit passes.
+#[test]
+fn oversized_sampling_parameters_are_refused() {
+    use tessera_coordinator::validate::MAX_SAMPLING_BYTES;
+    use tessera_proto::worker::{constraint, Constraint};
+    let with_grammar = |bytes: usize| {
+        let kind = Some(constraint::Kind::Lark("x".repeat(bytes)));
+        GenerateRequest {
+            sampling: Some(SamplingParams { constraint: Some(Constraint { kind }), ..Default::default() }),
+            ..req()
+        }
+    };
+    let err = validate(&with_grammar(MAX_SAMPLING_BYTES), 100).expect_err("over the limit");
+    assert!(err.0.contains("sampling"), "{}", err.0);
+    assert_eq!(validate(&with_grammar(MAX_SAMPLING_BYTES - 16), 100), Ok(()));
+    // The limit leaves the step room under the workers' message limit.
+    const { assert!(4 * MAX_SAMPLING_BYTES <= tessera_proto::MAX_MESSAGE_BYTES) };
+}
