@@ -93,6 +93,87 @@ __device__ __forceinline__ u32 owner(u64 it, u64 iters, u64 ctas) {
     return (u32)c;
 }
 
+template <int NT>
+__device__ __forceinline__ void zero_acc(float (&c)[2][NT][4]) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b) c[a][b][0] = c[a][b][1] = c[a][b][2] = c[a][b][3] = 0.f;
+}
+
+// One stage's products (its CH columns): this warp's 32 W rows (two m16 tiles, A from
+// ldmatrix) against every x row (B, two n8 tiles per ldmatrix), into c.
+template <int NT, int CH>
+__device__ __forceinline__ void chunk_mma(float (&c)[2][NT][4], u32 wd, u32 xd) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int kk = 0; kk < CH / 16; ++kk) {
+        u32 a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+            ldsm_x4(wd + swz<CH>(warp * 32 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2],
+                    a[mt][3]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            u32 b0, b1, b2, b3;
+            ldsm_x4(xd + swz<CH>(nt * 8 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                mma(c[mt][nt], a[mt], b0, b1);
+                mma(c[mt][nt + 1], a[mt], b2, b3);
+            }
+        }
+    }
+}
+
+// End of a CTA's part of `tile` (stream-K): returns whether this CTA writes the tile, with
+// `c` then holding its whole sum. A tile one CTA covered whole is its own; otherwise each
+// contributor parks its partial in the workspace (slot 0: its first tile's, slot 1: its last's),
+// and the last to arrive sums every contributor's in CTA order (the same sum every run).
+// `sync` is a barrier of all threads holding accumulators; `is_last` a shared word.
+template <int NT, class Sync>
+__device__ bool finish_tile(float (&c)[2][NT][4], u32 tile, u64 begin, u32 kc, u64 iters, u64 ctas, float* ws,
+                            u32* counters, u32* is_last, Sync sync) {
+    const u32 first = owner((u64)tile * kc, iters, ctas), last = owner((u64)tile * kc + kc - 1, iters, ctas);
+    if (first == last) return true;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    auto slot = [&](u32 cta, u64 cta_begin) {
+        const u32 s = cta * 2 + (tile == (u32)(cta_begin / kc) ? 0 : 1);
+        return reinterpret_cast<float4*>(ws + (u64)s * MAX_TILE * MAX_M) + warp * 2 * NT * 32 + lane;
+    };
+    float4* mine = slot(blockIdx.x, begin);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            __stcg(mine + (mt * NT + nt) * 32, make_float4(c[mt][nt][0], c[mt][nt][1], c[mt][nt][2], c[mt][nt][3]));
+    __threadfence();
+    sync();
+    if (tid == 0) {
+        const u32 done = atomicAdd(counters + tile, 1u) + 1;
+        *is_last = done == last - first + 1;
+        if (*is_last) counters[tile] = 0;
+    }
+    sync();
+    if (!*is_last) return false;
+    __threadfence();
+    zero_acc(c);
+    for (u32 cta = first; cta <= last; ++cta) {
+        const float4* p = slot(cta, run_start(cta, iters, ctas));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float4 v = __ldcg(p + (mt * NT + nt) * 32);
+                c[mt][nt][0] += v.x;
+                c[mt][nt][1] += v.y;
+                c[mt][nt][2] += v.z;
+                c[mt][nt][3] += v.w;
+            }
+    }
+    return true;
+}
+
 // NT = m / 8 (x rows as n8 tiles); m = 8 NT exactly, n % TILE == 0, k % CH == 0. MATH false
 // skips the mma work and the output stores (the copy scheme's own ceiling).
 template <int NT, int P, int CH, int NW, bool MATH>
@@ -135,13 +216,7 @@ skinny_gemm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __re
     };
 
     float c[2][NT][4];
-    auto zero = [&] {
-#pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int b = 0; b < NT; ++b) c[a][b][0] = c[a][b][1] = c[a][b][2] = c[a][b][3] = 0.f;
-    };
-    zero();
+    zero_acc(c);
 
 #pragma unroll
     for (int s = 0; s < P - 1; ++s) issue(begin + s, s);
@@ -152,70 +227,13 @@ skinny_gemm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __re
         __syncthreads();  // stage `stage` is visible; the stage of it - 1 is free
         issue(it + P - 1, stage == 0 ? P - 1 : stage - 1);
         const u32 wd = base + stage * STAGE, xd = wd + W_STAGE;
-#pragma unroll
-        for (int kk = 0; kk < (MATH ? CHUNK / 16 : 0); ++kk) {
-            u32 a[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-                ldsm_x4(wd + swz<CH>(warp * 32 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2],
-                        a[mt][3]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt += 2) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4(xd + swz<CH>(nt * 8 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    mma(c[mt][nt], a[mt], b0, b1);
-                    mma(c[mt][nt + 1], a[mt], b2, b3);
-                }
-            }
-        }
+        if (MATH) chunk_mma<NT, CH>(c, wd, xd);
         stage = stage + 1 == P ? 0 : stage + 1;
 
         if (++ch != kc && it + 1 != end) continue;  // the tile goes on in this run
-        // End of this CTA's part of `tile`: whole, or a partial the last contributor sums.
-        const u32 first = owner((u64)tile * kc, iters, ctas), last = owner((u64)tile * kc + kc - 1, iters, ctas);
         const u32 g = lane >> 2, t4 = lane & 3;
-        bool write = first == last;
-        if (!write) {
-            // Slot 0: the partial of this CTA's first tile, slot 1: of its last.
-            const u32 slot = blockIdx.x * 2 + (tile == (u32)(begin / kc) ? 0 : 1);
-            float4* mine = reinterpret_cast<float4*>(ws + (u64)slot * MAX_TILE * MAX_M) + warp * 2 * NT * 32 + lane;
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-                    __stcg(mine + (mt * NT + nt) * 32, make_float4(c[mt][nt][0], c[mt][nt][1], c[mt][nt][2], c[mt][nt][3]));
-            __threadfence();
-            __syncthreads();
-            __shared__ u32 is_last;
-            if (tid == 0) {
-                const u32 done = atomicAdd(counters + tile, 1u) + 1;
-                is_last = done == last - first + 1;
-                if (is_last) counters[tile] = 0;
-            }
-            __syncthreads();
-            write = is_last;
-            if (write) {
-                __threadfence();
-                zero();
-                for (u32 cta = first; cta <= last; ++cta) {  // CTA order: the same sum every run
-                    const u64 cb = run_start(cta, iters, ctas);
-                    const u32 s = cta * 2 + (tile == (u32)(cb / kc) ? 0 : 1);
-                    const float4* p = reinterpret_cast<const float4*>(ws + (u64)s * MAX_TILE * MAX_M) + warp * 2 * NT * 32 + lane;
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt) {
-                            const float4 v = __ldcg(p + (mt * NT + nt) * 32);
-                            c[mt][nt][0] += v.x;
-                            c[mt][nt][1] += v.y;
-                            c[mt][nt][2] += v.z;
-                            c[mt][nt][3] += v.w;
-                        }
-                }
-            }
-        }
+        __shared__ u32 is_last;
+        const bool write = finish_tile<NT>(c, tile, begin, kc, iters, ctas, ws, counters, &is_last, [] { __syncthreads(); });
         if (write) {
             // c[mt][nt]: W rows r0 + g (e = 0, 1) and r0 + g + 8 (e = 2, 3), tokens nt * 8 + 2 t4 + (e & 1).
 #pragma unroll
@@ -230,7 +248,7 @@ skinny_gemm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __re
                     }
             }
         }
-        zero();
+        zero_acc(c);
         if (ch == kc) ch = 0, ++tile;
     }
     wait_group<0>();
@@ -244,34 +262,7 @@ __global__ void fill_random(bf16* p, u64 n, u32 seed, float scale) {
     }
 }
 
-struct Gemm {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, d;
-    cublasLtMatmulAlgo_t algo;
-};
-static void* g_ws;
-static const size_t WS = 32u << 20;
-
-// out [m, rows] = x [m, cols] . W [rows, cols]^T (column-major D = A^T B), as gemm.rs plans it.
-static Gemm plan(cublasLtHandle_t h, int m, int rows, int cols) {
-    Gemm g;
-    LT(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
-    LT(cublasLtMatrixLayoutCreate(&g.a, CUDA_R_16BF, cols, rows, cols));
-    LT(cublasLtMatrixLayoutCreate(&g.b, CUDA_R_16BF, cols, m, cols));
-    LT(cublasLtMatrixLayoutCreate(&g.d, CUDA_R_16BF, rows, m, rows));
-    cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof(WS)));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(h, g.desc, g.a, g.b, g.d, g.d, pref, 1, &res, &found));
-    if (!found) { printf("no algorithm for %d x %d x %d\n", m, rows, cols); exit(1); }
-    g.algo = res.algo;
-    return g;
-}
+#include "cublaslt_plan.cuh"
 
 static float bf(bf16 v) { u32 u = (u32)v << 16; float f; memcpy(&f, &u, 4); return f; }
 
@@ -379,80 +370,20 @@ skinny_gemm_tma(const __grid_constant__ CUtensorMap wmap, const __grid_constant_
     }
 
     float c[2][NT][4];
-    auto zero = [&] {
-#pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int b = 0; b < NT; ++b) c[a][b][0] = c[a][b][1] = c[a][b][2] = c[a][b][3] = 0.f;
-    };
-    zero();
+    zero_acc(c);
     u32 tile = (u32)(begin / kc), ch = (u32)(begin % kc);
     for (u64 it = begin; it < end; ++it) {
         const u32 j = (u32)(it - begin), s = j % P;
         mbar_wait(full0 + 8 * s, (j / P) & 1);
         const u32 wd = base + s * STAGE, xd = wd + W_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < (MATH ? CHUNK / 16 : 0); ++kk) {
-            u32 a[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-                ldsm_x4(wd + swz<64>(warp * 32 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2],
-                        a[mt][3]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt += 2) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4(xd + swz<64>(nt * 8 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    mma(c[mt][nt], a[mt], b0, b1);
-                    mma(c[mt][nt + 1], a[mt], b2, b3);
-                }
-            }
-        }
+        if (MATH) chunk_mma<NT, 64>(c, wd, xd);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * s);
 
         if (++ch != kc && it + 1 != end) continue;
-        const u32 first = owner((u64)tile * kc, iters, ctas), last = owner((u64)tile * kc + kc - 1, iters, ctas);
         const u32 g = lane >> 2, t4 = lane & 3;
-        bool write = first == last;
-        if (!write) {
-            const u32 slot = blockIdx.x * 2 + (tile == (u32)(begin / kc) ? 0 : 1);
-            float4* mine = reinterpret_cast<float4*>(ws + (u64)slot * MAX_TILE * MAX_M) + warp * 2 * NT * 32 + lane;
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-                    __stcg(mine + (mt * NT + nt) * 32, make_float4(c[mt][nt][0], c[mt][nt][1], c[mt][nt][2], c[mt][nt][3]));
-            __threadfence();
-            consumers_sync<NW>();
-            if (tid == 0) {
-                const u32 done = atomicAdd(counters + tile, 1u) + 1;
-                is_last = done == last - first + 1;
-                if (is_last) counters[tile] = 0;
-            }
-            consumers_sync<NW>();
-            write = is_last;
-            if (write) {
-                __threadfence();
-                zero();
-                for (u32 cta = first; cta <= last; ++cta) {
-                    const u64 cb = run_start(cta, iters, ctas);
-                    const u32 sl = cta * 2 + (tile == (u32)(cb / kc) ? 0 : 1);
-                    const float4* p = reinterpret_cast<const float4*>(ws + (u64)sl * MAX_TILE * MAX_M) + warp * 2 * NT * 32 + lane;
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt) {
-                            const float4 v = __ldcg(p + (mt * NT + nt) * 32);
-                            c[mt][nt][0] += v.x;
-                            c[mt][nt][1] += v.y;
-                            c[mt][nt][2] += v.z;
-                            c[mt][nt][3] += v.w;
-                        }
-                }
-            }
-        }
+        const bool write =
+            finish_tile<NT>(c, tile, begin, kc, iters, ctas, ws, counters, &is_last, [] { consumers_sync<NW>(); });
         if (write && MATH) {
             // Through this warp's corner of shared memory, so each token's 32 outputs leave in
             // four 16-byte stores instead of 32 scattered 2-byte ones.
@@ -477,7 +408,7 @@ skinny_gemm_tma(const __grid_constant__ CUtensorMap wmap, const __grid_constant_
             }
             __syncwarp();
         }
-        zero();
+        zero_acc(c);
         if (ch == kc) ch = 0, ++tile;
         // consumers_sync above is only reached by all consumer warps together (tile ends are
         // CTA-uniform), so the named barrier's count always matches.
