@@ -300,7 +300,10 @@ mod tests {
         assert_eq!(RowRequest::new(&params, 1, 0, &history, 99, 10).expect("request").penalties, all.penalties);
         let none = RowRequest::new(&params, 1, 0, &history, 0, 10).expect("request");
         assert_eq!(none.penalties, vec![(3, 1), (5, 1), (7, 1), (9, 1)]);
-        assert!(RowRequest::new(&SamplingParams::greedy(), 1, 0, &history, 3, 10).expect("request").penalties.is_empty());
+        assert!(RowRequest::new(&SamplingParams::greedy(), 1, 0, &history, 3, 10)
+            .expect("request")
+            .penalties
+            .is_empty());
         assert!(RowRequest::new(&params, 1, 0, &history, 3, 8).is_err(), "token 9 is past a vocabulary of 8");
     }
 }
