@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use tessera_proto::coordinator as cpb;
+use tessera_proto::worker as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
@@ -66,6 +67,16 @@ fn admission_status(e: AdmissionError) -> Status {
     })
 }
 
+/// The sampling parameters the workers get: the request's, with `min_tokens_stop_ids` set
+/// from the request's stop ids (the complete set, EOS included unless ignored) when
+/// `min_tokens` asks for a ban, so the sampling worker bans exactly what would end the
+/// sequence; whatever a client put there itself is replaced.
+fn worker_sampling(sampling: Option<pb::SamplingParams>, stop_ids: &[u32]) -> pb::SamplingParams {
+    let mut s = sampling.unwrap_or_default();
+    s.min_tokens_stop_ids = if s.min_tokens > 0 { stop_ids.to_vec() } else { Vec::new() };
+    s
+}
+
 #[tonic::async_trait]
 impl cpb::coordinator_server::Coordinator for CoordinatorService {
     type GenerateStream = Tracked<UnboundedReceiverStream<Result<cpb::GenerateEvent, Status>>>;
@@ -91,7 +102,7 @@ impl cpb::coordinator_server::Coordinator for CoordinatorService {
         stop_ids.dedup();
         let sub = Submission {
             prompt: req.prompt_ids,
-            sampling: req.sampling.unwrap_or_default(),
+            sampling: worker_sampling(req.sampling, &stop_ids),
             max_tokens: req.max_tokens as usize,
             stop_ids,
             events: tx,
@@ -118,5 +129,23 @@ impl cpb::coordinator_server::Coordinator for CoordinatorService {
         }
         st.ready &= !self.drain.is_draining();
         Ok(Response::new(st))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `min_tokens` takes the request's whole stop set to the workers; without it they get
+    /// no ids, whatever the client sent.
+    #[test]
+    fn workers_get_the_stop_ids_to_ban_only_with_min_tokens() {
+        let stops = [2u32, 7, 9];
+        let asked = pb::SamplingParams { min_tokens: 4, min_tokens_stop_ids: vec![1], ..Default::default() };
+        let s = worker_sampling(Some(asked), &stops);
+        assert_eq!((s.min_tokens, s.min_tokens_stop_ids), (4, vec![2, 7, 9]));
+        let off = pb::SamplingParams { min_tokens_stop_ids: vec![1], ..Default::default() };
+        assert!(worker_sampling(Some(off), &stops).min_tokens_stop_ids.is_empty());
+        assert_eq!(worker_sampling(None, &stops), pb::SamplingParams::default());
     }
 }

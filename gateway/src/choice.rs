@@ -9,6 +9,8 @@
 //!   sample them) but their text is cut.
 //! - Logprob entries travel with the next released text, so a streamed chunk never carries
 //!   entries for text the client has not been sent; leftovers ride on the last piece.
+//! - Before `min_tokens` tokens no stop string ends the choice (vLLM skips its stop checks
+//!   until then); one that ends at or after that token counts, even if it began before.
 
 use crate::codec::{CodecError, StreamDecoder};
 use crate::engine::{EngineError, EngineEvent, FinishReason};
@@ -74,6 +76,8 @@ pub struct ChoiceAssembler {
     /// Ids are valid below this; the engine's alternatives are checked against it.
     vocab_size: u32,
     pending_logprobs: Vec<TokenLogprob>,
+    /// vLLM's `min_tokens`: the text of the tokens before this many is matched unchecked.
+    min_tokens: u32,
     completion_tokens: u32,
     cached_tokens: Option<u32>,
     done: bool,
@@ -95,10 +99,17 @@ impl ChoiceAssembler {
             want_logprobs,
             vocab_size,
             pending_logprobs: Vec::new(),
+            min_tokens: 0,
             completion_tokens: 0,
             cached_tokens: None,
             done: false,
         }
+    }
+
+    /// No stop string ends the choice before its `n`-th token (vLLM's `min_tokens`).
+    pub fn with_min_tokens(mut self, n: u32) -> Self {
+        self.min_tokens = n;
+        self
     }
 
     /// Tokens received so far, stop tokens included.
@@ -179,7 +190,7 @@ impl ChoiceAssembler {
                 return Err(e.into());
             }
         };
-        Ok(match self.matcher.push(&text) {
+        Ok(match self.match_stops(&text) {
             StopStep::Continue(out) if out.is_empty() => Vec::new(),
             StopStep::Continue(out) => vec![self.delta(out)],
             StopStep::Stopped(out) => {
@@ -194,7 +205,7 @@ impl ChoiceAssembler {
     fn finish(&mut self, reason: ApiFinish) -> Vec<Piece> {
         self.done = true;
         let tail = self.decoder.finish();
-        let (text, reason) = match self.matcher.push(&tail) {
+        let (text, reason) = match self.match_stops(&tail) {
             StopStep::Continue(mut out) => {
                 out.push_str(&self.matcher.finish());
                 (out, reason)
@@ -204,6 +215,15 @@ impl ChoiceAssembler {
         let mut pieces: Vec<Piece> = self.flush(text).into_iter().collect();
         pieces.push(Piece::Finished { reason });
         pieces
+    }
+
+    /// Feeds `text` to the stop matcher, unchecked while fewer than `min_tokens` tokens came.
+    fn match_stops(&mut self, text: &str) -> StopStep {
+        if self.completion_tokens < self.min_tokens {
+            StopStep::Continue(self.matcher.push_unchecked(text))
+        } else {
+            self.matcher.push(text)
+        }
     }
 
     /// A last delta when there is text or logprobs left to deliver.
@@ -286,6 +306,23 @@ mod tests {
         assert_eq!(finish, Some(ApiFinish::Stop));
         assert!(asm.is_done());
         assert_eq!(asm.completion_tokens(), 6);
+    }
+
+    /// vLLM's `min_tokens`: a stop string completed by a token before the `min_tokens`-th
+    /// ends nothing; one completed by that token or a later one ends the choice.
+    #[test]
+    fn stop_strings_wait_for_min_tokens() {
+        let ids = ByteCodec::ids("a##b##c");
+        let events = || ids.iter().map(|&id| token(id, -1.0)).collect::<Vec<_>>();
+        for (min_tokens, want) in [(0, "a"), (3, "a"), (4, "a##b"), (6, "a##b"), (7, "a##b##c")] {
+            let mut asm = assembler(&["##"], false).with_min_tokens(min_tokens);
+            let mut all = events();
+            all.push(finished(FinishReason::Length));
+            let (text, _, finish) = run(&mut asm, all);
+            assert_eq!(text, want, "min_tokens {min_tokens}");
+            let reason = if want.len() == ids.len() { ApiFinish::Length } else { ApiFinish::Stop };
+            assert_eq!(finish, Some(reason), "min_tokens {min_tokens}");
+        }
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub struct SamplingSpec {
     pub seed: Option<u64>,
     /// Completion tokens at most, >= 1; prompt + this fits the model's context.
     pub max_tokens: u32,
+    /// vLLM's `min_tokens`: until the sequence has this many completion tokens the engine
+    /// never samples one of `stop_token_ids` (and the gateway matches no stop string).
+    /// 0 = off; at most `max_tokens` when the request gave that.
+    pub min_tokens: u32,
     /// The complete set of ids that end the sequence, sorted and deduplicated: the request's
     /// `stop_token_ids` plus the model's end-of-sequence ids unless `ignore_eos`. The engine
     /// stops on exactly these (and `max_tokens`) and adds none of its own.

@@ -212,6 +212,7 @@ pub fn assembler(state: &AppState, req: &GenerateRequest, params: &CommonParams)
         req.params.logprobs.is_some(),
         state.codec().vocab_size(),
     )
+    .with_min_tokens(req.params.min_tokens)
 }
 
 /// Plans, admits and wraps every sequence of a request: the choice streams, in index order.

@@ -106,6 +106,9 @@ fn to_proto(req: &GenerateRequest) -> cpb::GenerateRequest {
             top_logprobs: p.logprobs.unwrap_or(0),
             logprobs: p.logprobs.is_some(),
             constraint: p.constraint.as_ref().map(constraint_to_proto),
+            min_tokens: p.min_tokens,
+            // The coordinator fills these from `stop_token_ids` below.
+            min_tokens_stop_ids: Vec::new(),
         }),
         max_tokens: p.max_tokens,
         stop_token_ids: p.stop_token_ids.clone(),

@@ -109,6 +109,7 @@ mod tests {
                 logit_bias: vec![],
                 seed: None,
                 max_tokens: 4,
+                min_tokens: 0,
                 stop_token_ids: vec![],
                 ignore_eos: false,
                 logprobs: None,

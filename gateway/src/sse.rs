@@ -1,9 +1,11 @@
 //! Server-sent events for streamed responses, shared by chat and completions: merges the
 //! choices' streams, renders each item as a chunk through the endpoint's `ChunkRenderer`,
 //! appends the usage chunk when asked, then `data: [DONE]`. A choice that fails midway ends
-//! the stream with one `data: {"error": {...}}` event (and no `[DONE]`); the other choices'
-//! streams are dropped with it, so the engine aborts them. The same happens when the client
-//! disconnects: hyper drops the body, and with it everything below.
+//! the stream with one `data: {"error": {...}}` event (the body a non-streamed error has) and
+//! then `data: [DONE]`, as vLLM does, so clients that read until the terminator end cleanly
+//! and see why; the other choices' streams are dropped with it, so the engine aborts them.
+//! A client that disconnects drops them too: hyper drops the body, and with it everything
+//! below.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, Stream, StreamExt};
 use serde::Serialize;
 
-use crate::choice::{ApiFinish, TokenLogprob};
+use crate::choice::{ApiFinish, ChoiceError, TokenLogprob};
 use crate::error::ApiError;
 use crate::generate::{ChoiceEvent, ChoiceItem, UsageTally};
 use crate::openai::common::Usage;
@@ -49,9 +51,9 @@ pub fn sse_response<R: ChunkRenderer>(
                     yield data(&renderer.finish(item.index, reason));
                 }
                 ChoiceEvent::Failed(e) => {
-                    let error = ApiError::from(e);
-                    error.log();
-                    yield data(&error.body());
+                    for event in failure_events(e) {
+                        yield event;
+                    }
                     return;
                 }
             }
@@ -59,9 +61,21 @@ pub fn sse_response<R: ChunkRenderer>(
         if include_usage {
             yield data(&renderer.usage(tally.usage()));
         }
-        yield Ok(Event::default().data("[DONE]"));
+        yield done();
     };
     Sse::new(events).keep_alive(KeepAlive::new().interval(keep_alive)).into_response()
+}
+
+/// The end of a stream whose choice `e` failed midway: the error's body, then `[DONE]`.
+pub fn failure_events(e: ChoiceError) -> [Result<Event, Infallible>; 2] {
+    let error = ApiError::from(e);
+    error.log();
+    [data(&error.body()), done()]
+}
+
+/// The event that ends every OpenAI stream.
+pub fn done() -> Result<Event, Infallible> {
+    Ok(Event::default().data("[DONE]"))
 }
 
 fn data<T: Serialize>(value: &T) -> Result<Event, Infallible> {

@@ -9,6 +9,11 @@
 //! still grow into a stop string (a suffix that is a proper prefix of one) is held back until
 //! the next piece decides it. Each push scans only the held-back tail plus the new piece, so
 //! the work is O(piece + longest stop) per token.
+//!
+//! vLLM's `min_tokens` skips the stop checks of a sequence's first tokens: their text goes
+//! through `push_unchecked`, which holds back the same possible start of a stop string but
+//! ends nothing; a stop string must end in text pushed later (it may begin before, as vLLM's
+//! look-back over the previous text finds one).
 
 /// The result of feeding one piece of text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,13 +34,16 @@ pub struct StopMatcher {
     matched: Option<String>,
     /// Whether the text ends after the matched stop string (else before it).
     include: bool,
+    /// Bytes at the front of `held` that came through `push_unchecked`: a match must end
+    /// past them.
+    unchecked: usize,
 }
 
 impl StopMatcher {
     /// Empty stop strings are ignored (they would match before any text).
     pub fn new(stops: &[String]) -> Self {
         let stops = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
-        StopMatcher { stops, held: String::new(), stopped: false, matched: None, include: false }
+        StopMatcher { stops, held: String::new(), stopped: false, matched: None, include: false, unchecked: 0 }
     }
 
     /// This matcher, ending the text after the stop string instead of before it.
@@ -69,9 +77,30 @@ impl StopMatcher {
             self.matched = Some(stop);
             return StopStep::Stopped(out);
         }
+        StopStep::Continue(self.release())
+    }
+
+    /// Feeds a piece that may not end the text (before `min_tokens`); returns what is safe
+    /// to send, all but a tail that a later `push` could complete into a stop string.
+    pub fn push_unchecked(&mut self, piece: &str) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        if self.stops.is_empty() {
+            return piece.to_owned();
+        }
+        self.held.push_str(piece);
+        let out = self.release();
+        self.unchecked = self.held.len();
+        out
+    }
+
+    /// Takes the text before the longest tail of `held` that could still start a stop string.
+    fn release(&mut self) -> String {
         let keep_from = self.partial_match_start();
         let rest = self.held.split_off(keep_from);
-        StopStep::Continue(std::mem::replace(&mut self.held, rest))
+        self.unchecked = self.unchecked.saturating_sub(keep_from);
+        std::mem::replace(&mut self.held, rest)
     }
 
     /// Ends the text: whatever was held back could not become a stop string.
@@ -82,10 +111,21 @@ impl StopMatcher {
         std::mem::take(&mut self.held)
     }
 
-    /// Start in `held` of the stop string that completes first, and that string.
+    /// Start in `held` of the stop string that completes first past the unchecked bytes, and
+    /// that string.
     fn earliest_match(&self) -> Option<(usize, String)> {
-        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at + s.len(), at, s)));
+        let found = self.stops.iter().filter_map(|s| self.find_checked(s).map(|at| (at + s.len(), at, s)));
         found.min().map(|(_, start, s)| (start, s.clone()))
+    }
+
+    /// Start of the first occurrence of `stop` in `held` that ends past `unchecked`.
+    /// Occurrences start on character boundaries, so the search may begin at the next one.
+    fn find_checked(&self, stop: &str) -> Option<usize> {
+        let mut from = (self.unchecked + 1).saturating_sub(stop.len());
+        while !self.held.is_char_boundary(from) {
+            from += 1;
+        }
+        self.held.get(from..)?.find(stop).map(|at| from + at)
     }
 
     /// Start of the longest suffix of `held` that is a proper prefix of some stop string
@@ -114,7 +154,12 @@ mod tests {
     /// The reference: scan the whole text for the first position where a stop string ends;
     /// the text up to its start, or (`include`) its end.
     fn whole_text(text: &str, stops: &[String], include: bool) -> (String, bool) {
-        for end in (1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
+        whole_text_after(text, stops, include, 0)
+    }
+
+    /// `whole_text` where only stop strings ending past byte `unchecked` count.
+    fn whole_text_after(text: &str, stops: &[String], include: bool, unchecked: usize) -> (String, bool) {
+        for end in (unchecked + 1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
             let longest = stops.iter().filter(|s| !s.is_empty() && text.as_bytes()[..end].ends_with(s.as_bytes()));
             if let Some(s) = longest.max_by_key(|s| s.len()) {
                 return (text[..if include { end } else { end - s.len() }].to_owned(), true);
@@ -124,25 +169,43 @@ mod tests {
     }
 
     fn pieces(text: &str, stops: &[String], cuts: &[usize]) -> (String, bool) {
-        pieces_with(text, stops, cuts, false)
+        pieces_with(text, stops, cuts, false, 0)
     }
 
-    fn pieces_with(text: &str, stops: &[String], cuts: &[usize], include: bool) -> (String, bool) {
+    /// `text` fed in pieces cut at `cuts` (and at `unchecked`), those before byte `unchecked`
+    /// through `push_unchecked`: the text out and whether a stop string ended it.
+    fn pieces_with(text: &str, stops: &[String], cuts: &[usize], include: bool, unchecked: usize) -> (String, bool) {
         let mut m = StopMatcher::new(stops).including_stop(include);
         let mut out = String::new();
         let mut last = 0;
-        for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
-            match m.push(&text[last..cut]) {
+        let mut ends: Vec<usize> = cuts.iter().copied().chain([unchecked, text.len()]).collect();
+        ends.sort_unstable();
+        ends.dedup();
+        for cut in ends {
+            let piece = &text[last..cut];
+            last = cut;
+            if cut <= unchecked {
+                out.push_str(&m.push_unchecked(piece));
+                continue;
+            }
+            match m.push(piece) {
                 StopStep::Continue(s) => out.push_str(&s),
                 StopStep::Stopped(s) => {
                     out.push_str(&s);
                     return (out, true);
                 }
             }
-            last = cut;
         }
         out.push_str(&m.finish());
         (out, false)
+    }
+
+    /// 1 to `max` characters of a small alphabet, which makes partial matches, overlaps and
+    /// repeats common.
+    fn word(rng: &mut ChaCha8Rng, max: u32) -> String {
+        let alphabet: Vec<char> = "abé\n".chars().collect();
+        let len = 1 + rng.next_u32() % max;
+        (0..len).map(|_| alphabet[(rng.next_u32() as usize) % alphabet.len()]).collect()
     }
 
     fn random_cuts(rng: &mut ChaCha8Rng, text: &str) -> Vec<usize> {
@@ -155,12 +218,6 @@ mod tests {
     #[test]
     fn random_splits_match_whole_text() {
         let mut rng = ChaCha8Rng::seed_from_u64(0x5709);
-        // A small alphabet makes partial matches, overlaps and repeats common.
-        let alphabet: Vec<char> = "abé\n".chars().collect();
-        let word = |rng: &mut ChaCha8Rng, max: u32| -> String {
-            let len = 1 + rng.next_u32() % max;
-            (0..len).map(|_| alphabet[(rng.next_u32() as usize) % alphabet.len()]).collect()
-        };
         let mut stopped = 0;
         for _ in 0..3000 {
             let text = word(&mut rng, 40);
@@ -171,13 +228,46 @@ mod tests {
                 let want = whole_text(&text, &stops, include);
                 for _ in 0..2 {
                     let cuts = random_cuts(&mut rng, &text);
-                    let got = pieces_with(&text, &stops, &cuts, include);
+                    let got = pieces_with(&text, &stops, &cuts, include, 0);
                     assert_eq!(got, want, "text {text:?} stops {stops:?} cuts {cuts:?} include {include}");
                 }
             }
         }
         // Both outcomes must be exercised for the comparison to mean something.
         assert!(stopped > 300 && stopped < 2700, "stopped {stopped} of 3000");
+    }
+
+    /// `min_tokens`: text pushed unchecked ends nothing, but a stop string that ends after it
+    /// counts even when it began inside it, however the text is split.
+    #[test]
+    fn unchecked_text_ends_nothing_but_can_start_a_stop() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x3170);
+        let (mut straddled, mut skipped) = (0, 0);
+        for _ in 0..3000 {
+            let text = word(&mut rng, 30);
+            let stops: Vec<String> = (0..1 + rng.next_u32() % 3).map(|_| word(&mut rng, 4)).collect();
+            let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+            let unchecked = bounds[rng.next_u32() as usize % bounds.len()];
+            let want = whole_text_after(&text, &stops, false, unchecked);
+            let early = whole_text(&text, &stops, false);
+            skipped += (early.1 && early.0.len() + 1 < unchecked) as usize;
+            straddled += (want.1 && want.0.len() < unchecked) as usize;
+            let cuts = random_cuts(&mut rng, &text);
+            assert_eq!(
+                pieces_with(&text, &stops, &cuts, false, unchecked),
+                want,
+                "{text:?} {stops:?} {cuts:?} {unchecked}"
+            );
+        }
+        // Both cases the unchecked text makes must be exercised.
+        assert!(skipped > 100 && straddled > 50, "skipped {skipped}, straddled {straddled}");
+        // And by hand: "bc" ends inside the unchecked text ("abc"), "cdx" straddles its end.
+        let stops = vec!["bc".to_owned(), "cdx".to_owned()];
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.push_unchecked("ab"), "a");
+        assert_eq!(m.push_unchecked("c"), "b");
+        assert_eq!(m.push("dx!"), StopStep::Stopped(String::new()));
+        assert_eq!(m.matched(), Some("cdx"));
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub fn common(
         None => false,
     };
     let n = int_in("n", f.n, 1, i64::from(state.config().max_choices))?.unwrap_or(1) as u32;
+    let max_name = max_tokens.0;
     let max_tokens = match max_tokens.1 {
         None => None,
         Some(m) if m < 1 => {
@@ -63,11 +64,20 @@ pub fn common(
         }
         Some(m) => Some(u32::try_from(m).unwrap_or(u32::MAX)),
     };
-    match f.min_tokens {
+    let min_tokens = match f.min_tokens {
+        None => 0,
         Some(m) if m < 0 => return Err(ApiError::invalid("min_tokens", format!("min_tokens must be >= 0, got {m}"))),
-        Some(m) if m > 0 => return Err(ApiError::invalid("min_tokens", "min_tokens is not supported")),
-        _ => {}
-    }
+        Some(m) => match max_tokens {
+            Some(max) if m > i64::from(max) => {
+                return Err(ApiError::invalid(
+                    "min_tokens",
+                    format!("min_tokens must be at most {max_name} ({max}), got {m}"),
+                ))
+            }
+            // Without max_tokens, the budget that fits the context ends it first.
+            _ => u32::try_from(m).unwrap_or(u32::MAX),
+        },
+    };
     let ignore_eos = f.ignore_eos.unwrap_or(false);
     let mut stop_token_ids = token_ids("stop_token_ids", f.stop_token_ids.as_deref().unwrap_or(&[]), vocab)?;
     if !ignore_eos {
@@ -93,6 +103,7 @@ pub fn common(
         logit_bias: logit_bias(f, vocab)?,
         seed: f.seed.map(|s| s as u64),
         max_tokens: 1,
+        min_tokens,
         stop_token_ids,
         ignore_eos,
         logprobs,

@@ -198,6 +198,42 @@ async fn stop_string_split_over_tokens_is_cut() {
     }
 }
 
+/// vLLM's `min_tokens`: the engine is asked for it (it keeps EOS and the stop ids from being
+/// sampled), and a stop string completed before the `min_tokens`-th token ends nothing,
+/// streamed or not; one completed at that token or later still does.
+#[tokio::test]
+async fn min_tokens_reaches_the_engine_and_defers_stop_strings() {
+    // One token per byte: "##" completes at tokens 3, 6 and 9.
+    let reply = "a##b##c##d";
+    for (min_tokens, want) in [(0, "a"), (3, "a"), (4, "a##b"), (9, "a##b##c"), (10, reply)] {
+        for stream in [false, true] {
+            let engine = engine_replying(reply, true, 0);
+            let app = router(config(), engine.clone());
+            let body = json!({"messages": user("q"), "stop": ["##"], "min_tokens": min_tokens, "stream": stream});
+            let r = post_json(&app, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+            let content = if stream {
+                deltas(&r.events(), 0).concat()
+            } else {
+                r.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
+            };
+            assert_eq!(content, want, "min_tokens {min_tokens} stream {stream}");
+            assert_eq!(engine.log().requests[0].params.min_tokens, min_tokens);
+        }
+    }
+    // min_tokens up to max_tokens (or without one) is fine.
+    let engine = engine_replying("ok", true, 0);
+    let app = router(config(), engine.clone());
+    for body in [
+        json!({"messages": user("q"), "min_tokens": 7, "max_tokens": 7}),
+        json!({"messages": user("q"), "min_tokens": 7, "max_completion_tokens": 9}),
+        json!({"messages": user("q"), "min_tokens": 7}),
+    ] {
+        assert_eq!(post_json(&app, "/v1/chat/completions", &body).await.status, StatusCode::OK, "{body}");
+    }
+    assert!(engine.log().requests.iter().all(|r| r.params.min_tokens == 7));
+}
+
 /// vLLM's `include_stop_str_in_output`: the text ends after the stop string instead of
 /// before it, streamed or not.
 #[tokio::test]

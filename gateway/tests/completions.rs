@@ -1,4 +1,5 @@
-//! `POST /v1/completions`: every prompt form, batching with n, legacy logprobs and streaming.
+//! `POST /v1/completions`: every prompt form, batching with n, legacy logprobs, echo and
+//! streaming.
 
 mod common;
 
@@ -112,4 +113,55 @@ async fn streaming_completion_with_usage() {
     let usage = &chunks[chunks.len() - 1];
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["total_tokens"], 4 + 4);
+}
+
+/// `echo`: each choice's text is its prompt's followed by the completion; a text prompt is
+/// echoed as given (not with the BOS its ids got), a token-id prompt decoded with its special
+/// tokens. The usage still counts only the generated tokens as completion.
+#[tokio::test]
+async fn echo_puts_the_prompt_before_the_completion() {
+    let app = router(config(), echo_engine());
+    let v = post_json(&app, "/v1/completions", &json!({"prompt": "Once upon", "echo": true})).await.json();
+    assert_eq!(v["choices"][0]["text"], "Once upon10:0");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+
+    let body = json!({"prompt": ["a", "bcd"], "n": 2, "seed": 7, "echo": true});
+    let v = post_json(&app, "/v1/completions", &body).await.json();
+    let texts: Vec<&str> =
+        v["choices"].as_array().into_iter().flatten().map(|c| c["text"].as_str().unwrap_or("")).collect();
+    assert_eq!(texts, vec!["a2:7", "a2:8", "bcd4:7", "bcd4:8"]);
+
+    let prompt: Vec<u32> = [vec![BOS], ids("hé")].concat();
+    let v = post_json(&app, "/v1/completions", &json!({"prompt": [prompt, ids("x")], "echo": true})).await.json();
+    assert_eq!(v["choices"][0]["text"], "<|bos|>hé4:0");
+    assert_eq!(v["choices"][1]["text"], "x1:0");
+
+    // echo: false is the plain completion.
+    let v = post_json(&app, "/v1/completions", &json!({"prompt": "ab", "echo": false})).await.json();
+    assert_eq!(v["choices"][0]["text"], "3:0");
+}
+
+/// Streamed, `echo` sends each choice's prompt text first, in a chunk of its own before any
+/// token, then the completion as usual.
+#[tokio::test]
+async fn streamed_echo_sends_the_prompt_first() {
+    let app = router(config(), echo_engine());
+    let body = json!({"prompt": ["ab", "BCD"], "n": 2, "echo": true, "stream": true});
+    let events = post_json(&app, "/v1/completions", &body).await.events();
+    assert_eq!(events.last(), Some(&Value::from("[DONE]")));
+    let chunks = &events[..events.len() - 1];
+    let first: Vec<(u64, &str)> = chunks[..4]
+        .iter()
+        .map(|c| (c["choices"][0]["index"].as_u64().unwrap_or(99), c["choices"][0]["text"].as_str().unwrap_or("?")))
+        .collect();
+    assert_eq!(first, vec![(0, "ab"), (1, "ab"), (2, "BCD"), (3, "BCD")]);
+    assert!(chunks[..4].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
+    for (index, want) in [(0, "ab3:0"), (1, "ab3:0"), (2, "BCD4:0"), (3, "BCD4:0")] {
+        let text: String = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == index)
+            .filter_map(|c| c["choices"][0]["text"].as_str())
+            .collect();
+        assert_eq!(text, want, "choice {index}");
+    }
 }

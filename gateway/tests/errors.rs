@@ -64,9 +64,11 @@ async fn chat_validation_errors_name_their_param() {
         (chat(json!({"stream_options": {"include_usage": true}})), "stream_options"),
         (chat(json!({"stream": "yes"})), "stream"),
         (chat(json!({"seed": 1.5})), "seed"),
-        // vLLM fields this server does not implement are refused, not ignored.
-        (chat(json!({"min_tokens": 5})), "min_tokens"),
         (chat(json!({"min_tokens": -1})), "min_tokens"),
+        (chat(json!({"min_tokens": 5, "max_tokens": 4})), "min_tokens"),
+        (chat(json!({"min_tokens": 5, "max_completion_tokens": 4})), "min_tokens"),
+        (chat(json!({"min_tokens": "5"})), "min_tokens"),
+        // vLLM fields this server does not implement are refused, not ignored.
         (
             json!({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}),
             "continue_final_message",
@@ -189,7 +191,10 @@ async fn completions_validation_errors() {
         (json!({"prompt": ["a", "b", "c"], "n": 2}), "n"),
         (json!({"prompt": "x", "logprobs": 6}), "logprobs"),
         (json!({"prompt": "x", "logprobs": -1}), "logprobs"),
-        (json!({"prompt": "x", "echo": true}), "echo"),
+        // echo would return the prompt's logprobs too, which the engine does not compute.
+        (json!({"prompt": "x", "echo": true, "logprobs": 0}), "echo"),
+        (json!({"prompt": "x", "echo": true, "logprobs": 2}), "echo"),
+        (json!({"prompt": "x", "echo": 1}), "echo"),
         (json!({"prompt": "x", "suffix": "tail"}), "suffix"),
         (json!({"prompt": "x", "best_of": 3}), "best_of"),
         (json!({"prompt": "x", "max_tokens": MAX_MODEL_LEN}), "prompt"),
@@ -311,29 +316,64 @@ fn failing_midway(error: EngineEvent) -> Arc<FakeEngine> {
     }))
 }
 
-#[tokio::test]
-async fn stream_failing_midway_sends_an_error_event_and_ends() {
-    let app = router(config(), failing_midway(EngineEvent::Error(EngineError::Internal("worker 3 died: boom".into()))));
-    let r = post_json(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
-    assert_eq!(r.status, StatusCode::OK);
-    let events = r.events();
-    let text: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
-    assert_eq!(text, "par");
-    let last = events.last().expect("events");
-    assert_eq!(last["error"]["type"], "server_error");
-    assert!(!last.to_string().contains("boom"), "internal detail leaked: {last}");
-    assert!(!events.contains(&Value::from("[DONE]")));
-    assert!(events.iter().all(|e| e["choices"][0]["finish_reason"].is_null()));
+/// An engine that sends `PromptInfo` and the first token of "par", then `error`.
+fn failing_after_first_token(error: EngineEvent) -> Arc<FakeEngine> {
+    Arc::new(FakeEngine::new(move |req| {
+        let mut steps = reply_steps(req, &ids("par"), 0);
+        steps.truncate(2); // PromptInfo, "p"
+        steps.push(FakeStep::Send(error.clone()));
+        Ok(steps)
+    }))
+}
 
-    // A stream the engine just drops is an error too, never a silent success.
+/// A stream that fails after it started ends with one event holding the error object a
+/// non-streamed error has (type, generic message for a 5xx, code), then `[DONE]`: on chat,
+/// on chat with tools (its own stream) and on completions.
+#[tokio::test]
+async fn stream_failing_midway_sends_an_error_event_then_done() {
+    let boom = EngineEvent::Error(EngineError::Internal("worker 3 died: boom".into()));
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let cases = [
+        ("/v1/chat/completions", chat(json!({"stream": true})), "/choices/0/delta/content"),
+        ("/v1/chat/completions", chat(json!({"stream": true, "tools": tools})), "/choices/0/delta/content"),
+        ("/v1/completions", json!({"prompt": "x", "stream": true}), "/choices/0/text"),
+    ];
+    for (path, body, text_at) in cases {
+        // Room for the tool listing the template adds to the prompt.
+        let app = router(tessera_gateway::GatewayConfig::new(8192), failing_after_first_token(boom.clone()));
+        let r = post_json(&app, path, &body).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let events = r.events();
+        let text: String = events.iter().filter_map(|e| e.pointer(text_at).and_then(Value::as_str)).collect();
+        assert_eq!(text, "p", "{path}: {events:?}");
+        let [.., error, done] = events.as_slice() else { panic!("{path}: too few events: {events:?}") };
+        assert_eq!(done, &Value::from("[DONE]"), "{path}");
+        assert_eq!(error["error"]["type"], "server_error", "{path}: {error}");
+        assert_eq!(error["error"]["message"], "The server had an error while processing your request.");
+        assert!(error["error"].as_object().is_some_and(|o| o.contains_key("code")), "{error}");
+        assert!(!error.to_string().contains("boom"), "internal detail leaked: {error}");
+        assert_eq!(events.iter().filter(|e| e.get("error").is_some()).count(), 1, "{path}");
+        assert!(events.iter().all(|e| e["choices"][0]["finish_reason"].is_null()), "{path}");
+    }
+
+    // A client error keeps its message and type; a stream the engine just drops is an error
+    // too, never a silent success.
+    let app =
+        router(config(), failing_after_first_token(EngineEvent::Error(EngineError::InvalidRequest("bad".into()))));
+    let events = post_json(&app, "/v1/completions", &json!({"prompt": "x", "stream": true})).await.events();
+    assert_eq!(
+        events[events.len() - 2]["error"],
+        json!({"message": "bad", "type": "invalid_request_error", "param": null, "code": null})
+    );
     let engine = Arc::new(FakeEngine::new(|req| {
         let mut steps = reply_steps(req, &ids("cut"), 0);
         steps.pop();
         Ok(steps)
     }));
     let app = router(config(), engine);
-    let events = post_json(&app, "/v1/completions", &json!({"prompt": "x", "stream": true})).await.events();
-    assert_eq!(events.last().map(|e| &e["error"]["type"]), Some(&Value::from("server_error")));
+    let events = post_json(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await.events();
+    assert_eq!(events.last(), Some(&Value::from("[DONE]")));
+    assert_eq!(events[events.len() - 2]["error"]["type"], "server_error");
 }
 
 #[tokio::test]

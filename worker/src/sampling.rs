@@ -2,7 +2,9 @@
 //! their validation, and a per-sequence [`Sampler`] with its own seeded RNG.
 //!
 //! Order of operations (llama.cpp / vLLM):
-//! 1. `logit_bias` is added;
+//! 1. `logit_bias` is added; while the output is shorter than `min_tokens`, the ids that
+//!    would end the sequence are banned (-inf), vLLM's `min_tokens` (its stop checks wait
+//!    as long; here the ids simply cannot be drawn, so nothing downstream has to);
 //! 2. repetition penalty (HF / llama.cpp: a positive logit is divided by it, a
 //!    negative one multiplied) on every token of the sequence, prompt and output; then
 //!    presence and frequency penalties (OpenAI: `logit -= count * frequency_penalty +
@@ -74,6 +76,11 @@ pub struct SamplingParams {
     /// Constrained decoding: the grammar the output must follow. The sampler itself ignores
     /// it; the executor masks the logits first (`constrained.rs`).
     pub constraint: Option<tessera_constrain::Constraint>,
+    /// vLLM's `min_tokens`: until the output holds this many tokens, `min_tokens_stop_ids`
+    /// get -inf. 0 = off.
+    pub min_tokens: u32,
+    /// The ids that end the sequence (EOS, the request's stop ids), banned before `min_tokens`.
+    pub min_tokens_stop_ids: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -92,6 +99,8 @@ impl Default for SamplingParams {
             seed: None,
             logprobs: None,
             constraint: None,
+            min_tokens: 0,
+            min_tokens_stop_ids: Vec::new(),
         }
     }
 }
@@ -138,6 +147,16 @@ impl SamplingParams {
 
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// The ids to ban when the sequence has `generated` output tokens: its stop ids while
+    /// that is fewer than `min_tokens`, else none.
+    pub fn min_tokens_ban(&self, generated: usize) -> &[u32] {
+        if generated < self.min_tokens as usize {
+            &self.min_tokens_stop_ids
+        } else {
+            &[]
+        }
     }
 }
 
@@ -274,6 +293,8 @@ impl Sampler {
         for &(token, _) in &self.params.logit_bias {
             in_vocab("logit_bias", token)?;
         }
+        let ban = self.params.min_tokens_ban(generated);
+        ban.iter().try_for_each(|&t| in_vocab("min_tokens_stop_ids", t))?;
         let penalise = self.params.has_penalties();
         if penalise {
             history.iter().try_for_each(|&t| in_vocab("history", t))?;
@@ -281,6 +302,9 @@ impl Sampler {
 
         for &(token, bias) in &self.params.logit_bias {
             logits[token as usize] += bias;
+        }
+        for &token in ban {
+            logits[token as usize] = f32::NEG_INFINITY;
         }
         if penalise {
             self.apply_penalties(logits, history, generated);

@@ -496,6 +496,8 @@ fn params_from(p: Option<pb::SamplingParams>) -> SamplingParams {
         seed: p.seed,
         logprobs: (p.logprobs || top > 0).then_some(top),
         constraint: p.constraint.and_then(|c| c.kind).map(constraint_from),
+        min_tokens: p.min_tokens,
+        min_tokens_stop_ids: p.min_tokens_stop_ids,
     }
 }
 

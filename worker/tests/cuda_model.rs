@@ -558,3 +558,60 @@ fn a_bad_sampling_row_fails_only_its_sequence_on_the_gpu() {
         .expect("next step");
     assert!(out.errors.is_empty() && out.sampled.len() == 1, "{:?}", out.errors);
 }
+
+/// vLLM's `min_tokens` on the GPU sampler (the ban rides on the bias entries as -inf): a stop
+/// id forced by a +100 bias is not sampled before the sequence has `min_tokens` output
+/// tokens, and is from then on; greedy, with logprobs (never a banned id among the top ones)
+/// and sampled. A random-weight SmolLM2 shape, so no model file is needed.
+#[test]
+fn min_tokens_bans_the_stop_ids_on_the_gpu() {
+    use tessera_worker::backend::Backend;
+    use tessera_worker::executor::{Executor, Run, StepInput};
+    use tessera_worker::sampling::SamplingParams;
+    if !enabled("min_tokens_bans_the_stop_ids_on_the_gpu") {
+        return;
+    }
+    let model = CudaModel::synthetic("smollm2-135m", 7, &opts()).expect("synthetic model on the GPU");
+    let mut ex = Executor::new(Backend::cuda(model));
+    let (stop, other) = (2u32, 9u32);
+    let with = |base: SamplingParams| SamplingParams {
+        logit_bias: vec![(stop, 100.0)],
+        min_tokens: 3,
+        min_tokens_stop_ids: vec![stop, other],
+        ..base
+    };
+    let cases = [
+        ("greedy", with(SamplingParams::greedy())),
+        ("logprobs", with(SamplingParams { logprobs: Some(5), ..SamplingParams::greedy() })),
+        ("sampled", with(SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(3), ..SamplingParams::default() })),
+    ];
+    let prompt: Vec<u32> = (0..10).map(|i| 100 + 37 * i).collect();
+    for (k, (label, params)) in cases.into_iter().enumerate() {
+        let id = k as u64 + 1;
+        let new = new_seq(id, params, 10 * k as u32);
+        let first = Run { seq_id: id, tokens: prompt.clone(), first_pos: 0, sample: true, from_previous: false };
+        let mut input = StepInput { new_sequences: vec![new], runs: vec![first], ..Default::default() };
+        let mut got = Vec::new();
+        for step in 0..5 {
+            let out = ex.step(input).expect("step");
+            assert!(out.errors.is_empty(), "{label}: {:?}", out.errors);
+            let s = &out.sampled[0].1;
+            if step < 3 {
+                assert!(s.top.iter().all(|&(t, lp)| t != stop && t != other && lp.is_finite()), "{label}: {:?}", s.top);
+            }
+            got.push(s.token);
+            let run = Run {
+                seq_id: id,
+                tokens: vec![s.token],
+                first_pos: prompt.len() + step,
+                sample: true,
+                from_previous: false,
+            };
+            input = StepInput { runs: vec![run], ..Default::default() };
+        }
+        eprintln!("{label}: {got:?}");
+        assert!(got[..3].iter().all(|&t| t != stop && t != other), "{label}: a stop id before 3 tokens: {got:?}");
+        assert_eq!(got[3..], [stop, stop], "{label}: {got:?}");
+        ex.step(StepInput { finished: vec![id], ..Default::default() }).expect("finish");
+    }
+}

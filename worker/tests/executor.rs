@@ -329,3 +329,46 @@ fn sequence_state_is_bounded_by_the_context_and_the_cache() {
     let run = Run { seq_id: 1, tokens: vec![1], first_pos: 4095, sample: true, from_previous: false };
     assert_eq!(ex.step(StepInput { runs: vec![run], ..Default::default() }).expect("last position").sampled.len(), 1);
 }
+
+/// vLLM's `min_tokens` through the executor: a stop id that greedy decoding would pick every
+/// time (a +100 bias) is not sampled until the sequence has `min_tokens` output tokens, and
+/// is from then on. The output is counted across a re-admission too (the prompt runs of a
+/// preempted sequence hold its earlier output, `num_generated` says how much).
+#[test]
+fn min_tokens_holds_back_the_stop_ids_until_enough_output() {
+    let stop = 5u32;
+    let params = SamplingParams {
+        logit_bias: vec![(stop, 100.0)],
+        min_tokens: 3,
+        min_tokens_stop_ids: vec![stop, 6],
+        ..SamplingParams::greedy()
+    };
+    let prompt = synthetic::tokens(TINY.vocab, 6, 4);
+    // Decodes `n` tokens of a sequence admitted with `prior` earlier outputs in its prompt run.
+    let decode = |prior: &[u32], n: usize| -> Vec<u32> {
+        let mut ex = Executor::new(Backend::cpu(model(), 8, 4));
+        let new = NewSequence {
+            seq_id: 1,
+            params: params.clone(),
+            block_table: (0..6).collect(),
+            cached_tokens: Vec::new(),
+            num_generated: prior.len() as u64,
+        };
+        let all: Vec<u32> = prompt.iter().chain(prior).copied().collect();
+        let first = Run { seq_id: 1, tokens: all.clone(), first_pos: 0, sample: true, from_previous: false };
+        let out = ex.step(StepInput { new_sequences: vec![new], runs: vec![first], ..Default::default() });
+        let mut got = vec![out.expect("prompt").sampled[0].1.token];
+        while got.len() < n {
+            let pos = all.len() + got.len() - 1;
+            let run =
+                Run { seq_id: 1, tokens: vec![got[got.len() - 1]], first_pos: pos, sample: true, from_previous: false };
+            got.push(ex.step(StepInput { runs: vec![run], ..Default::default() }).expect("decode").sampled[0].1.token);
+        }
+        got
+    };
+    let got = decode(&[], 5);
+    assert!(got[..3].iter().all(|&t| t != stop && t != 6), "a stop id before 3 output tokens: {got:?}");
+    assert_eq!(got[3..], [stop, stop], "{got:?}");
+    // Re-admitted after two of those tokens: one more is held back, then the stop id.
+    assert_eq!(decode(&got[..2], 2), [got[2], stop]);
+}

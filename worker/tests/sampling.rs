@@ -487,3 +487,41 @@ fn a_resumed_sampler_continues_the_seeded_stream() {
     let again: Vec<u32> = (0..7).map(|_| fresh.sample(&mut logits.clone(), &[], 0).expect("sample").token).collect();
     assert_ne!(again, first[5..]);
 }
+
+/// vLLM's `min_tokens`: while the output is shorter, the stop ids cannot be drawn even when
+/// one of them has by far the highest logit (greedy and sampled); from `min_tokens` output
+/// tokens on they are ordinary tokens again.
+#[test]
+fn min_tokens_bans_the_stop_ids_until_enough_output() {
+    let mut logits = rand_logits(31, 50, -1.0, 1.0);
+    logits[7] = 40.0; // a stop id, by far the most likely
+    logits[9] = 30.0; // another stop id, next
+    let stops = vec![7u32, 9];
+    let with = |base: SamplingParams| SamplingParams { min_tokens: 3, min_tokens_stop_ids: stops.clone(), ..base };
+    let sampled = SamplingParams { temperature: 1.0, seed: Some(5), logprobs: Some(2), ..SamplingParams::default() };
+    for params in [with(SamplingParams::greedy()), with(sampled)] {
+        let mut s = sampler(params);
+        for generated in 0..3 {
+            for _ in 0..200 {
+                let mut l = logits.clone();
+                let got = s.sample(&mut l, &[], generated).unwrap();
+                assert!(!stops.contains(&got.token), "stop id {} drawn after {generated} tokens", got.token);
+                assert!(got.top.iter().all(|&(t, lp)| !stops.contains(&t) && lp.is_finite()), "{:?}", got.top);
+                assert_eq!((l[7], l[9]), (f32::NEG_INFINITY, f32::NEG_INFINITY));
+            }
+        }
+        for generated in [3, 4, 100] {
+            assert_eq!(s.sample(&mut logits.clone(), &[], generated).unwrap().token, 7, "after {generated} tokens");
+        }
+    }
+    // Without min_tokens the stop ids are never touched.
+    let plain = SamplingParams { min_tokens_stop_ids: stops.clone(), ..SamplingParams::greedy() };
+    assert_eq!(sampler(plain).sample(&mut logits.clone(), &[], 0).unwrap().token, 7);
+    // A stop id past the vocabulary is an error while it is banned.
+    let bad = SamplingParams { min_tokens: 2, min_tokens_stop_ids: vec![7, 50], ..SamplingParams::greedy() };
+    assert_eq!(
+        sampler(bad.clone()).sample(&mut logits.clone(), &[], 1),
+        Err(SamplingError::TokenOutOfVocab { what: "min_tokens_stop_ids", token: 50, vocab: 50 })
+    );
+    assert_eq!(sampler(bad).sample(&mut logits.clone(), &[], 2).unwrap().token, 7);
+}

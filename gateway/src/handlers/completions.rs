@@ -1,6 +1,10 @@
 //! `POST /v1/completions`: the prompt is a string, a list of strings, a list of token ids, or
 //! a list of such lists; each prompt gets `n` choices (choice `p * n + i`). Answers with one
 //! `text_completion` or a stream of them.
+//!
+//! `echo` (OpenAI, vLLM): each choice's text starts with its prompt's, the string as given
+//! or the ids decoded (special tokens kept, as `/detokenize` and vLLM do); a stream sends it
+//! as each choice's first chunk, before any token.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -46,6 +50,7 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
 
     let tokenize = trace.phase("tokenize");
     let prompts = prompt_ids(&state, req.prompt.as_ref())?;
+    let echo = if req.echo == Some(true) { echo_texts(&state, &prompts)? } else { Vec::new() };
     let total = prompts.len() as u64 * u64::from(params.n);
     if total > u64::from(state.config().max_choices) {
         return Err(ApiError::invalid(
@@ -59,7 +64,7 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
     }
     let prompts = prompts
         .into_iter()
-        .map(|ids| {
+        .map(|Prompt { ids, .. }| {
             let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "prompt")?;
             Ok(PromptPlan { ids, max_tokens })
         })
@@ -79,6 +84,8 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
         with_logprobs: top_logprobs.is_some(),
         include_usage: params.include_usage,
         offsets: vec![0; choices.len()],
+        echo,
+        n: params.n,
     };
     if params.stream {
         return Ok(sse_response(choices, renderer, tally, params.include_usage, state.config().keep_alive));
@@ -90,7 +97,11 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
         .map(|r| {
             tally.record(r.index, r.completion_tokens, r.cached_tokens);
             let reason = r.finish.unwrap_or(ApiFinish::Stop);
-            renderer.choice(r.index, r.text, &r.logprobs, Some(reason))
+            let text = match renderer.echo_of(r.index) {
+                Some(prompt) => format!("{prompt}{}", r.text),
+                None => r.text,
+            };
+            renderer.choice(r.index, text, &r.logprobs, Some(reason))
         })
         .collect();
     let mut response = renderer.response(choices);
@@ -101,8 +112,13 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
 /// Parameters that would change the output and that this server does not implement are
 /// refused rather than ignored.
 fn unsupported(req: &CompletionRequest, n: u32) -> Result<(), ApiError> {
-    if req.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
+    // With logprobs, echo also returns the prompt tokens' logprobs (OpenAI, vLLM); the
+    // engine computes logprobs of sampled tokens only, so that pair is refused.
+    if req.echo == Some(true) && req.logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "echo with logprobs is not supported (it needs the prompt's logprobs); ask for one or the other",
+        ));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
@@ -113,17 +129,37 @@ fn unsupported(req: &CompletionRequest, n: u32) -> Result<(), ApiError> {
     }
 }
 
-/// The prompts as token ids: strings are tokenized with BOS added, ids checked.
-fn prompt_ids(state: &AppState, prompt: Option<&Value>) -> Result<Vec<Vec<u32>>, ApiError> {
+/// One prompt of the request: its ids, and its text when it was given as text.
+struct Prompt {
+    ids: Vec<u32>,
+    text: Option<String>,
+}
+
+/// What `echo` puts before each prompt's choices: the prompt's text as given, or its ids decoded.
+fn echo_texts(state: &AppState, prompts: &[Prompt]) -> Result<Vec<String>, ApiError> {
+    prompts
+        .iter()
+        .map(|p| match &p.text {
+            Some(text) => Ok(text.clone()),
+            None => state.codec().decode(&p.ids, false).map_err(|e| ApiError::from_codec(e, "prompt")),
+        })
+        .collect()
+}
+
+/// The prompts: strings tokenized with BOS added (and kept as given, for `echo`), ids checked.
+fn prompt_ids(state: &AppState, prompt: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
     let codec = state.codec();
     let vocab = codec.vocab_size();
-    let encode = |s: &str| codec.encode_prompt(s, true).map_err(|e| ApiError::from_codec(e, "prompt"));
-    let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+    let encode = |s: &str| {
+        let ids = codec.encode_prompt(s, true).map_err(|e| ApiError::from_codec(e, "prompt"))?;
+        Ok(Prompt { ids, text: Some(s.to_owned()) })
+    };
+    let ids = |items: &[Value]| -> Result<Prompt, ApiError> {
         let ints: Vec<i64> = items
             .iter()
             .map(|v| v.as_i64().ok_or_else(|| ApiError::invalid("prompt", "a token-id prompt must hold only integers")))
             .collect::<Result<_, _>>()?;
-        validate::token_ids("prompt", &ints, vocab)
+        Ok(Prompt { ids: validate::token_ids("prompt", &ints, vocab)?, text: None })
     };
     let shape_error = || {
         ApiError::invalid(
@@ -157,9 +193,18 @@ struct CompletionChunks {
     include_usage: bool,
     /// Characters of each choice's logprob tokens so far (`text_offset`).
     offsets: Vec<u32>,
+    /// `echo`: each prompt's text, which its choices start with; empty without echo.
+    echo: Vec<String>,
+    /// Choices per prompt: choice `i` is prompt `i / n`'s.
+    n: u32,
 }
 
 impl CompletionChunks {
+    /// The echoed prompt text choice `index` starts with, under `echo`.
+    fn echo_of(&self, index: u32) -> Option<&str> {
+        self.echo.get((index / self.n.max(1)) as usize).map(String::as_str)
+    }
+
     fn choice(
         &mut self,
         index: u32,
@@ -195,8 +240,15 @@ impl CompletionChunks {
 impl ChunkRenderer for CompletionChunks {
     type Chunk = Completion;
 
+    /// Under `echo`, each choice's prompt text, before any token.
     fn opening(&mut self) -> Vec<Completion> {
-        Vec::new()
+        let choices = self.echo.len() as u32 * self.n;
+        (0..choices)
+            .filter_map(|index| {
+                let text = self.echo_of(index)?.to_owned();
+                Some(self.chunk(vec![CompletionChoice { index, text, logprobs: None, finish_reason: None }]))
+            })
+            .collect()
     }
 
     fn delta(&mut self, index: u32, text: String, entries: Vec<TokenLogprob>) -> Completion {

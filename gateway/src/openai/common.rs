@@ -30,7 +30,8 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     /// Ends the text after the matched stop string instead of before it.
     pub include_stop_str_in_output: Option<bool>,
-    /// Refused when above 0 (not implemented): silently ignoring it would change the output.
+    /// vLLM extension: completion tokens produced before EOS, a stop id or a stop string
+    /// may end the sequence; at most `max_tokens`.
     pub min_tokens: Option<i64>,
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,

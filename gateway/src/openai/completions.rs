@@ -13,8 +13,9 @@ pub struct CompletionRequest {
     pub prompt: Option<Value>,
     /// Number of alternatives per position, 0..=5.
     pub logprobs: Option<i64>,
-    /// Unsupported: rejected when set, rather than silently ignored.
+    /// The text of each choice starts with its prompt's (refused with `logprobs`).
     pub echo: Option<bool>,
+    /// Unsupported: rejected when set, rather than silently ignored.
     pub suffix: Option<String>,
     pub best_of: Option<i64>,
 }

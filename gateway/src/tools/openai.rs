@@ -217,7 +217,7 @@ impl Reply {
 
 /// The streamed response: role chunks, then text / call chunks as they come, a finish chunk
 /// per choice, the usage chunk when asked, `[DONE]`. A failure ends the stream with one
-/// error event (as `sse.rs` does).
+/// error event and `[DONE]` (`sse::failure_events`).
 pub fn sse(
     reply: Reply,
     choices: Vec<impl Stream<Item = ToolItem> + Send + 'static>,
@@ -232,9 +232,9 @@ pub fn sse(
         let mut merged = stream::select_all(choices.into_iter().map(Box::pin));
         while let Some(item) = merged.next().await {
             if let ToolItemEvent::Failed(e) = item.event {
-                let error = ApiError::from(e);
-                error.log();
-                yield data(&error.body());
+                for event in crate::sse::failure_events(e) {
+                    yield event;
+                }
                 return;
             }
             if let Some(chunk) = reply.item(item, &mut tally) {
@@ -246,7 +246,7 @@ pub fn sse(
             chunk.usage = Some(Some(tally.usage()));
             yield data(&chunk);
         }
-        yield Ok(Event::default().data("[DONE]"));
+        yield crate::sse::done();
     };
     Sse::new(events).keep_alive(KeepAlive::new().interval(keep_alive)).into_response()
 }

@@ -71,8 +71,19 @@ impl RowRequest {
                 penalties.push((run[0].0, 1 + out as u32));
             }
         }
-        // The kernel takes one entry per token (a sequence's sampler merged them already).
-        let bias = merged_bias(&params.logit_bias).into_owned();
+        // `min_tokens`' ban rides on the bias entries as -inf (the kernel adds each entry,
+        // and x + -inf is -inf, the CPU sampler's ban); the kernel takes one entry per token
+        // (a sequence's sampler merged the bias already; a banned id with a bias merges here).
+        let ban = params.min_tokens_ban(generated);
+        let bias = if ban.is_empty() {
+            merged_bias(&params.logit_bias).into_owned()
+        } else {
+            for &t in ban {
+                check("min_tokens_stop_ids", t)?;
+            }
+            let banned = ban.iter().map(|&t| (t, f32::NEG_INFINITY));
+            merged_bias(&params.logit_bias.iter().copied().chain(banned).collect::<Vec<_>>()).into_owned()
+        };
         Ok(RowRequest {
             params: SampleParams {
                 seed,
@@ -305,5 +316,29 @@ mod tests {
             .penalties
             .is_empty());
         assert!(RowRequest::new(&params, 1, 0, &history, 3, 8).is_err(), "token 9 is past a vocabulary of 8");
+    }
+
+    /// `min_tokens` reaches the kernel as -inf bias entries on the stop ids (merged with a
+    /// stop id's own bias, in token order) while the output is shorter, and not after.
+    #[test]
+    fn min_tokens_bans_stop_ids_through_the_bias_entries() {
+        let params = SamplingParams {
+            logit_bias: vec![(2, 1.5), (9, -3.0)],
+            min_tokens: 2,
+            min_tokens_stop_ids: vec![4, 9],
+            ..SamplingParams::greedy()
+        };
+        let inf = f32::NEG_INFINITY;
+        for generated in [0, 1] {
+            let req = RowRequest::new(&params, 1, 0, &[], generated, 10).expect("request");
+            assert_eq!(req.bias, vec![(2, 1.5), (4, inf), (9, inf)], "after {generated} tokens");
+        }
+        for generated in [2, 3] {
+            let req = RowRequest::new(&params, 1, 0, &[], generated, 10).expect("request");
+            assert_eq!(req.bias, vec![(2, 1.5), (9, -3.0)], "after {generated} tokens");
+        }
+        let past = SamplingParams { min_tokens_stop_ids: vec![10], ..params };
+        assert!(RowRequest::new(&past, 1, 0, &[], 0, 10).is_err(), "stop id 10 is past a vocabulary of 10");
+        assert!(RowRequest::new(&past, 1, 0, &[], 2, 10).is_ok(), "not banned any more, so not read");
     }
 }
