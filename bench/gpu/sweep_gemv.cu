@@ -18,8 +18,9 @@
 // weight copies (L2 never holds W). Then a Llama-8B layer's four GEMVs in a chain (qkv, o,
 // gate_up, down; 32 layers over 16 weight sets in one CUDA graph), each matrix on the
 // kernel a plan names. Checks the sweep's output against the ring's on random inputs first.
-// The model's own sweep kernel (kernels/cuda/gemv_sweep.cu, built from this prototype's
-// non-pipelined variant) runs in the same races.
+// Commit 9e2a7d7 built the non-pipelined variant into the model with every fused mode
+// (kernels/cuda/gemv_sweep.cu there; 100.5 us per layer in this chain): no faster end to end
+// (bench/RESULTS.md, 2026-12-02), so it was reverted and only this program stays.
 // Build and run on the device:
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/sweep_gemv bench/gpu/sweep_gemv.cu && /tmp/sweep_gemv
 #include <algorithm>
@@ -30,9 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "../../kernels/cuda/common.cuh"
-#include "../../kernels/cuda/gemv_shared.cuh"
 #include "../../kernels/cuda/gemv.cu"
-#include "../../kernels/cuda/gemv_sweep.cu"
 
 #define CK(x)                                                                     \
     do {                                                                          \
@@ -44,6 +43,16 @@
     } while (0)
 
 #define SW_T 256
+
+__device__ __forceinline__ float sw_dot8(uint4 w, uint4 x, float acc) {
+    const u32 ww[4] = {w.x, w.y, w.z, w.w}, xx[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc = fmaf(__uint_as_float(ww[i] << 16), __uint_as_float(xx[i] << 16), acc);
+        acc = fmaf(__uint_as_float(ww[i] & 0xffff0000u), __uint_as_float(xx[i] & 0xffff0000u), acc);
+    }
+    return acc;
+}
 
 // Requirements: cols == L * SW_T * 8, blockDim.x == SW_T.
 template <int L, int R, bool PIPE>
@@ -81,7 +90,7 @@ __global__ void __launch_bounds__(SW_T) sweep_gemv(float* __restrict__ out, cons
         for (int r = 0; r < R; ++r) {
             acc[r] = 0.f;
 #pragma unroll
-            for (int l = 0; l < L; ++l) acc[r] = sweep_dot8(a[r * L + l], xv[l], acc[r]);
+            for (int l = 0; l < L; ++l) acc[r] = sw_dot8(a[r * L + l], xv[l], acc[r]);
             acc[r] = warp_sum(acc[r]);
         }
         if (lane == 0) {
@@ -144,7 +153,7 @@ static void ring(float* out, const bf16* x, const bf16* w, int rows, int cols, c
     launch_pdl((const void*)gemv_f32_p6, dim3(std::min(g_sms, tiles)), dim3(256), RING_SMEM, args, s);
 }
 
-enum Kind { RING, SWEEP, PROD };
+enum Kind { RING, SWEEP };
 struct Variant {
     const char* name;
     Kind kind;
@@ -162,20 +171,8 @@ static void sweep(const Variant& v, float* out, const bf16* x, const bf16* w, in
     launch_pdl(fn, dim3(std::min(groups, g_sms * v.ctas_per_sm)), dim3(SW_T), 0, args, s);
 }
 
-// The model's sweep kernel (kernels/cuda/gemv_sweep.cu) as gemv_sweep.rs launches it.
-static void prod(const Variant& v, float* out, const bf16* x, const bf16* w, int rows, int cols, cudaStream_t s) {
-    int m = 1, flags = 1;
-    const bf16* gamma = nullptr;
-    float eps = 0.f;
-    GemvRope rope = {};
-    void* args[] = {&out, &x, &w, &m, &rows, &cols, &flags, &gamma, &eps, &rope};
-    const int groups = (rows + sweep_rows(cols / 2048) - 1) / sweep_rows(cols / 2048);
-    launch_pdl(cols == 4096 ? v.fn4096 : v.fn14336, dim3(std::min(groups, g_sms * v.ctas_per_sm)), dim3(SW_T), 0, args, s);
-}
-
 static void run(const Variant& v, float* out, const bf16* x, const bf16* w, int rows, int cols, cudaStream_t s) {
     if (v.kind == RING) ring(out, x, w, rows, cols, s);
-    else if (v.kind == PROD) prod(v, out, x, w, rows, cols, s);
     else sweep(v, out, x, w, rows, cols, s);
 }
 
@@ -190,11 +187,9 @@ int main() {
         {"sweep pipe R=4|1, 2 CTA/SM", SWEEP, (const void*)sweep_gemv<2, 4, true>, (const void*)sweep_gemv<7, 1, true>, 2, 4, 1},
         {"sweep pipe R=2|1, 4 CTA/SM", SWEEP, (const void*)sweep_gemv<2, 2, true>, (const void*)sweep_gemv<7, 1, true>, 4, 2, 1},
         {"sweep pipe R=8|-, 2 CTA/SM", SWEEP, (const void*)sweep_gemv<2, 8, true>, (const void*)sweep_gemv<7, 1, false>, 2, 8, 1},
-        {"model's gemv_sweep_f32, 4 CTA/SM", PROD, (const void*)gemv_sweep_f32_l2, (const void*)gemv_sweep_f32_l7, 4, 4, 1},
     };
     const int n_var = sizeof(variants) / sizeof(variants[0]);
     for (int i = 1; i < n_var; ++i) {
-        if (variants[i].kind == PROD) continue;
         cudaFuncAttributes fa;
         CK(cudaFuncGetAttributes(&fa, variants[i].fn4096));
         int occ = 0;
@@ -298,7 +293,6 @@ int main() {
         {"qkv, gate_up, down sweep 4/SM", {1, 0, 1, 1}},
         {"all sweep 4/SM (again)", {1, 1, 1, 1}},
         {"all ring (again)", {0, 0, 0, 0}},
-        {"all the model's sweep kernel", {7, 7, 7, 7}},
         {"all sweep R=2 8/SM", {3, 3, 3, 3}},
         {"qkv, o, gate_up sweep pipe R=8 2/SM", {6, 6, 6, 0}},
         {"all sweep pipe R=8 2/SM (down 4/SM)", {6, 6, 6, 6}},

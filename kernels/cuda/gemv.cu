@@ -78,6 +78,26 @@
 // ones' NORM modes with exactly 8 warps, norm.cu's block.
 #define GEMV_NORM_WARP_COLS 1024
 
+#define GEMV_PLAIN 0
+#define GEMV_NORM 1
+#define GEMV_NORM_SWIGLU 2
+#define GEMV_RESIDUAL 3
+#define GEMV_NORM_ROPE 4
+
+// NORM_ROPE's epilogue operands (gemv_fused.rs's `GemvRope`, the same layout); unused by the
+// other modes. Caches are [slots, n_kv, head_dim]; cos_sin [max_pos, half_rot].
+struct GemvRope {
+    bf16* q_out;
+    bf16* k_cache;
+    bf16* v_cache;
+    const bf16* bias;
+    const u32* positions;
+    const u32* slots;
+    const float2* cos_sin;
+    u64 n_slots;
+    u32 n_heads, n_kv, head_dim, half_rot, max_pos, pad;
+};
+
 // w: L2-only (.cg), 256-byte L2 prefetch, evict-first policy. bytes = 0 writes zeros.
 __device__ __forceinline__ void gemv_cp_w(u32 dst, const bf16* src, int bytes, u64 policy) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
@@ -129,6 +149,8 @@ __device__ __forceinline__ void gemv_store(void* out, u64 i, float v) {
     }
 }
 
+// bf16 rounding of an f32 value, kept as f32 (what a bf16 store and reload gives).
+__device__ __forceinline__ float gemv_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 // Row pitch (values) of the normalised x in shared memory: the smallest >= cols that is 32
 // mod 64, so consecutive rows start 64 bytes apart in the banks and each 8-lane phase of a
@@ -419,10 +441,33 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                 // A thread per (token, row pair) of the tile: rows rr, rr + 1 are dims d, d + 1
                 // of head hh (qkv.cu's arithmetic, from the bf16-rounded sums).
                 const int row0 = cq.tile * GEMV_ROWS;
+                const u32 hd = rope.head_dim, nq = rope.n_heads, nkv = rope.n_kv;
                 for (int i = threadIdx.x; i < (GEMV_ROWS / 2) * m; i += blockDim.x) {
                     const int n = i / (GEMV_ROWS / 2), rr = 2 * (i % (GEMV_ROWS / 2)), row = row0 + rr;
                     if (row >= rows) continue;
-                    gemv_rope_write(rope, n, row, gemv_round(tile_sum(rr, n)), gemv_round(tile_sum(rr + 1, n)));
+                    const u32 hh = (u32)row / hd, d = (u32)row % hd;
+                    float a = gemv_round(tile_sum(rr, n)), b = gemv_round(tile_sum(rr + 1, n));
+                    if (rope.bias) {
+                        a += bf16_to_f32(rope.bias[row]);
+                        b += bf16_to_f32(rope.bias[row + 1]);
+                    }
+                    bf16* dst;
+                    if (hh < nq) {
+                        dst = rope.q_out + ((u64)n * nq + hh) * hd;
+                    } else {
+                        const u32 slot = rope.slots[n];
+                        if ((u64)slot >= rope.n_slots) continue;
+                        const bool is_v = hh >= nq + nkv;
+                        dst = (is_v ? rope.v_cache : rope.k_cache) + ((u64)slot * nkv + hh - nq - (is_v ? nkv : 0)) * hd;
+                    }
+                    if (hh < nq + nkv && d / 2 < rope.half_rot) {
+                        const u32 pos = rope.positions[n];
+                        float ra = __int_as_float(0x7fc00000), rb = ra;
+                        if (pos < rope.max_pos) rope_rotate(a, b, rope.cos_sin[(u64)pos * rope.half_rot + d / 2], ra, rb);
+                        a = ra;
+                        b = rb;
+                    }
+                    *reinterpret_cast<u32*>(dst + d) = (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
                 }
             } else {
                 // Consecutive threads take consecutive rows of one output row: coalesced.

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Compiles every kernel module of kernels/cuda/ for an AMD GPU arch (default gfx90a) with
 # hipcc --genco, through kernels/hip/compat.h, exactly as the HIP loader assembles them
-# (compat.h + common.cuh [+ sampling_shared.cuh for the sampling modules, gemv_shared.cuh
-# for the GEMV ones] + the .cu file; the list mirrors kernels/src/cuda/sources.rs and a Rust
-# test checks the two agree).
+# (compat.h + common.cuh [+ sampling_shared.cuh for the sampling modules] + the .cu file; the
+# list mirrors kernels/src/cuda/sources.rs and a Rust test checks the two agree).
 # Needs Debian's hipcc and rocm-device-libs, no GPU. Prints one line per module and the compiler's
 # messages; exits 1 if any module failed.
 #
@@ -16,7 +15,7 @@ archs=("$@")
 command -v hipcc >/dev/null || { echo "check_sources: hipcc not found (apt-get install hipcc rocm-device-libs)" >&2; exit 1; }
 
 # module = file stem; the sampling modules also take sampling_shared.cuh.
-modules=(norm activation embedding inputs rope attention qkv init sampling sampling_split gemv gemv_sweep allreduce_oneshot token_mask)
+modules=(norm activation embedding inputs rope attention qkv init sampling sampling_split gemv allreduce_oneshot token_mask)
 failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -29,7 +28,6 @@ for arch in "${archs[@]}"; do
             cat "$here/compat.h"
             cat "$cuda/common.cuh"
             case $m in sampling | sampling_split) cat "$cuda/sampling_shared.cuh" ;; esac
-            case $m in gemv | gemv_sweep) cat "$cuda/gemv_shared.cuh" ;; esac
             cat "$cuda/$m.cu"
         } >"$src"
         if ! out=$(hipcc --genco --offload-arch="$arch" -O3 -std=c++17 -DTESSERA_EXPECT_WARP_SIZE=$wave -o "$tmp/$m.co" "$src" 2>&1); then

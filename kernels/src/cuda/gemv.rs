@@ -21,7 +21,6 @@ use cudarc::driver::sys::{self, CUfunction_attribute_enum};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::device::{dev_err, Buf, Device};
-use super::gemv_sweep::SweepKernels;
 use super::launch_ex::launch_ex;
 use crate::error::check;
 use crate::KernelError;
@@ -120,10 +119,9 @@ pub(crate) struct GemvRope {
 }
 
 impl Mode {
-    pub(crate) const ALL: [Mode; 6] =
-        [Mode::Bf16, Mode::F32, Mode::Norm, Mode::NormSwiglu, Mode::Residual, Mode::NormRope];
+    const ALL: [Mode; 6] = [Mode::Bf16, Mode::F32, Mode::Norm, Mode::NormSwiglu, Mode::Residual, Mode::NormRope];
 
-    pub(crate) fn kernel_name(self) -> &'static str {
+    fn kernel_name(self) -> &'static str {
         match self {
             Mode::Bf16 => "bf16",
             Mode::F32 => "f32",
@@ -135,7 +133,7 @@ impl Mode {
     }
 
     /// Whether x is normalised into shared memory (the ring then carries W only).
-    pub(crate) fn normalises(self) -> bool {
+    fn normalises(self) -> bool {
         matches!(self, Mode::Norm | Mode::NormSwiglu | Mode::NormRope)
     }
 
@@ -209,8 +207,6 @@ pub(crate) struct GemvKernels {
     /// nw-th one: on by default (H200, Llama-3-8B decode: batch 1 233 -> 240 tok/s, batch 4
     /// 873 -> 902; bench/RESULTS.md); `TESSERA_GEMV_CONTIGUOUS=0` at load turns it off.
     contiguous: bool,
-    /// The batch-1 kernel that reads W in address order (gemv_sweep.rs).
-    pub(crate) sweep: SweepKernels,
 }
 
 impl GemvKernels {
@@ -241,7 +237,6 @@ impl GemvKernels {
             persistent: AtomicBool::new(DEFAULT_PERSISTENT),
             pdl: AtomicU8::new(DEFAULT_PDL),
             contiguous: std::env::var("TESSERA_GEMV_CONTIGUOUS").as_deref() != Ok("0"),
-            sweep: SweepKernels::load(f)?,
         })
     }
 
@@ -299,17 +294,12 @@ impl Device {
     /// shape; the caller checked the buffers' lengths.
     pub(crate) fn gemv_launch(&self, out: sys::CUdeviceptr, call: &GemvCall<'_>) -> Result<(), KernelError> {
         const OP: &str = "cuda_gemv";
-        let GemvCall { mode, m, rows, cols, .. } = *call;
+        let GemvCall { mode, x, m, w, rows, cols, gamma, eps, rope } = *call;
         let shape_err = || KernelError::Shape { op: OP, detail: format!("m={m} {rows}x{cols} ({mode:?})") };
         if !shape_fits(m, rows, cols) || (mode == Mode::NormSwiglu && !rows.is_multiple_of(2)) {
             return Err(shape_err());
         }
         let g = &self.kernels.gemv;
-        let pdl = g.pdl.load(Ordering::Relaxed);
-        if let Some(sw) = g.sweep.pick(mode, m, rows, cols, self.sm_count) {
-            // The sweep reads only bit 0 of the flags (W before the wait).
-            return self.gemv_kernel_launch(sw.func, sw.cfg, pdl, i32::from(pdl == 2), out, call);
-        }
         let set = STAGES.iter().position(|&s| s == g.stages.load(Ordering::Relaxed)).unwrap_or(0);
         let by_mode = &g.kernels[mode as usize];
         // Warps: the setting, within the kernel's limits and the chunk count, then evened
@@ -353,36 +343,15 @@ impl Device {
         };
         let wave = self.sm_count * per_sm as usize;
         let grid = if g.persistent.load(Ordering::Relaxed) && wave > 0 { tiles.min(wave) } else { tiles };
-        let grid = u32::try_from(grid).map_err(|_| shape_err())?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (32 * warps as u32, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let flags = i32::from(pdl == 2) | (i32::from(g.contiguous) << 1);
-        self.gemv_kernel_launch(&k.func, cfg, pdl, flags, out, call)
-    }
+        let pdl = g.pdl.load(Ordering::Relaxed);
 
-    /// Launches one of the GEMV kernels (ring or sweep: the same parameters) for `call` with
-    /// `flags` (bit 0: W before the wait; bit 1: contiguous chunk runs, ring only).
-    fn gemv_kernel_launch(
-        &self,
-        func: &CudaFunction,
-        cfg: LaunchConfig,
-        pdl: u8,
-        flags: i32,
-        out: sys::CUdeviceptr,
-        call: &GemvCall<'_>,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda_gemv";
-        let GemvCall { mode, x, m, w, rows, cols, gamma, eps, rope } = *call;
-        let shape_err = || KernelError::Shape { op: OP, detail: format!("m={m} {rows}x{cols} ({mode:?})") };
         let mut mi = i32::try_from(m).map_err(|_| shape_err())?;
         let mut ri = i32::try_from(rows).map_err(|_| shape_err())?;
         let mut ci = i32::try_from(cols).map_err(|_| shape_err())?;
-        let mut early = flags;
+        let mut early = i32::from(pdl == 2) | (i32::from(g.contiguous) << 1);
         let mut eps = eps;
         let mut rope = rope;
+        let grid = u32::try_from(grid).map_err(|_| shape_err())?;
 
         let s = &self.stream;
         let (xp, _g2) = x.inner.device_ptr(s);
@@ -402,17 +371,21 @@ impl Device {
             (&mut eps as *mut f32).cast(),
             (&mut rope as *mut GemvRope).cast(),
         ];
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
         // SAFETY: `params` points at live locals whose types match the kernel's parameters
         // (void*, const bf16*, const bf16*, int, int, int, int, const bf16*, float, GemvRope
         // by value, repr(C) as in the .cu; its pointers checked by matmul_rms_norm_rope); the
         // caller checked out / x / w (and gamma) against the shape, and cols % 8 == 0 keeps
         // every 16-byte copy aligned and in bounds; the shared memory is within the limit
         // set at load (max_warps, or the opt-in maximum for the normalising modes, whose
-        // extra rows were counted); grid <= tiles as the ring requires; the sweep was picked
-        // only for m = 1 and the cols it has a kernel for (gemv_sweep.rs), no shared memory;
-        // both wait for their prerequisite before reading x or writing out (and read only W
-        // and gamma, which no kernel writes, before that with flags bit 0).
-        unsafe { launch_ex(OP, s, func, cfg, pdl > 0, &mut params) }
+        // extra rows were counted); grid <= tiles as the kernel requires; the kernel waits
+        // for its prerequisite before reading x or writing out (and reads only W, which no
+        // kernel writes, before that with early_w).
+        unsafe { launch_ex(OP, s, &k.func, cfg, pdl > 0, &mut params) }
     }
 
     /// Overrides the GEMV's launch settings (tuning and benchmarks): ring `stages` (2, 4 or

@@ -40,8 +40,6 @@ mod gemv;
 #[cfg(feature = "cuda")]
 mod gemv_fused;
 #[cfg(feature = "cuda")]
-mod gemv_sweep;
-#[cfg(feature = "cuda")]
 mod graph;
 #[cfg(feature = "cuda")]
 mod init;

@@ -1,7 +1,7 @@
 //! The CUDA C sources, embedded in the binary at build time so a deployed worker needs no
 //! source tree. Each module is `common.cuh` followed by one `.cu` file (the two sampling modules
-//! put `sampling_shared.cuh` before theirs, the two GEMV modules `gemv_shared.cuh`); the
-//! concatenation is what NVRTC compiles and what the cache key hashes.
+//! put `sampling_shared.cuh` before theirs); the concatenation is what NVRTC compiles and what
+//! the cache key hashes.
 
 const COMMON: &str = include_str!("../../cuda/common.cuh");
 
@@ -20,8 +20,7 @@ pub const MODULES: &[(&str, &str)] = &[
         "sampling_split",
         concat!(include_str!("../../cuda/sampling_shared.cuh"), include_str!("../../cuda/sampling_split.cu")),
     ),
-    ("gemv", concat!(include_str!("../../cuda/gemv_shared.cuh"), include_str!("../../cuda/gemv.cu"))),
-    ("gemv_sweep", concat!(include_str!("../../cuda/gemv_shared.cuh"), include_str!("../../cuda/gemv_sweep.cu"))),
+    ("gemv", include_str!("../../cuda/gemv.cu")),
     ("allreduce_oneshot", include_str!("../../cuda/allreduce_oneshot.cu")),
     ("token_mask", include_str!("../../cuda/token_mask.cu")),
 ];

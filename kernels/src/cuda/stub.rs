@@ -335,12 +335,6 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn set_gemv_sweep(&self, on: bool) {
-        match self.never {}
-    }
-    pub fn gemv_sweep_fits(&self, cols: usize, norm: bool) -> bool {
-        match self.never {}
-    }
     #[doc(hidden)]
     pub fn set_gemv_tuning(&self, stages: usize, warps: usize, persistent: bool, pdl: u8) -> Result<(), KernelError> {
         match self.never {}

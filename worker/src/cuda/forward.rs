@@ -435,15 +435,6 @@ impl CudaModel {
             })
             .unwrap_or((6, 8));
         dev.set_gemv_tuning(stages, warps, true, 2)?;
-        // The batch-1 sweep GEMV only where it takes all of a layer's GEMVs (qkv and gate_up
-        // read the hidden row normalised, o the attention output, down the FFN activation):
-        // a chain mixing it with the ring kernel is slower than the ring alone.
-        let sweep = dev.gemv_sweep_fits(local.hidden_size, true)
-            && dev.gemv_sweep_fits(local.num_heads * local.head_dim, false)
-            && dev.gemv_sweep_fits(local.intermediate_size, false);
-        if !sweep {
-            dev.set_gemv_sweep(false);
-        }
         // Decode batches up to this many sequences run the lean attention kernel, beside
         // which the o GEMV starts early (for A/B runs; default: the kernels' choice).
         if let Some(n) = std::env::var("TESSERA_DECODE_LEAN_SEQS").ok().and_then(|v| v.parse().ok()) {
