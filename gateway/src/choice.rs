@@ -9,8 +9,10 @@
 //!   sample them) but their text is cut.
 //! - Logprob entries travel with the next released text, so a streamed chunk never carries
 //!   entries for text the client has not been sent; leftovers ride on the last piece.
-//! - Before `min_tokens` tokens no stop string ends the choice (vLLM skips its stop checks
-//!   until then); one that ends at or after that token counts, even if it began before.
+//! - No stop string completed by one of the first `min_tokens` tokens ends the choice (vLLM's
+//!   v1 detokenizer checks only once the output is longer); one completed by a later token
+//!   counts, even if it began earlier. Stop ids are banned as long (the worker's sampler), so
+//!   either way a stop comes after at least `min_tokens` tokens.
 
 use crate::codec::{CodecError, StreamDecoder};
 use crate::engine::{EngineError, EngineEvent, FinishReason};
@@ -106,7 +108,8 @@ impl ChoiceAssembler {
         }
     }
 
-    /// No stop string ends the choice before its `n`-th token (vLLM's `min_tokens`).
+    /// No stop string completed by one of the choice's first `n` tokens ends it (vLLM's
+    /// `min_tokens`).
     pub fn with_min_tokens(mut self, n: u32) -> Self {
         self.min_tokens = n;
         self
@@ -217,9 +220,9 @@ impl ChoiceAssembler {
         pieces
     }
 
-    /// Feeds `text` to the stop matcher, unchecked while fewer than `min_tokens` tokens came.
+    /// Feeds `text` to the stop matcher, unchecked while at most `min_tokens` tokens came.
     fn match_stops(&mut self, text: &str) -> StopStep {
-        if self.completion_tokens < self.min_tokens {
+        if self.min_tokens > 0 && self.completion_tokens <= self.min_tokens {
             StopStep::Continue(self.matcher.push_unchecked(text))
         } else {
             self.matcher.push(text)
@@ -308,13 +311,13 @@ mod tests {
         assert_eq!(asm.completion_tokens(), 6);
     }
 
-    /// vLLM's `min_tokens`: a stop string completed by a token before the `min_tokens`-th
-    /// ends nothing; one completed by that token or a later one ends the choice.
+    /// vLLM's `min_tokens`: a stop string completed by one of the first `min_tokens` tokens
+    /// ends nothing; one completed by a later token ends the choice.
     #[test]
     fn stop_strings_wait_for_min_tokens() {
         let ids = ByteCodec::ids("a##b##c");
         let events = || ids.iter().map(|&id| token(id, -1.0)).collect::<Vec<_>>();
-        for (min_tokens, want) in [(0, "a"), (3, "a"), (4, "a##b"), (6, "a##b"), (7, "a##b##c")] {
+        for (min_tokens, want) in [(0, "a"), (2, "a"), (3, "a##b"), (5, "a##b"), (6, "a##b##c")] {
             let mut asm = assembler(&["##"], false).with_min_tokens(min_tokens);
             let mut all = events();
             all.push(finished(FinishReason::Length));

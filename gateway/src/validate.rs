@@ -186,6 +186,30 @@ pub(crate) fn message_content(content: Option<&Value>, role: &str, param: &str) 
 }
 
 /// Completion tokens for a prompt of `prompt_len` tokens: the request's `max_tokens` if the
+/// `min_tokens` against the rest of the request, once the grammar and a prompt's token
+/// budget are known: it cannot go with a grammar (`response_format`, a tool-call grammar),
+/// which once complete allows only the stop ids that `min_tokens` bans, so the sequence could
+/// only fail; and it must fit `budget`, the prompt's resolved `max_tokens` (vLLM checks it
+/// against the default `max_tokens` as well).
+pub fn check_min_tokens(spec: &SamplingSpec, budget: u32) -> Result<(), ApiError> {
+    if spec.min_tokens == 0 {
+        return Ok(());
+    }
+    if spec.constraint.is_some() {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            "min_tokens cannot be combined with response_format or a tool-call grammar",
+        ));
+    }
+    if spec.min_tokens > budget {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!("min_tokens ({}) is more than the {budget} tokens the prompt leaves room for", spec.min_tokens),
+        ));
+    }
+    Ok(())
+}
+
 /// total fits the context, else 400; without one, whatever fits (capped by the config).
 /// `param` names the prompt field (`messages` or `prompt`).
 pub fn resolve_max_tokens(

@@ -199,13 +199,13 @@ async fn stop_string_split_over_tokens_is_cut() {
 }
 
 /// vLLM's `min_tokens`: the engine is asked for it (it keeps EOS and the stop ids from being
-/// sampled), and a stop string completed before the `min_tokens`-th token ends nothing,
-/// streamed or not; one completed at that token or later still does.
+/// sampled), and a stop string completed by one of the first `min_tokens` tokens ends
+/// nothing, streamed or not; one completed by a later token still does.
 #[tokio::test]
 async fn min_tokens_reaches_the_engine_and_defers_stop_strings() {
     // One token per byte: "##" completes at tokens 3, 6 and 9.
     let reply = "a##b##c##d";
-    for (min_tokens, want) in [(0, "a"), (3, "a"), (4, "a##b"), (9, "a##b##c"), (10, reply)] {
+    for (min_tokens, want) in [(0, "a"), (2, "a"), (3, "a##b"), (8, "a##b##c"), (9, reply)] {
         for stream in [false, true] {
             let engine = engine_replying(reply, true, 0);
             let app = router(config(), engine.clone());

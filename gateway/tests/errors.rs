@@ -68,6 +68,10 @@ async fn chat_validation_errors_name_their_param() {
         (chat(json!({"min_tokens": 5, "max_tokens": 4})), "min_tokens"),
         (chat(json!({"min_tokens": 5, "max_completion_tokens": 4})), "min_tokens"),
         (chat(json!({"min_tokens": "5"})), "min_tokens"),
+        // A grammar, once complete, allows only the stop ids min_tokens bans.
+        (chat(json!({"min_tokens": 2, "response_format": {"type": "json_object"}})), "min_tokens"),
+        // Without max_tokens, min_tokens must fit what the context leaves.
+        (chat(json!({"min_tokens": MAX_MODEL_LEN})), "min_tokens"),
         // vLLM fields this server does not implement are refused, not ignored.
         (
             json!({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}),
@@ -194,6 +198,8 @@ async fn completions_validation_errors() {
         // echo would return the prompt's logprobs too, which the engine does not compute.
         (json!({"prompt": "x", "echo": true, "logprobs": 0}), "echo"),
         (json!({"prompt": "x", "echo": true, "logprobs": 2}), "echo"),
+        (json!({"prompt": "x", "min_tokens": 1, "response_format": {"type": "json_object"}}), "min_tokens"),
+        (json!({"prompt": ["x", "y"], "min_tokens": MAX_MODEL_LEN}), "min_tokens"),
         (json!({"prompt": "x", "echo": 1}), "echo"),
         (json!({"prompt": "x", "suffix": "tail"}), "suffix"),
         (json!({"prompt": "x", "best_of": 3}), "best_of"),

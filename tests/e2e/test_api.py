@@ -1,5 +1,6 @@
 """The OpenAI API through the official `openai` client: chat and completions, streamed and
-not, `n`, stop strings, `max_tokens`, logprobs, seeds and `stream_options.include_usage`.
+not, `n`, stop strings, `max_tokens`, logprobs, seeds, `stream_options.include_usage`, and
+vLLM's `echo` and `min_tokens`.
 
 Expectations are derived from the server's own greedy output where the exact text cannot be
 known in advance (e.g. a stop string is picked from the middle of a greedy answer and the
@@ -133,6 +134,32 @@ def test_stop_string_cuts_the_text(client, chat, stream):
     assert stop not in text
     assert text == expected
     assert finish == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_echo_puts_the_prompt_before_the_completion(client, stream):
+    want, _ = _greedy_with_stop(client, chat=False, stream=False, max_tokens=8)
+    r = client.completions.create(model=MODEL_NAME, prompt=STORY, max_tokens=8, temperature=0, echo=True,
+                                  stream=stream)
+    text = "".join(c.choices[0].text for c in r if c.choices) if stream else r.choices[0].text
+    assert text == STORY + want
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_min_tokens_defers_a_stop_string(client, chat):
+    """vLLM's `min_tokens`: a stop string completed within the first `min_tokens` tokens does
+    not end the answer, so with `min_tokens` = `max_tokens` greedy runs to the length limit."""
+    full, finish = _greedy_with_stop(client, chat, stream=False)
+    assert finish == "length", f"the greedy answer ended early: {full!r}"
+    stop = " " + full.split()[len(full.split()) // 2]
+    stopped, _ = _greedy_with_stop(client, chat, stream=False, stop=[stop])
+    assert stopped != full
+    kw = dict(model=MODEL_NAME, max_tokens=32, temperature=0, stop=[stop], extra_body={"min_tokens": 32})
+    if chat:
+        text = client.chat.completions.create(messages=CHAT, **kw).choices[0].message.content
+    else:
+        text = client.completions.create(prompt=STORY, **kw).choices[0].text
+    assert text == full
 
 
 @pytest.mark.parametrize("stream", [False, True])

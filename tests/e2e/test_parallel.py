@@ -89,6 +89,11 @@ def _stream_then_signal(cluster, sig, rank):
     return events, time.monotonic() - t0, pids[rank]
 
 
+def _ends_with_error(events) -> bool:
+    """An OpenAI-shaped error event, then `[DONE]`: how a stream that fails mid-way ends."""
+    return len(events) >= 2 and events[-1] == b"[DONE]" and "error" in json.loads(events[-2])
+
+
 def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
     """Killing one tensor-parallel worker mid-stream ends the stream with an OpenAI-shaped
     error event within seconds (the dead rank's gRPC stream breaks and its peers' collective
@@ -96,7 +101,7 @@ def test_a_dead_rank_fails_its_replicas_requests_promptly(doomed_tp3_cluster):
     c = doomed_tp3_cluster
     events, elapsed, _ = _stream_then_signal(c, signal.SIGKILL, 1)
     assert elapsed < 35, f"the stream took {elapsed:.1f} s to end after the rank died"
-    assert "error" in json.loads(events[-1]), f"the stream ended without an error event: {events[-3:]}"
+    assert _ends_with_error(events), f"the stream ended without an error event and [DONE]: {events[-3:]}"
     # Nothing hangs afterwards: the coordinator marks the replica unhealthy and refuses new
     # work until `tessera serve` has started the worker again and the coordinator has
     # re-formed the replica (test_chaos.py checks that); a new request gets an error status
@@ -117,4 +122,4 @@ def test_a_hung_rank_fails_its_replica_at_the_step_deadline(hung_tp3_cluster):
         for p in worker_pids(hung_tp3_cluster):
             os.kill(p, signal.SIGCONT)
     assert elapsed < 20, f"the stream took {elapsed:.1f} s to end after the rank hung"
-    assert "error" in json.loads(events[-1]), f"no error event at the end: {events[-3:]}"
+    assert _ends_with_error(events), f"no error event and [DONE] at the end: {events[-3:]}"

@@ -43,7 +43,12 @@ BAD_FIELDS = [
     ("empty_messages", CHAT, {"messages": []}, "messages"),
     ("prompt_token_outside_vocab", COMPLETION, {"prompt": [1, 2, 9999999]}, "prompt"),
     ("empty_prompt_list", COMPLETION, {"prompt": []}, "prompt"),
-    ("echo_unsupported", COMPLETION, {"echo": True}, "echo"),
+    # echo works, but with logprobs it would need the prompt's logprobs, not computed.
+    ("echo_with_logprobs", COMPLETION, {"echo": True, "logprobs": 1}, "echo"),
+    # A complete grammar allows only the stop ids that min_tokens bans.
+    ("min_tokens_with_response_format", CHAT, {"min_tokens": 2, "response_format": {"type": "json_object"}},
+     "min_tokens"),
+    ("min_tokens_over_max_tokens", COMPLETION, {"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
 ]
 
 

@@ -72,6 +72,7 @@ async fn chat(state: AppState, body: axum::body::Bytes, trace: &RequestTrace) ->
     let codec = state.codec();
     let ids = codec.encode_prompt(&tools.prompt, true).map_err(|e| ApiError::from_codec(e, "messages"))?;
     let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "messages")?;
+    validate::check_min_tokens(&params.spec, max_tokens)?;
     let prompts = [PromptPlan { ids, max_tokens }];
     drop(tokenize);
 

@@ -66,6 +66,7 @@ async fn complete(state: AppState, body: axum::body::Bytes, trace: &RequestTrace
         .into_iter()
         .map(|Prompt { ids, .. }| {
             let max_tokens = validate::resolve_max_tokens(&state, ids.len(), params.max_tokens, "prompt")?;
+            validate::check_min_tokens(&params.spec, max_tokens)?;
             Ok(PromptPlan { ids, max_tokens })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
