@@ -456,8 +456,14 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 g = lane >> 2, t4 = lane & 3;
 
+    // Launched programmatically (launch_ex with pdl), this CTA may start while the kernel
+    // ahead of it (the qkv GEMV or qkv_rope_write, which writes q and each sequence's newest
+    // K/V at ctx - 1) still runs. Until griddepcontrol.wait it reads only what was complete
+    // before that kernel started: the step's context lengths and block tables, and K/V at
+    // positions below ctx - 1 (earlier steps). A plain launch makes the wait a no-op.
     const u32 ctx = ctx_lens[seq];
     if (ctx == 0) {  // a padding row: zeros, written once
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
         if (split == 0)
             for (u32 i = tid; i < gcount * HD; i += DEC_THREADS)
                 out[((u64)seq * n_heads + head0 + i / HD) * HD + i % HD] = 0;
@@ -468,18 +474,6 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     if (split >= n_valid) return;
     const u32 start = split * len;  // < ctx
     const u32 end = split + 1 == n_splits || ctx - start <= len ? ctx : start + len;
-
-    // Q's A fragments: row g = head g (zero past gcount), dims 16 kk + 2 t4 ..+1 and +8.
-    u32 qa[NKS][2];
-    {
-        const bool ok = g < gcount;
-        const u32* qrow = reinterpret_cast<const u32*>(q + ((u64)seq * n_heads + head0 + (ok ? g : 0)) * HD);
-#pragma unroll
-        for (int kk = 0; kk < NKS; ++kk) {
-            qa[kk][0] = ok ? qrow[8 * kk + t4] : 0u;
-            qa[kk][1] = ok ? qrow[8 * kk + 4 + t4] : 0u;
-        }
-    }
 
     // This warp's tiles: j = 0.. at positions start + (warp + j DEC_WARPS) DEC_TILE.
     const u32 n_tiles = (end - start - 1) / DEC_TILE + 1;
@@ -526,15 +520,38 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     for (int d = 0; d < NDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m = ATT_NEG_INF, l = 0.f;  // row g's running max (log2 domain) and this lane's sum
 
+    // The ring's first tiles: those wholly below ctx - 1 before the wait, the rest (and q)
+    // after it, committed in tile order either way.
+    u32 qa[NKS][2];
     {
         u32 first[ST - 1];
 #pragma unroll
         for (u32 j = 0; j < ST - 1; ++j) first[j] = row_slot(j);
+        u32 early = 0;
 #pragma unroll
-        for (u32 j = 0; j < ST - 1; ++j) {
-            if (j < my_tiles) issue(first[j], j);
-            cp_async_commit();
+        for (u32 j = 0; j < ST - 1; ++j)
+            if (early == j && j < my_tiles && tile_pos(j) + DEC_TILE < ctx) early = j + 1;
+#pragma unroll
+        for (u32 j = 0; j < ST - 1; ++j)
+            if (j < early) {
+                issue(first[j], j);
+                cp_async_commit();
+            }
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+        // Q's A fragments: row g = head g (zero past gcount), dims 16 kk + 2 t4 ..+1 and +8.
+        const bool ok = g < gcount;
+        const u32* qrow = reinterpret_cast<const u32*>(q + ((u64)seq * n_heads + head0 + (ok ? g : 0)) * HD);
+#pragma unroll
+        for (int kk = 0; kk < NKS; ++kk) {
+            qa[kk][0] = ok ? qrow[8 * kk + t4] : 0u;
+            qa[kk][1] = ok ? qrow[8 * kk + 4 + t4] : 0u;
         }
+#pragma unroll
+        for (u32 j = 0; j < ST - 1; ++j)
+            if (j >= early) {
+                if (j < my_tiles) issue(first[j], j);
+                cp_async_commit();
+            }
     }
     u32 next = row_slot(ST - 1);
     u32 stage = 0;

@@ -28,6 +28,15 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
 
 #define BF16_NAN ((bf16)0x7fc0u)
 
+// Programmatic dependent launch: lets the next kernel in the stream, if launched with the
+// PDL attribute, start while this one runs (it waits with griddepcontrol.wait before reading
+// what this one writes). Without that attribute, and on AMD GPUs, nothing happens.
+#ifdef TESSERA_HIP
+#define PDL_TRIGGER()
+#else
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#endif
+
 // SwiGLU's gate: silu(g) = g / (1 + e^-g) (activation.cu, and the fused decode GEMV's epilogue).
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
 

@@ -36,6 +36,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
                                           u32 n_tokens, u32 n_heads, u32 n_kv, u32 head_dim, u32 half_rot,
                                           u32 max_pos, u64 n_slots, float eps, int neox) {
     extern __shared__ float qkv_smem[];
+    PDL_TRIGGER();  // the decode attention after it copies older K/V meanwhile
     const u32 t = blockIdx.x;
     const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const u32 h = blockIdx.y * QKV_WARPS + warp;
@@ -134,6 +135,7 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
                                                u32 n_tokens, u32 n_heads, u32 n_kv, u32 head_dim, u32 half_rot,
                                                u32 max_pos, u64 n_slots, float eps, int neox, u32 lanes_log2) {
     extern __shared__ float qkv_smem[];
+    PDL_TRIGGER();  // the decode attention after it copies older K/V meanwhile
     const u32 t = blockIdx.x;
     const u32 lanes = 1u << lanes_log2;
     const u32 gi = threadIdx.x >> lanes_log2, li = threadIdx.x & (lanes - 1);

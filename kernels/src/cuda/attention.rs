@@ -10,12 +10,14 @@
 //! device-side indices (slots, block ids, lengths) cannot be, so the kernels never read
 //! outside the cache for bad ones: they produce NaN rows instead (see the .cu file).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{self, CUfunction_attribute_enum};
+use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
+use super::launch_ex::launch_ex;
 use super::paged::{
     decode_lean_smem_bytes, decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS,
     MIN_SPLIT_TOKENS, PF_ROWS,
@@ -56,6 +58,9 @@ pub(crate) struct AttentionKernels {
     /// dependents at once. Taken for batches of at most `lean_max_seqs` sequences.
     decode_lean: [CudaFunction; 2],
     lean_max_seqs: AtomicUsize,
+    /// Whether decode attention launches programmatically (see
+    /// [`Device::set_decode_early_start`]).
+    early_start: AtomicBool,
     /// `paged_prefill_hd{64,128}`.
     prefill: [CudaFunction; 2],
 }
@@ -94,6 +99,7 @@ impl AttentionKernels {
             decode_ctas_per_sm,
             decode_lean,
             lean_max_seqs: AtomicUsize::new(DECODE_LEAN_MAX_SEQS),
+            early_start: AtomicBool::new(false),
             prefill,
         })
     }
@@ -275,6 +281,18 @@ impl Device {
         self.kernels.attention.lean_max_seqs.store(n, Ordering::Relaxed);
     }
 
+    /// Decode attention launches programmatically (`early`; default off), so its CTAs start
+    /// while the kernel ahead of them runs: each reads the context lengths and block tables
+    /// and copies the K/V of positions below `context_lens[s] - 1` before it waits for that
+    /// kernel, then q and the newest position after. Only for callers where all of that was
+    /// written before the kernel ahead started, which is then usually the one writing q and
+    /// the newest K/V (the qkv GEMV with RoPE, or `qkv_rope_write`): the decode step of a
+    /// model, whose tables and lengths are the step's inputs and whose older K/V came from
+    /// earlier steps. Results are the same bits either way.
+    pub fn set_decode_early_start(&self, early: bool) {
+        self.kernels.attention.early_start.store(early, Ordering::Relaxed);
+    }
+
     /// Decode attention: one query per sequence, `q`, `out` `[num_seqs, n_heads, head_dim]`,
     /// the query at position `context_lens[s] - 1` attending to positions
     /// `0..context_lens[s]`; scores `scale * q.k`, softmax and sums in f32.
@@ -353,7 +371,7 @@ impl Device {
         let smem = u("shared memory", if lean { decode_lean_smem_bytes(hd) } else { decode_smem_bytes(hd) })?;
         let cfg =
             LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: smem };
-        let null = 0u64;
+        let null: sys::CUdeviceptr = 0;
         let ws = workspace.filter(|_| plan.n_splits > 1);
         if let Some(w) = &ws {
             // Guaranteed by the capacity rule (see DecodeWorkspace::counters); checked so a
@@ -362,38 +380,60 @@ impl Device {
                 format!("workspace holds {} split counters, {ctas} needed", w.counters.len())
             })?;
         }
-        let mut b = self.stream.launch_builder(func);
-        b.arg(&mut out.inner);
-        match ws {
-            Some(w) => {
-                b.arg(&mut w.part_o.inner).arg(&mut w.part_lse.inner).arg(&mut w.counters.inner);
-            }
-            None => {
-                b.arg(&null).arg(&null).arg(&null);
-            }
+        let s = &self.stream;
+        let (mut out_p, _g0) = out.inner.device_ptr_mut(s);
+        let (mut part_o, mut part_lse, mut counters) = (null, null, null);
+        let mut _ws_guards = None;
+        if let Some(w) = ws {
+            let (o, go) = w.part_o.inner.device_ptr_mut(s);
+            let (l, gl) = w.part_lse.inner.device_ptr_mut(s);
+            let (c, gc) = w.counters.inner.device_ptr_mut(s);
+            (part_o, part_lse, counters) = (o, l, c);
+            _ws_guards = Some((go, gl, gc));
         }
-        b.arg(&q.inner)
-            .arg(&batch.k_cache.inner)
-            .arg(&batch.v_cache.inner)
-            .arg(&batch.block_tables.inner)
-            .arg(&max_blocks)
-            .arg(&batch.context_lens.inner)
-            .arg(&num_blocks)
-            .arg(&block_size)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&group)
-            .arg(&gt)
-            .arg(&dev_split)
-            .arg(&n_splits)
-            .arg(&min_split)
-            .arg(&scale_log2);
-        // SAFETY: argument order matches the kernel; q/out/table/cache lengths were
-        // checked; partials and counters are touched only with n_splits > 1, where the
-        // workspace holds num_seqs x n_heads x n_splits rows (plan_splits capped n_splits by
-        // it; the kernel never lets more than n_splits splits of a sequence start before its
-        // context) and a counter per (sequence, kv head chunk).
-        unsafe { b.launch(cfg) }.map_err(dev_err(OP))?;
+        let (mut q_p, _g1) = q.inner.device_ptr(s);
+        let (mut k_p, _g2) = batch.k_cache.inner.device_ptr(s);
+        let (mut v_p, _g3) = batch.v_cache.inner.device_ptr(s);
+        let (mut table_p, _g4) = batch.block_tables.inner.device_ptr(s);
+        let (mut ctx_p, _g5) = batch.context_lens.inner.device_ptr(s);
+        let (mut max_blocks, mut num_blocks, mut block_size) = (max_blocks, num_blocks, block_size);
+        let (mut nh, mut nkv, mut group, mut gt) = (nh, nkv, group, gt);
+        let (mut dev_split, mut n_splits, mut min_split, mut scale_log2) = (dev_split, n_splits, min_split, scale_log2);
+        let ptr = |p: &mut sys::CUdeviceptr| -> *mut c_void { (p as *mut sys::CUdeviceptr).cast() };
+        let int = |v: &mut u32| -> *mut c_void { (v as *mut u32).cast() };
+        let mut params: [*mut c_void; 20] = [
+            ptr(&mut out_p),
+            ptr(&mut part_o),
+            ptr(&mut part_lse),
+            ptr(&mut counters),
+            ptr(&mut q_p),
+            ptr(&mut k_p),
+            ptr(&mut v_p),
+            ptr(&mut table_p),
+            int(&mut max_blocks),
+            ptr(&mut ctx_p),
+            int(&mut num_blocks),
+            int(&mut block_size),
+            int(&mut nh),
+            int(&mut nkv),
+            int(&mut group),
+            int(&mut gt),
+            int(&mut dev_split),
+            int(&mut n_splits),
+            int(&mut min_split),
+            (&mut scale_log2 as *mut f32).cast(),
+        ];
+        let early = att.early_start.load(Ordering::Relaxed);
+        // SAFETY: `params` points at live locals in the kernel's parameter order and types
+        // (eight pointers, u32 max_blocks, the context-length pointer, ten u32, f32); q/out/
+        // table/cache lengths were checked; partials and counters are touched only with
+        // n_splits > 1, where the workspace holds num_seqs x n_heads x n_splits rows
+        // (plan_splits capped n_splits by it; the kernel never lets more than n_splits splits
+        // of a sequence start before its context) and a counter per (sequence, kv head
+        // chunk); otherwise they are null and unused. With `early` (programmatic launch) the
+        // caller vouched, through set_decode_early_start, that what the kernel reads before
+        // its griddepcontrol.wait was complete before the kernel ahead of it started.
+        unsafe { launch_ex(OP, s, func, cfg, early, &mut params) }?;
         Ok(plan)
     }
 

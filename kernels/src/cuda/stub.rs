@@ -432,6 +432,9 @@ impl Device {
     pub fn set_decode_lean_max_seqs(&self, n: usize) {
         match self.never {}
     }
+    pub fn set_decode_early_start(&self, early: bool) {
+        match self.never {}
+    }
     pub fn paged_decode_attention(
         &self,
         out: &mut Buf<bf16>,

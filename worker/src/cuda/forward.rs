@@ -440,6 +440,11 @@ impl CudaModel {
         if let Some(n) = std::env::var("TESSERA_DECODE_LEAN_SEQS").ok().and_then(|v| v.parse().ok()) {
             dev.set_decode_lean_max_seqs(n);
         }
+        // Decode attention starts beside the kernel that writes q and the newest K/V and
+        // copies the older K/V meanwhile: run_layers' decode steps take their tables and
+        // lengths from the step's inputs and their older K/V from earlier steps, as
+        // set_decode_early_start requires (`TESSERA_DECODE_EARLY=0`: plain launches).
+        dev.set_decode_early_start(std::env::var("TESSERA_DECODE_EARLY").as_deref() != Ok("0"));
         Ok(CudaModel {
             core: Core {
                 dev,
