@@ -106,3 +106,51 @@ pub fn compile_all(arch: Arch) -> Result<Vec<(&'static str, usize)>, KernelError
         .map(|&(module, body)| Ok((module, compile(module, &super::sources::full_source(body), arch)?.len())))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::sources::{full_source, MODULES};
+
+    /// NVRTC compiles on a machine without a GPU; these run where it is installed and
+    /// `TESSERA_NVRTC_TESTS=1` (CI: scripts/setup fetches NVIDIA's libnvrtc wheel, scripts/test
+    /// puts it on the library path), so a CUDA source that does not compile fails there, not
+    /// on the device.
+    fn enabled(test: &str) -> bool {
+        let on = std::env::var_os("TESSERA_NVRTC_TESTS").is_some();
+        if !on {
+            eprintln!("{test}: skipped (TESSERA_NVRTC_TESTS not set)");
+        }
+        on
+    }
+
+    #[test]
+    fn every_module_compiles_for_hopper() {
+        if !enabled("every_module_compiles_for_hopper") {
+            return;
+        }
+        eprintln!("{}", version().expect("NVRTC loads"));
+        let arch = Arch::parse("sm_90a").unwrap();
+        for (module, body) in MODULES {
+            let cubin = compile(module, &full_source(body), arch).unwrap_or_else(|e| panic!("{e}"));
+            // An ELF image: what cuModuleLoadData takes.
+            assert_eq!(cubin.get(..4), Some(&b"\x7fELF"[..]), "{module}: not a CUBIN");
+        }
+    }
+
+    #[test]
+    fn a_broken_source_fails_with_the_compilers_log() {
+        if !enabled("a_broken_source_fails_with_the_compilers_log") {
+            return;
+        }
+        let arch = Arch::parse("sm_90a").unwrap();
+        let src = full_source("extern \"C\" __global__ void k(float* p) { p[0] = undeclared_name; }");
+        match compile("broken", &src, arch) {
+            Err(KernelError::Compile { module, log, .. }) => {
+                assert_eq!(module, "broken");
+                assert!(log.contains("undeclared_name"), "log names the error: {log}");
+            }
+            other => panic!("expected a compile error, got {other:?}"),
+        }
+    }
+}
