@@ -9,6 +9,9 @@
 #                                   #   serve    - `tessera serve --device cuda` end to end (bench/gpu/serve_check.py)
 #                                   #              and loadgen at 1/16/64 sessions
 #                                   #   bench    - `tessera bench --device cuda` on synthetic 8B shapes
+#                                   #   trace    - (not in the default list) kernel timeline of decode steps
+#                                   #              (bench/gpu/kernel_trace.c, kernel_timeline.py) at
+#                                   #              TRACE_BATCHES (default 1 64) sequences
 #                                   #   tp       - (not in the default list; needs 2 GPUs: nvidia-h200-x2)
 #                                   #              tensor parallel: kernels/tests/cuda_allreduce.rs (one-shot
 #                                   #              all-reduce tests, then its latency vs NCCL by size),
@@ -146,6 +149,23 @@ if [[ " $STAGES " == *" bench "* ]]; then
         run "tessera bench --device cuda --synthetic $shape" "$LOG/bench.log" \
             "$BIN/tessera" bench --device cuda --synthetic "$shape" ${BENCH_ARGS:-}
     done
+fi
+
+if [[ " $STAGES " == *" trace "* ]]; then
+    # Kernel timeline of decode steps (CUDA graph nodes included) through CUPTI
+    # (bench/gpu/kernel_trace.c), one process per batch size; the traces stay in $LOG.
+    : > "$LOG/trace.log"
+    cupti=${CUPTI_DIR:-/usr/local/cuda-13.0/targets/x86_64-linux}
+    rm -f /tmp/libktrace.so
+    if run "build the CUPTI kernel tracer" "$LOG/trace.log" gcc -O2 -shared -fPIC -I"$cupti/include" \
+        -o /tmp/libktrace.so bench/gpu/kernel_trace.c -L"$cupti/lib" -lcupti && [[ -f /tmp/libktrace.so ]]; then
+        for b in ${TRACE_BATCHES:-1 64}; do
+            run "kernel timeline, ${TRACE_SHAPE:-llama-3-8b-v49k}, $b sequences" "$LOG/trace.log" sh -c \
+                "LD_LIBRARY_PATH=$cupti/lib CUDA_INJECTION64_PATH=/tmp/libktrace.so KTRACE_OUT=$LOG/trace$b.csv \
+                 $BIN/tessera bench --device cuda --synthetic ${TRACE_SHAPE:-llama-3-8b-v49k} --prompts 512 \
+                 --batches $b --gen-tokens 32 | grep -E '^\\| decode' && python3 bench/gpu/kernel_timeline.py $LOG/trace$b.csv"
+        done
+    fi
 fi
 
 if [[ " $STAGES " == *" tp "* ]]; then
