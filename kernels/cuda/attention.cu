@@ -539,12 +539,15 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
             }
         asm volatile("griddepcontrol.wait;\n" ::: "memory");
         // Q's A fragments: row g = head g (zero past gcount), dims 16 kk + 2 t4 ..+1 and +8.
+        // Coherent loads (__ldcg): q is written by the kernel ahead while this one runs, and
+        // the read-only path its __restrict__ would otherwise give them (ld.global.nc) lets
+        // the compiler move them above the wait.
         const bool ok = g < gcount;
         const u32* qrow = reinterpret_cast<const u32*>(q + ((u64)seq * n_heads + head0 + (ok ? g : 0)) * HD);
 #pragma unroll
         for (int kk = 0; kk < NKS; ++kk) {
-            qa[kk][0] = ok ? qrow[8 * kk + t4] : 0u;
-            qa[kk][1] = ok ? qrow[8 * kk + 4 + t4] : 0u;
+            qa[kk][0] = ok ? __ldcg(qrow + 8 * kk + t4) : 0u;
+            qa[kk][1] = ok ? __ldcg(qrow + 8 * kk + 4 + t4) : 0u;
         }
 #pragma unroll
         for (u32 j = 0; j < ST - 1; ++j)

@@ -425,7 +425,7 @@ impl Device {
         ];
         let early = att.early_start.load(Ordering::Relaxed);
         // SAFETY: `params` points at live locals in the kernel's parameter order and types
-        // (eight pointers, u32 max_blocks, the context-length pointer, ten u32, f32); q/out/
+        // (eight pointers, u32 max_blocks, the context-length pointer, nine u32, f32); q/out/
         // table/cache lengths were checked; partials and counters are touched only with
         // n_splits > 1, where the workspace holds num_seqs x n_heads x n_splits rows
         // (plan_splits capped n_splits by it; the kernel never lets more than n_splits splits

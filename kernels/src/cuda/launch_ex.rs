@@ -1,10 +1,13 @@
 //! Kernel launch with programmatic dependent launch (PDL): cudarc's launch builder takes
 //! no launch attributes, so kernels that may start before the kernel ahead of them finishes
-//! (the decode GEMVs) go through `cuLaunchKernelEx` here. With
-//! `pdl` the kernel may launch once every CTA of the previous kernel in the stream has
-//! executed `griddepcontrol.launch_dependents` (or exited); it must execute
-//! `griddepcontrol.wait` before touching anything that kernel writes. Without it this is a
-//! plain launch (the kernel's griddepcontrol instructions are then no-ops).
+//! (the decode GEMVs, the one-shot all-reduce, decode attention) go through
+//! `cuLaunchKernelEx` here. With `pdl` the kernel may launch once every CTA of the previous
+//! kernel in the stream has executed `griddepcontrol.launch_dependents` (or exited); it must
+//! execute `griddepcontrol.wait` before touching anything that kernel writes. That kernel
+//! may itself have started before the one ahead of it finished, so what is read before the
+//! wait must have been complete before the previous kernel started (a plain launch further
+//! back guarantees it for everything ahead of that launch). Without `pdl` this is a plain
+//! launch (the kernel's griddepcontrol instructions are then no-ops).
 
 use std::ffi::c_void;
 
@@ -20,8 +23,8 @@ use crate::KernelError;
 /// # Safety
 /// `params` must point at live values whose types, order and count match the kernel's
 /// parameters, and the kernel must stay within its buffers for this configuration; with
-/// `pdl` it must wait (`griddepcontrol.wait`) before reading or writing memory the
-/// previous kernel in the stream may touch.
+/// `pdl` it must wait (`griddepcontrol.wait`) before reading or writing memory that the
+/// previous kernel in the stream, or any kernel still running ahead of it, may write.
 pub(crate) unsafe fn launch_ex(
     op: &'static str,
     stream: &CudaStream,

@@ -443,7 +443,10 @@ impl CudaModel {
         // Decode attention starts beside the kernel that writes q and the newest K/V and
         // copies the older K/V meanwhile: run_layers' decode steps take their tables and
         // lengths from the step's inputs and their older K/V from earlier steps, as
-        // set_decode_early_start requires (`TESSERA_DECODE_EARLY=0`: plain launches).
+        // set_decode_early_start requires (`TESSERA_DECODE_EARLY=0`: plain launches). That
+        // holds because the step's first kernels (unpack4, embedding, nccl_recv) are plain
+        // launches that never trigger early: every programmatic kernel of the layers starts
+        // after they finished. Keep them so.
         dev.set_decode_early_start(std::env::var("TESSERA_DECODE_EARLY").as_deref() != Ok("0"));
         Ok(CudaModel {
             core: Core {
