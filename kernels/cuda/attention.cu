@@ -402,6 +402,12 @@ PREFILL_KERNEL(128, 2)
 //
 // A position the table does not map loads K = NaN, V = 0 (NaN scores, so NaN rows);
 // positions past the split's end load zeros and are masked.
+//
+// Launched programmatically (Device::set_decode_early_start), a CTA starts while the kernel
+// that writes q and the newest K/V (at ctx - 1) still runs: before griddepcontrol.wait it
+// reads only the context length and block table and copies the ring's first tiles that lie
+// wholly below ctx - 1; q and any tile holding ctx - 1 come after the wait. Nothing is
+// written before it.
 
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * 32)
