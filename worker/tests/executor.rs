@@ -184,7 +184,7 @@ fn penalties_count_the_output_not_the_prompt() {
         from_previous: false,
     };
     // (label, prompt runs as (start, end, sample), tokens generated before admission)
-    let cases: [(&str, Vec<(usize, usize, bool)>, usize); 3] = [
+    let cases = [
         ("one run", vec![(0, prompt.len(), true)], 0),
         ("chunked", vec![(0, 5, false), (5, prompt.len(), true)], 0),
         ("re-admitted after 3", vec![(0, prompt.len() + 3, true)], 3),
