@@ -121,8 +121,8 @@ extern "C" __global__ void __launch_bounds__(512) allreduce_oneshot(bf16* buf, u
     // Launched programmatically (the host's choice), wait for the kernel before this one
     // first: its partial sums, and the previous call's epochs, must be complete. A no-op for
     // a plain launch.
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    if (early_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    PDL_WAIT();
+    if (early_dependents) PDL_TRIGGER();
     u32* epochs = (u32*)(self + ONESHOT_EPOCHS_OFFSET);
 
     __shared__ u32 s_epoch;

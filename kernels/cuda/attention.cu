@@ -462,14 +462,10 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 g = lane >> 2, t4 = lane & 3;
 
-    // Launched programmatically (launch_ex with pdl), this CTA may start while the kernel
-    // ahead of it (the qkv GEMV or qkv_rope_write, which writes q and each sequence's newest
-    // K/V at ctx - 1) still runs. Until griddepcontrol.wait it reads only what was complete
-    // before that kernel started: the step's context lengths and block tables, and K/V at
-    // positions below ctx - 1 (earlier steps). A plain launch makes the wait a no-op.
+    // Before PDL_WAIT only the inputs and older K/V are read (see the section's header).
     const u32 ctx = ctx_lens[seq];
     if (ctx == 0) {  // a padding row: zeros, written once
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+        PDL_WAIT();
         if (split == 0)
             for (u32 i = tid; i < gcount * HD; i += DEC_THREADS)
                 out[((u64)seq * n_heads + head0 + i / HD) * HD + i % HD] = 0;
@@ -543,7 +539,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
                 issue(first[j], j);
                 cp_async_commit();
             }
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+        PDL_WAIT();
         // Q's A fragments: row g = head g (zero past gcount), dims 16 kk + 2 t4 ..+1 and +8.
         // Coherent loads (__ldcg): q is written by the kernel ahead while this one runs, and
         // the read-only path its __restrict__ would otherwise give them (ld.global.nc) lets
@@ -759,7 +755,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
         u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
         float scale_log2) {                                                                                         \
-        if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");                              \
+        if (TRIGGER) PDL_TRIGGER();                              \
         decode_body<HD, ST>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks,         \
                             ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits,        \
                             min_split, scale_log2);                                                                 \

@@ -31,10 +31,13 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
 // Programmatic dependent launch: lets the next kernel in the stream, if launched with the
 // PDL attribute, start while this one runs (it waits with griddepcontrol.wait before reading
 // what this one writes). Without that attribute, and on AMD GPUs, nothing happens.
+// PDL_WAIT: waits until the kernel ahead has finished and its writes are visible.
 #ifdef TESSERA_HIP
 #define PDL_TRIGGER()
+#define PDL_WAIT()
 #else
 #define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
 #endif
 
 // SwiGLU's gate: silu(g) = g / (1 + e^-g) (activation.cu, and the fused decode GEMV's epilogue).

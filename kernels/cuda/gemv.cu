@@ -353,11 +353,11 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         }
     };
 
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    PDL_TRIGGER();
     uint4 g_pre[GEMV_GAMMA_REGS];
     if (XS) gemv_gamma_preload(g_pre, gamma, cols);
     const bool early_w = (flags & 1) != 0;
-    if (!early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if (!early_w) PDL_WAIT();
     // Prologue: w of the first P items (one group each), then x of the same items (one
     // group, after the wait when w went first), all landed before the first use. The NORM
     // modes normalise x into shared memory instead, while w's copies fly.
@@ -370,7 +370,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         }
         gemv_commit();
     }
-    if (early_w) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if (early_w) PDL_WAIT();
     if (XS) {
         // No group of its own: the loop's wait for item q (P - 1 groups may stay pending)
         // is then exactly the wait for w's stage q, and the first items are used as soon
