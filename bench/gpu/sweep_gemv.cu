@@ -33,14 +33,7 @@
 #include "../../kernels/cuda/common.cuh"
 #include "../../kernels/cuda/gemv.cu"
 
-#define CK(x)                                                                     \
-    do {                                                                          \
-        cudaError_t e = (x);                                                      \
-        if (e != cudaSuccess) {                                                   \
-            printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__);           \
-            exit(1);                                                              \
-        }                                                                         \
-    } while (0)
+#include "gemv_bench.cuh"
 
 #define SW_T 256
 
@@ -115,31 +108,7 @@ __global__ void __launch_bounds__(SW_T) sweep_gemv(float* __restrict__ out, cons
     }
 }
 
-__global__ void fill_random(bf16* p, u64 n, u32 seed) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u32 h = (u32)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = f32_to_bf16(((float)(h & 0xffffu) / 65535.f - 0.5f) * 0.25f);
-    }
-}
-
 static int g_sms = 0;
-
-static void launch_pdl(const void* fn, dim3 grid, dim3 block, size_t smem, void** args, cudaStream_t s) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
-}
 
 // The ring GEMV as gemv.rs launches it: 8 warps, P = 6, persistent, flags 3.
 static const size_t RING_SMEM = 8 * (6 * GEMV_STAGE_BYTES(6) + 2 * GEMV_RED_BYTES);
@@ -213,10 +182,10 @@ int main() {
         const u64 n = (u64)shapes[k].rows * shapes[k].cols;
         for (int s = 0; s < SETS; ++s) {
             CK(cudaMalloc(&W[k][s], n * 2));
-            fill_random<<<1024, 256>>>(W[k][s], n, 1000u * k + s + 1);
+            fill_random<<<1024, 256>>>(W[k][s], n, 1000u * k + s + 1, 0.25f, 0.f);
         }
         CK(cudaMalloc(&X[k], (u64)shapes[k].cols * 2));
-        fill_random<<<64, 256>>>(X[k], shapes[k].cols, 77u + k);
+        fill_random<<<64, 256>>>(X[k], shapes[k].cols, 77u + k, 0.25f, 0.f);
         CK(cudaMalloc(&OUT[k][0], (u64)shapes[k].rows * 4));
         CK(cudaMalloc(&OUT[k][1], (u64)shapes[k].rows * 4));
     }
@@ -248,9 +217,6 @@ int main() {
         }
     }
 
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     // Single shapes: 64 back-to-back calls over the rotating sets, median of 7 repeats.
     printf("\n%-20s", "us per call (TB/s)");
     for (int i = 0; i < n_var; ++i) printf(" | %-26s", variants[i].name);
@@ -261,13 +227,10 @@ int main() {
         for (int i = 0; i < n_var; ++i) {
             std::vector<float> times;
             for (int rep = 0; rep < 7; ++rep) {
-                CK(cudaEventRecord(e0, st));
-                for (int c = 0; c < 64; ++c) run(variants[i], OUT[k][c & 1], X[k], W[k][c % SETS], shapes[k].rows, shapes[k].cols, st);
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                times.push_back(ms * 1000.f / 64);
+                times.push_back(elapsed_us(st, 64, [&] {
+                    for (int c = 0; c < 64; ++c)
+                        run(variants[i], OUT[k][c & 1], X[k], W[k][c % SETS], shapes[k].rows, shapes[k].cols, st);
+                }));
             }
             std::sort(times.begin(), times.end());
             const float us = times[3];
@@ -311,13 +274,7 @@ int main() {
         CK(cudaGraphLaunch(exec, st));
         std::vector<float> times;
         for (int rep = 0; rep < 9; ++rep) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(exec, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            times.push_back(ms * 1000.f / 32);
+            times.push_back(elapsed_us(st, 32, [&] { CK(cudaGraphLaunch(exec, st)); }));
         }
         std::sort(times.begin(), times.end());
         const double bytes = 2.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);

@@ -35,14 +35,16 @@
 // Fused decode modes (one kernel where a layer had two or three; gemv.rs launches them):
 // - NORM: out = rms_norm(x; gamma, eps) · Wᵀ. Each CTA first normalises x's m rows into
 //   shared memory (x is the residual stream, a few KB, read from L2 by every CTA; the sum
-//   of squares in the order of norm.cu's block kernel at 256 threads), and the fragments'
-//   x values come from there instead of the ring. Replaces the rms_norm before qkv.
+//   of squares in the order of norm.cu's kernels, one CTA barrier, each warp scaling only
+//   the columns it reads), and the fragments' x values come from there instead of the
+//   ring. Replaces the rms_norm before qkv.
 // - NORM_SWIGLU: act = silu(g) * u where g | u = rms_norm(x) · [Wg; Wu]ᵀ, W the packed
 //   gate|up weight [2 ffn, cols]: a tile is 8 gate rows and the same 8 up rows (fragment
 //   rows g and g + 8), so both halves of an output meet in the tile's epilogue, rounded to
 //   bf16 first as the unfused GEMM + silu_mul pair rounds them. Replaces norm and SwiGLU.
 // - RESIDUAL: out += x · Wᵀ in place on the bf16 residual stream, out = bf16(out +
-//   bf16(sum)) as the unfused GEMM + add_rms_norm pair rounds it. Replaces that add.
+//   bf16(sum)) as the unfused GEMM + add_rms_norm pair rounds it, the residual's values
+//   read a tile ahead. Replaces that add.
 // - NORM_ROPE: NORM for the packed q|k|v weight, with qkv.cu's work in the epilogue for
 //   models without a q/k norm and with interleaved RoPE (pairs 2i, 2i + 1: both in one
 //   16-row tile, which never straddles a head as head_dim % 16 == 0): bf16(sum) + bias,
@@ -72,8 +74,6 @@
 // One warp's parked accumulators: 16 rows x 8 n f32 (two buffers, alternate tiles).
 #define GEMV_RED_BYTES (GEMV_ROWS * GEMV_MAX_M * 4)
 
-// gamma vectors a thread keeps in registers across the wait (8192 columns at 256 threads).
-#define GEMV_GAMMA_REGS 4
 // Longest row norm.cu's warp kernel takes (ops.rs's WARP_ROW_MAX); gemv.rs launches longer
 // ones' NORM modes with exactly 8 warps, norm.cu's block.
 #define GEMV_NORM_WARP_COLS 1024
@@ -159,67 +159,101 @@ __device__ __forceinline__ float gemv_round(float v) { return bf16_to_f32(f32_to
 __device__ __forceinline__ int gemv_xn_pitch(int cols) { return cols + (96 - cols % 64) % 64; }
 
 // NORM modes' prologue: xn[n] = bf16(x[n] * rsqrt(mean(x[n]^2) + eps) * gamma) for the m
-// rows, into shared memory at `xn`, summing the squares in exactly the order of the
-// unfused rms_norm (norm.cu, as ops.rs launches it), so fused and unfused steps give the
-// same bits and a sequence's tokens do not depend on what it was batched with:
+// rows, in shared memory at `xn`, with the squares summed in exactly the order of the
+// unfused rms_norm (norm.cu's register path, as ops.rs launches it), so fused and unfused
+// steps give the same bits and a sequence's tokens do not depend on what it was batched with:
 // - rows of at most GEMV_NORM_WARP_COLS values: norm.cu's warp kernel, one warp per row,
 //   lanes striding over the row's 16-byte vectors, then warp_sum;
-// - longer rows (up to 8192, norm.cu's register path): its 256-thread block kernel, threads
-//   striding by 256, warp sums, then the 8 warps' sums as block_sum adds them (the launcher
-//   makes this CTA exactly 256 threads wide).
-// The raw rows are copied in first with plain 16-byte loads, four in flight per thread (not
-// cp.async: waiting for those would also wait for the ring's copies of w queued before),
-// then squared, summed and scaled in place (gamma's first vectors preloaded in `g_pre`,
-// before the wait). `scratch`: GEMV_MAX_M x 32 floats (the accumulator parking space, unused
-// until the first tile ends).
-__device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict__ x, const bf16* __restrict__ gamma,
-                                               const uint4 (&g_pre)[GEMV_GAMMA_REGS], int m, int cols, float eps,
-                                               float* scratch) {
+// - longer rows (up to 8192): its 256-thread block kernel, threads striding by 256, warp
+//   sums, then the 8 warps' sums as block_sum's final warp_sum adds them (the launcher makes
+//   this CTA exactly 256 threads wide).
+// It runs after the wait for the kernel that wrote x, before the first mma: on the critical
+// path of every layer at batch 1, so it takes one CTA barrier and nothing else.
+// gemv_norm_sums: each thread loads the vectors norm.cu's thread of its index sums (16-byte
+// coherent loads, four in flight: cp.async would also wait for the ring's copies of w queued
+// before), stores them raw into xn and sums their squares in norm.cu's order; each warp's
+// sum of a row goes to `ws` (block path: ws[n * 8 + warp]; warp path: the row's total at
+// ws[n]). Then a barrier (the caller's), and gemv_norm_scale: each lane computes every row's
+// scale from ws, and the warp scales in place only the columns it reads itself (its chunks,
+// the same in every tile), gamma's lines of them prefetched before the wait
+// (gemv_gamma_prefetch); __syncwarp orders its lanes' writes before their reads.
+// `ws`: 64 floats no warp writes until the CTA's first barrier after the prologue.
+__device__ __forceinline__ void gemv_norm_sums(bf16* xn, const bf16* __restrict__ x, int m, int cols, float* ws) {
     const int nv = cols >> 3, pitch = gemv_xn_pitch(cols);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    for (int j0 = threadIdx.x; j0 < m * nv; j0 += 4 * blockDim.x) {
+    const bool by_warp = cols <= GEMV_NORM_WARP_COLS;
+    // This thread's vectors: rows n0, n0 + n_step, ... (n_rows of them), in each the vectors
+    // v0, v0 + v_step, ... below nv (at most per_row; the same count in every thread of a
+    // warp, so the row ends, where the warp sums, are uniform).
+    const int n0 = by_warp ? warp : 0, n_step = by_warp ? n_warps : 1;
+    const int v0 = by_warp ? lane : threadIdx.x, v_step = by_warp ? 32 : blockDim.x;
+    const int per_row = (nv + v_step - 1) / v_step;
+    const int n_rows = n0 < m ? (m - n0 + n_step - 1) / n_step : 0;
+    const int total = n_rows * per_row;
+    float ss = 0.f;
+    for (int q0 = 0; q0 < total; q0 += 4) {
         uint4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int j = j0 + u * blockDim.x, n = j / nv, i = j - n * nv;
-            if (j < m * nv) v[u] = *reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8);
+            const int q = q0 + u, n = n0 + (q / per_row) * n_step, i = v0 + (q % per_row) * v_step;
+            if (q < total && i < nv) v[u] = __ldcg(reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8));
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int j = j0 + u * blockDim.x, n = j / nv, i = j - n * nv;
-            if (j < m * nv) *reinterpret_cast<uint4*>(xn + n * pitch + i * 8) = v[u];
-        }
-    }
-    __syncthreads();
-    const bool by_warp = cols <= GEMV_NORM_WARP_COLS;
-    // Row n's sum of squares over the vectors i = first, first + stride, ... of one thread.
-    auto squares = [&](int n, int first, int stride) {
-        float ss = 0.f;
-        for (int i = first; i < nv; i += stride) {
-            float v[8];
-            unpack8(*reinterpret_cast<const uint4*>(xn + n * pitch + i * 8), v);
+            const int q = q0 + u, n = n0 + (q / per_row) * n_step, i = v0 + (q % per_row) * v_step;
+            if (q < total && i < nv) {
+                *reinterpret_cast<uint4*>(xn + n * pitch + i * 8) = v[u];
+                float f[8];
+                unpack8(v[u], f);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
-        }
-        return ss;
-    };
-    if (by_warp) {
-        for (int n = warp; n < m; n += n_warps) {
-            const float ss = warp_sum(squares(n, lane, 32));
-            if (lane == 0) scratch[n * 32] = ss;
-        }
-    } else {
-        for (int n = 0; n < m; ++n) {
-            const float ss = warp_sum(squares(n, threadIdx.x, blockDim.x));
-            if (lane == 0) scratch[n * 32 + warp] = ss;
+                for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+            }
+            if (q < total && q % per_row == per_row - 1) {
+                const float row_ss = warp_sum(ss);
+                if (lane == 0) ws[by_warp ? n : n * 8 + warp] = row_ss;
+                ss = 0.f;
+            }
         }
     }
-    __syncthreads();
+}
+
+// Column vector (8 values) e of this warp's columns: its chunks c0 + j c_step, j < per_tile.
+__device__ __forceinline__ int gemv_warp_vec(int e, int c0, int c_step) { return (c0 + (e >> 3) * c_step) * 8 + (e & 7); }
+
+// gamma's lines of the columns this warp reads (one 128-byte line per 64-column chunk),
+// prefetched into L1 before the wait for the previous kernel (gamma is a weight: never
+// written by it), so the scaling after the norm finds them there. Not into registers: held
+// across the norm they made the fused kernels spill.
+__device__ __forceinline__ void gemv_gamma_prefetch(const bf16* __restrict__ gamma, int cols, int c0, int c_step,
+                                                    int per_tile) {
+    for (int j = threadIdx.x % 32; j < per_tile; j += 32) {
+        const int k = (c0 + j * c_step) * GEMV_CHUNK;
+        if (k < cols) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gamma + k));
+    }
+}
+
+__device__ __forceinline__ void gemv_norm_scale(bf16* xn, const bf16* __restrict__ gamma, int m, int cols, float eps,
+                                                const float* ws, int c0, int c_step, int per_tile) {
+    const int nv = cols >> 3, pitch = gemv_xn_pitch(cols), lane = threadIdx.x % 32;
+    const bool by_warp = cols <= GEMV_NORM_WARP_COLS;
     float s[GEMV_MAX_M];
 #pragma unroll
     for (int n = 0; n < GEMV_MAX_M; ++n) {
-        const float ss = by_warp ? scratch[n * 32] : warp_sum(lane < n_warps ? scratch[n * 32 + lane] : 0.f);
-        s[n] = n < m ? rsqrtf(ss / (float)cols + eps) : 0.f;
+        s[n] = 0.f;
+        if (n < m) {
+            float ss;
+            if (by_warp) {
+                ss = ws[n];
+            } else {
+                // block_sum's final warp_sum over (w_0 .. w_7, 0, ...): lane 0's butterfly
+                // (the launcher makes the CTA 8 warps wide; fewer would leave zeros).
+                float w[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) w[k] = k < (int)(blockDim.x / 32) ? ws[n * 8 + k] : 0.f;
+                ss = ((w[0] + w[4]) + (w[2] + w[6])) + ((w[1] + w[5]) + (w[3] + w[7]));
+            }
+            s[n] = rsqrtf(ss / (float)cols + eps);
+        }
     }
     auto scale = [&](int i, uint4 gv) {
         float g[8];
@@ -236,28 +270,11 @@ __device__ __forceinline__ void gemv_normalise(bf16* xn, const bf16* __restrict_
             }
         }
     };
-#pragma unroll
-    for (int r = 0; r < GEMV_GAMMA_REGS; ++r) {
-        const int i = threadIdx.x + r * blockDim.x;
-        if (i < nv) scale(i, g_pre[r]);
+    for (int e = lane; e < per_tile * 8; e += 32) {
+        const int i = gemv_warp_vec(e, c0, c_step);
+        if (i < nv) scale(i, __ldg(reinterpret_cast<const uint4*>(gamma) + i));
     }
-    for (int i = threadIdx.x + GEMV_GAMMA_REGS * blockDim.x; i < nv; i += blockDim.x) {
-        scale(i, reinterpret_cast<const uint4*>(gamma)[i]);
-    }
-    __syncthreads();
-}
-
-// gamma's first 16-byte vectors of each thread (i = tid, tid + blockDim, ...), loaded
-// before the wait for the previous kernel (gamma is a weight: never written by it), so its
-// latency is off the critical path.
-__device__ __forceinline__ void gemv_gamma_preload(uint4 (&g_pre)[GEMV_GAMMA_REGS], const bf16* __restrict__ gamma,
-                                                   int cols) {
-    const int nv = cols >> 3;
-#pragma unroll
-    for (int r = 0; r < GEMV_GAMMA_REGS; ++r) {
-        const int i = threadIdx.x + r * blockDim.x;
-        if (i < nv) g_pre[r] = reinterpret_cast<const uint4*>(gamma)[i];
-    }
+    __syncwarp();
 }
 
 // A warp's position in its item sequence: the j-th of its chunks of tile `tile`.
@@ -346,6 +363,22 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         if (!has_x || k + t * 8 >= cols) return make_uint4(0u, 0u, 0u, 0u);
         return gemv_lds(xn_lane + (u32)(k * 2));
     };
+    // RESIDUAL: the residual values of the tile this CTA finishes next, read a whole tile
+    // ahead (for the first, right after the wait), so the epilogue's read-modify-write does
+    // not wait on L2 (~0.8 us per kernel, most of it in the last tile's epilogue). Thread
+    // slot r holds output i = threadIdx.x + r * blockDim.x of the tile (16 m <= 128 outputs,
+    // blockDim.x >= 32). No other CTA writes these rows, and the kernel that last wrote
+    // them finished before the wait, so the values stay current.
+    bf16 res_pre[GEMV_ROWS * GEMV_MAX_M / 32];
+    auto load_res = [&](int tile) {
+        if (MODE != GEMV_RESIDUAL || tile >= tiles) return;
+        const bf16* res = static_cast<const bf16*>(out);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS * GEMV_MAX_M / 32; ++r) {
+            const int i = threadIdx.x + r * blockDim.x, n = i / GEMV_ROWS, row = tile * GEMV_ROWS + i % GEMV_ROWS;
+            if (i < GEMV_ROWS * m && row < rows) res_pre[r] = __ldcg(res + (u64)n * rows + row);
+        }
+    };
     auto advance = [&](GemvCursor& q) {
         if (++q.j == per_tile) {
             q.j = 0;
@@ -354,8 +387,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     };
 
     PDL_TRIGGER();
-    uint4 g_pre[GEMV_GAMMA_REGS];
-    if (XS) gemv_gamma_preload(g_pre, gamma, cols);
+    if (XS) gemv_gamma_prefetch(gamma, cols, c0, c_step, per_tile);
     const bool early_w = (flags & 1) != 0;
     if (!early_w) PDL_WAIT();
     // Prologue: w of the first P items (one group each), then x of the same items (one
@@ -375,7 +407,11 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         // No group of its own: the loop's wait for item q (P - 1 groups may stay pending)
         // is then exactly the wait for w's stage q, and the first items are used as soon
         // as they land.
-        gemv_normalise(xn, x, gamma, g_pre, m, cols, eps, red);
+        // ws: the parity-1 parking buffers, first written after the first tile's barrier.
+        float* ws = red + nw * (GEMV_ROWS * GEMV_MAX_M);
+        gemv_norm_sums(xn, x, m, cols, ws);
+        __syncthreads();
+        gemv_norm_scale(xn, gamma, m, cols, eps, ws, c0, c_step, per_tile);
     } else {
         GemvCursor xq = {(int)blockIdx.x, 0};
 #pragma unroll
@@ -387,6 +423,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         }
         gemv_commit();
         gemv_wait<0>();
+        load_res((int)blockIdx.x);
     }
 
     float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -469,21 +506,24 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                     }
                     *reinterpret_cast<u32*>(dst + d) = (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
                 }
+            } else if (MODE == GEMV_RESIDUAL) {
+                // As below, from the values read a tile ahead; then the next tile's.
+                const int row0 = cq.tile * GEMV_ROWS;
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS * GEMV_MAX_M / 32; ++r) {
+                    const int i = threadIdx.x + r * blockDim.x, n = i / GEMV_ROWS, rr = i % GEMV_ROWS, row = row0 + rr;
+                    if (i < GEMV_ROWS * m && row < rows) {
+                        const float sum = gemv_round(tile_sum(rr, n));
+                        static_cast<bf16*>(out)[(u64)n * rows + row] = f32_to_bf16(bf16_to_f32(res_pre[r]) + sum);
+                    }
+                }
+                load_res(cq.tile + (int)gridDim.x);
             } else {
                 // Consecutive threads take consecutive rows of one output row: coalesced.
                 const int row0 = cq.tile * GEMV_ROWS;
                 for (int i = threadIdx.x; i < GEMV_ROWS * m; i += blockDim.x) {
                     const int n = i / GEMV_ROWS, rr = i % GEMV_ROWS, row = row0 + rr;
-                    if (row < rows) {
-                        const float sum = tile_sum(rr, n);
-                        const u64 o = (u64)n * rows + row;
-                        if (MODE == GEMV_RESIDUAL) {
-                            bf16* res = static_cast<bf16*>(out);
-                            res[o] = f32_to_bf16(bf16_to_f32(res[o]) + gemv_round(sum));
-                        } else {
-                            gemv_store<OUT_F32>(out, o, sum);
-                        }
-                    }
+                    if (row < rows) gemv_store<OUT_F32>(out, (u64)n * rows + row, tile_sum(rr, n));
                 }
             }
             parity ^= 1;

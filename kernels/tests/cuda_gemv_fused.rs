@@ -182,9 +182,22 @@ fn residual_case(dev: &Device, c: &Case) {
 
 /// Shapes: SmolLM2 (576 wide, FFN 1536), Llama-8B widths (4096; 14336 as the input of
 /// down), rows not a multiple of the 16-row tile (and FFN widths not a multiple of the
-/// 8-feature SwiGLU tile), column counts ending in a partial 64-column chunk, tiny ones.
-const SHAPES: &[(usize, usize)] =
-    &[(576, 576), (3072, 576), (1000, 4096), (206, 1000), (77, 14336), (40, 24), (18, 8), (1, 4096)];
+/// 8-feature SwiGLU tile), column counts ending in a partial 64-column chunk, tiny ones;
+/// for the norm's block path, rows whose 16-byte vectors are not a multiple of its 256
+/// threads (Qwen2-7B's 3584, 1032) and the longest it takes (8192, four per thread).
+const SHAPES: &[(usize, usize)] = &[
+    (576, 576),
+    (3072, 576),
+    (1000, 4096),
+    (206, 1000),
+    (77, 14336),
+    (40, 24),
+    (18, 8),
+    (1, 4096),
+    (40, 3584),
+    (24, 8192),
+    (16, 1032),
+];
 
 #[test]
 fn fused_gemvs_match_reference_and_unfused() {

@@ -1,0 +1,195 @@
+// Where do the decode GEMV's fused modes (kernels/cuda/gemv.cu: NORM_ROPE, RESIDUAL,
+// NORM_SWIGLU) lose their time against the plain mode at batch 1? The 2026-12-02 traces put a
+// Llama-8B layer's fused chain at 112.2 us against 105.9 for plain GEMVs of the same shapes.
+// This program times, on one H200, m = 1:
+//   - each shape's kernel alone, 64 back-to-back programmatic launches over rotating weight
+//     copies, plain vs its fused mode;
+//   - the layer chain (qkv, o, gate_up, down; 32 layers over 16 weight sets in one CUDA
+//     graph) with every GEMV plain, every GEMV fused (as the model runs them), and fused
+//     with one position plain, which attributes the difference to the modes.
+// The kernels come from the gemv.cu named by GEMV_SRC (default: the repository's), so a
+// modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants).
+// Launch settings as the worker's: P = 6, 8 warps, one wave of persistent CTAs (as many per
+// SM as fit), flags 3 (W queued before the wait, contiguous chunk runs).
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/fused_modes bench/gpu/fused_modes.cu
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cuda_runtime.h>
+
+#include "../../kernels/cuda/common.cuh"
+#ifndef GEMV_SRC
+#define GEMV_SRC "../../kernels/cuda/gemv.cu"
+#endif
+#include GEMV_SRC
+
+#include "gemv_bench.cuh"
+
+static int g_sms = 0;
+static const int H = 4096, QKV = 6144, FFN = 14336, HEADS = 32, KV = 8, HD = 128, MAX_POS = 4096;
+static const int P = 6, NW = 8;
+
+static size_t smem_for(bool xs, int cols) {
+    const size_t ring = (size_t)NW * (P * GEMV_STAGE_BYTES(xs ? 4 : 6) + 2 * GEMV_RED_BYTES);
+    const int pitch = cols + (96 - cols % 64) % 64;
+    return ring + (xs ? (size_t)pitch * 2 : 0);
+}
+
+static void launch(const void* fn, bool xs, void* out, const bf16* x, const bf16* w, int rows, int cols,
+                   const bf16* gamma, GemvRope rope, int tiles, cudaStream_t s) {
+    int m = 1, flags = 3;
+    float eps = 1e-5f;
+    void* args[] = {&out, &x, &w, &m, &rows, &cols, &flags, &gamma, &eps, &rope};
+    // One wave of persistent CTAs, as many per SM as fit (gemv.rs: two for the normalising
+    // modes at m = 1, whose ring is a third smaller).
+    const size_t smem = smem_for(xs, cols);
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 32 * NW, smem));
+    static const int cap = getenv("FM_PER_SM") ? atoi(getenv("FM_PER_SM")) : 0;  // experiment: fewer per SM
+    if (cap > 0) per_sm = std::min(per_sm, cap);
+    launch_pdl(fn, dim3(std::min(g_sms * std::max(per_sm, 1), tiles)), dim3(32 * NW), smem, args, s);
+}
+
+// The four positions of a layer and their buffers.
+enum Pos { QKV_POS, O_POS, GATE_UP_POS, DOWN_POS };
+struct Bufs {
+    bf16 *x, *gamma, *attn, *act, *q, *o_plain, *gu_plain, *d_plain, *qkv_plain, *kc, *vc, *bias;
+    u32 *positions, *slots;
+    float2* cos_sin;
+};
+
+static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, cudaStream_t s) {
+    GemvRope none = {};
+    switch (pos) {
+        case QKV_POS:
+            if (fused) {
+                GemvRope r = {b.q, b.kc, b.vc, nullptr, b.positions, b.slots, b.cos_sin, 16, HEADS, KV, HD, HD / 2,
+                              MAX_POS, 0};
+                launch((const void*)gemv_rope_p6, true, b.q, b.x, w, QKV, H, b.gamma, r, QKV / 16, s);
+            } else {
+                launch((const void*)gemv_bf16_p6, false, b.qkv_plain, b.x, w, QKV, H, nullptr, none, QKV / 16, s);
+            }
+            break;
+        case O_POS:
+            if (fused) launch((const void*)gemv_residual_p6, false, b.x, b.attn, w, H, H, nullptr, none, H / 16, s);
+            else launch((const void*)gemv_bf16_p6, false, b.o_plain, b.attn, w, H, H, nullptr, none, H / 16, s);
+            break;
+        case GATE_UP_POS:
+            if (fused) launch((const void*)gemv_swiglu_p6, true, b.act, b.x, w, 2 * FFN, H, b.gamma, none, FFN / 8, s);
+            else launch((const void*)gemv_bf16_p6, false, b.gu_plain, b.x, w, 2 * FFN, H, nullptr, none, 2 * FFN / 16, s);
+            break;
+        case DOWN_POS:
+            if (fused) launch((const void*)gemv_residual_p6, false, b.x, b.act, w, H, FFN, nullptr, none, H / 16, s);
+            else launch((const void*)gemv_bf16_p6, false, b.d_plain, b.act, w, H, FFN, nullptr, none, H / 16, s);
+            break;
+    }
+}
+
+static bf16* alloc_fill(u64 n, u32 seed, float scale, float offset) {
+    bf16* p;
+    CK(cudaMalloc(&p, n * 2));
+    fill_random<<<1024, 256>>>(p, n, seed, scale, offset);
+    return p;
+}
+
+int main() {
+    CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
+    const void* fns[] = {(const void*)gemv_bf16_p6, (const void*)gemv_rope_p6, (const void*)gemv_residual_p6,
+                         (const void*)gemv_swiglu_p6};
+    for (const void* fn : fns) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+
+    const int rows[4] = {QKV, H, 2 * FFN, H}, cols[4] = {H, H, H, FFN};
+    const char* names[4] = {"qkv 6144x4096 (norm+rope)", "o 4096x4096 (residual)", "gate_up 28672x4096 (norm+swiglu)",
+                            "down 4096x14336 (residual)"};
+    const int SETS = 16;
+    bf16* W[4][SETS];
+    for (int k = 0; k < 4; ++k)
+        for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, 0.04f, 0.f);
+    Bufs b = {};
+    b.x = alloc_fill(H, 7, 2.f, 0.f);
+    b.gamma = alloc_fill(H, 8, 0.2f, 1.f);
+    b.attn = alloc_fill(H, 9, 2.f, 0.f);
+    b.act = alloc_fill(FFN, 10, 2.f, 0.f);
+    b.q = alloc_fill(HEADS * HD, 11, 1.f, 0.f);
+    b.o_plain = alloc_fill(H, 12, 1.f, 0.f);
+    b.gu_plain = alloc_fill(2 * FFN, 13, 1.f, 0.f);
+    b.d_plain = alloc_fill(H, 14, 1.f, 0.f);
+    b.qkv_plain = alloc_fill(QKV, 15, 1.f, 0.f);
+    b.kc = alloc_fill(16 * KV * HD, 16, 1.f, 0.f);
+    b.vc = alloc_fill(16 * KV * HD, 17, 1.f, 0.f);
+    CK(cudaMalloc(&b.positions, 4));
+    CK(cudaMalloc(&b.slots, 4));
+    const u32 pos = 5, slot = 3;
+    CK(cudaMemcpy(b.positions, &pos, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.slots, &slot, 4, cudaMemcpyHostToDevice));
+    std::vector<float2> cs((size_t)MAX_POS * HD / 2);
+    for (size_t i = 0; i < cs.size(); ++i) cs[i] = make_float2(0.6f, 0.8f);
+    CK(cudaMalloc(&b.cos_sin, cs.size() * sizeof(float2)));
+    CK(cudaMemcpy(b.cos_sin, cs.data(), cs.size() * sizeof(float2), cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    auto reset_x = [&] {
+        fill_random<<<64, 256, 0, st>>>(b.x, H, 7, 2.f, 0.f);
+        CK(cudaStreamSynchronize(st));
+    };
+
+    printf("%-34s | %-16s | %-16s | %s\n", "us per call (TB/s), 64 in a row", "plain", "fused", "fused - plain");
+    for (int k = 0; k < 4; ++k) {
+        const double bytes = 2.0 * rows[k] * cols[k];
+        float us[2];
+        for (int f = 0; f < 2; ++f) {
+            std::vector<float> times;
+            for (int rep = 0; rep < 7; ++rep) {
+                reset_x();
+                times.push_back(elapsed_us(st, 64, [&] {
+                    for (int c = 0; c < 64; ++c) run((Pos)k, f == 1, b, W[k][c % SETS], st);
+                }));
+            }
+            std::sort(times.begin(), times.end());
+            us[f] = times[3];
+        }
+        printf("%-34s | %6.2f (%4.2f)    | %6.2f (%4.2f)    | %+5.2f\n", names[k], us[0], bytes / us[0] / 1e6, us[1],
+               bytes / us[1] / 1e6, us[1] - us[0]);
+    }
+
+    struct Plan {
+        const char* name;
+        bool fused[4];
+    };
+    const Plan plans[] = {
+        {"all plain", {false, false, false, false}},
+        {"all fused (the model's chain)", {true, true, true, true}},
+        {"fused, qkv plain", {false, true, true, true}},
+        {"fused, o plain", {true, false, true, true}},
+        {"fused, gate_up plain", {true, true, false, true}},
+        {"fused, down plain", {true, true, true, false}},
+        {"all plain (again)", {false, false, false, false}},
+        {"all fused (again)", {true, true, true, true}},
+    };
+    const double layer_bytes = 2.0 * ((double)QKV * H + (double)H * H + 2.0 * FFN * H + (double)H * FFN);
+    printf("\nlayer chain, 32 layers in one graph, us per layer, median of 9 (min, max):\n");
+    for (const Plan& plan : plans) {
+        cudaGraph_t graph;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (int layer = 0; layer < 32; ++layer)
+            for (int k = 0; k < 4; ++k) run((Pos)k, plan.fused[k], b, W[k][layer % SETS], st);
+        CK(cudaStreamEndCapture(st, &graph));
+        cudaGraphExec_t exec;
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        std::vector<float> times;
+        for (int rep = 0; rep < 10; ++rep) {
+            reset_x();  // the residual grows with every replay
+            const float us = elapsed_us(st, 32, [&] { CK(cudaGraphLaunch(exec, st)); });
+            if (rep > 0) times.push_back(us);
+        }
+        std::sort(times.begin(), times.end());
+        printf("  %-32s %6.1f us per layer (%4.2f TB/s), %6.1f, %6.1f\n", plan.name, times[4],
+               layer_bytes / times[4] / 1e6, times[0], times[8]);
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+    }
+    return 0;
+}
