@@ -102,8 +102,12 @@ int main() {
     const int rows[4] = {QKV, H, 2 * FFN, H}, cols[4] = {H, H, H, FFN};
     const char* names[4] = {"qkv 6144x4096 (norm+rope)", "o 4096x4096 (residual)", "gate_up 28672x4096 (norm+swiglu)",
                             "down 4096x14336 (residual)"};
-    const int SETS = 16;
-    bf16* W[4][SETS];
+    // Weight sets the calls rotate over (FM_SETS, default 16: 7 GB, never in L2; the model
+    // streams 32 layers, 14 GB, as FM_SETS=32 does).
+    const int SETS = getenv("FM_SETS") ? std::max(1, std::min(32, atoi(getenv("FM_SETS")))) : 16;
+    printf("%d weight sets (%.1f GB)\n", SETS, SETS * 2.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) / 1e9);
+    std::vector<bf16*> W[4];
+    for (int k = 0; k < 4; ++k) W[k].resize(SETS);
     for (int k = 0; k < 4; ++k)
         for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, 0.04f, 0.f);
     Bufs b = {};
