@@ -6,7 +6,14 @@
 //     copies, plain vs its fused mode;
 //   - the layer chain (qkv, o, gate_up, down; 32 layers over 16 weight sets in one CUDA
 //     graph) with every GEMV plain, every GEMV fused (as the model runs them), and fused
-//     with one position plain, which attributes the difference to the modes.
+//     with one position plain, which attributes the difference to the modes;
+//   - the same chain with the model's decode attention (kernels/cuda/attention.cu) between
+//     qkv and o, as the worker launches it at batch 1: the lean kernel, launched
+//     programmatically beside qkv (early start), 33 splits planned for a long context of
+//     which a sequence of FM_CTX positions (default 544: the benchmark's 512-token prompt
+//     plus 32 generated) uses ceil(ctx / 64); each layer has its own paged K/V cache. Its
+//     variants (plain launch, the default kernel, attention alone) say what the model adds
+//     to the chain around attention.
 // The kernels come from the gemv.cu named by GEMV_SRC (default: the repository's), so a
 // modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants).
 // Launch settings as the worker's: P = 6, 8 warps, one wave of persistent CTAs (as many per
@@ -23,12 +30,16 @@
 #define GEMV_SRC "../../kernels/cuda/gemv.cu"
 #endif
 #include GEMV_SRC
+#include "../../kernels/cuda/attention.cu"
 
 #include "gemv_bench.cuh"
 
 static int g_sms = 0;
 static const int H = 4096, QKV = 6144, FFN = 14336, HEADS = 32, KV = 8, HD = 128, MAX_POS = 4096;
 static const int P = 6, NW = 8;
+// Decode attention as the worker plans it at batch 1 (attention.rs, paged.rs): 16-slot
+// blocks, 2 decode CTAs per SM x 132 SMs / 8 kv heads = 33 splits, at least 64 positions each.
+static const int BLOCK = 16, SPLITS = 33, MIN_SPLIT = 64, LEAN_SMEM = 4 * 2 * 2 * 16 * HD * 2, DEF_SMEM = 4 * 3 * 2 * 16 * HD * 2;
 
 static size_t smem_for(bool xs, int cols) {
     const size_t ring = (size_t)NW * (P * GEMV_STAGE_BYTES(xs ? 4 : 6) + 2 * GEMV_RED_BYTES);
@@ -51,21 +62,48 @@ static void launch(const void* fn, bool xs, void* out, const bf16* x, const bf16
     launch_pdl(fn, dim3(std::min(g_sms * std::max(per_sm, 1), tiles)), dim3(32 * NW), smem, args, s);
 }
 
-// The four positions of a layer and their buffers.
+// The four positions of a layer and their buffers; kc / vc: one paged cache per weight set.
 enum Pos { QKV_POS, O_POS, GATE_UP_POS, DOWN_POS };
 struct Bufs {
-    bf16 *x, *gamma, *attn, *act, *q, *o_plain, *gu_plain, *d_plain, *qkv_plain, *kc, *vc, *bias;
-    u32 *positions, *slots;
+    bf16 *x, *gamma, *attn, *act, *q, *o_plain, *gu_plain, *d_plain, *qkv_plain, *bias;
+    std::vector<bf16*> kc, vc;
+    u32 *positions, *slots, *ctx_lens, *table, *counters;
+    u32 ctx, n_blocks;
+    float *part_o, *part_lse;
     float2* cos_sin;
 };
 
-static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, cudaStream_t s) {
+// How a chain runs attention between qkv and o.
+enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY };
+
+// Decode attention of one sequence over set `set`'s cache: q -> attn.
+static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
+    const bool lean = how != DEFAULT_EARLY;
+    const void* fn = lean ? (const void*)paged_decode_lean_hd128 : (const void*)paged_decode_hd128;
+    bf16* out = b.attn;
+    const bf16 *q = b.q, *kc = b.kc[set], *vc = b.vc[set];
+    float *po = b.part_o, *pl = b.part_lse;
+    u32* counters = b.counters;
+    const u32* table = b.table;
+    const u32* ctx_lens = b.ctx_lens;
+    u32 max_blocks = b.n_blocks, num_blocks = b.n_blocks, block = BLOCK, nh = HEADS, nkv = KV, group = HEADS / KV,
+        gt = HEADS / KV, split_len = 0, n_splits = SPLITS, min_split = MIN_SPLIT;
+    float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
+    void* args[] = {&out, &po, &pl, &counters, &q, &kc, &vc, &table, &max_blocks, &ctx_lens,
+                    &num_blocks, &block, &nh, &nkv, &group, &gt, &split_len, &n_splits, &min_split, &scale_log2};
+    const dim3 grid(1, KV, SPLITS), threads(128);
+    const int smem = lean ? LEAN_SMEM : DEF_SMEM;
+    if (how == LEAN_PLAIN) CK(cudaLaunchKernel(fn, grid, threads, args, smem, s));
+    else launch_pdl(fn, grid, threads, smem, args, s);
+}
+
+static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, int set, cudaStream_t s) {
     GemvRope none = {};
     switch (pos) {
         case QKV_POS:
             if (fused) {
-                GemvRope r = {b.q, b.kc, b.vc, nullptr, b.positions, b.slots, b.cos_sin, 16, HEADS, KV, HD, HD / 2,
-                              MAX_POS, 0};
+                GemvRope r = {b.q, b.kc[set], b.vc[set], nullptr, b.positions, b.slots, b.cos_sin,
+                              (u64)b.n_blocks * BLOCK, HEADS, KV, HD, HD / 2, MAX_POS, 0};
                 launch((const void*)gemv_rope_p6, true, b.q, b.x, w, QKV, H, b.gamma, r, QKV / 16, s);
             } else {
                 launch((const void*)gemv_bf16_p6, false, b.qkv_plain, b.x, w, QKV, H, nullptr, none, QKV / 16, s);
@@ -98,6 +136,8 @@ int main() {
     const void* fns[] = {(const void*)gemv_bf16_p6, (const void*)gemv_rope_p6, (const void*)gemv_residual_p6,
                          (const void*)gemv_swiglu_p6};
     for (const void* fn : fns) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    CK(cudaFuncSetAttribute((const void*)paged_decode_lean_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, LEAN_SMEM));
+    CK(cudaFuncSetAttribute((const void*)paged_decode_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, DEF_SMEM));
 
     const int rows[4] = {QKV, H, 2 * FFN, H}, cols[4] = {H, H, H, FFN};
     const char* names[4] = {"qkv 6144x4096 (norm+rope)", "o 4096x4096 (residual)", "gate_up 28672x4096 (norm+swiglu)",
@@ -120,13 +160,30 @@ int main() {
     b.gu_plain = alloc_fill(2 * FFN, 13, 1.f, 0.f);
     b.d_plain = alloc_fill(H, 14, 1.f, 0.f);
     b.qkv_plain = alloc_fill(QKV, 15, 1.f, 0.f);
-    b.kc = alloc_fill(16 * KV * HD, 16, 1.f, 0.f);
-    b.vc = alloc_fill(16 * KV * HD, 17, 1.f, 0.f);
+    // The sequence: ctx positions, its newest (ctx - 1, written by qkv) in slot ctx - 1 of
+    // an identity block table.
+    b.ctx = getenv("FM_CTX") ? std::max(1, std::min(MAX_POS, atoi(getenv("FM_CTX")))) : 544;
+    b.n_blocks = (b.ctx + BLOCK - 1) / BLOCK;
+    printf("attention: context %u, %u blocks of %d, %d splits\n", b.ctx, b.n_blocks, BLOCK, SPLITS);
+    for (int s = 0; s < SETS; ++s) {
+        b.kc.push_back(alloc_fill((u64)b.n_blocks * BLOCK * KV * HD, 2000u + s, 1.f, 0.f));
+        b.vc.push_back(alloc_fill((u64)b.n_blocks * BLOCK * KV * HD, 3000u + s, 1.f, 0.f));
+    }
+    std::vector<u32> table(b.n_blocks);
+    for (u32 i = 0; i < b.n_blocks; ++i) table[i] = i;
+    CK(cudaMalloc(&b.table, b.n_blocks * 4));
+    CK(cudaMemcpy(b.table, table.data(), b.n_blocks * 4, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&b.positions, 4));
     CK(cudaMalloc(&b.slots, 4));
-    const u32 pos = 5, slot = 3;
+    CK(cudaMalloc(&b.ctx_lens, 4));
+    const u32 pos = b.ctx - 1;
     CK(cudaMemcpy(b.positions, &pos, 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.slots, &slot, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.slots, &pos, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.ctx_lens, &b.ctx, 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&b.part_o, (size_t)HEADS * SPLITS * HD * 4));
+    CK(cudaMalloc(&b.part_lse, (size_t)HEADS * SPLITS * 4));
+    CK(cudaMalloc(&b.counters, KV * 4));
+    CK(cudaMemset(b.counters, 0, KV * 4));  // the merging CTA leaves its counter at 0
     std::vector<float2> cs((size_t)MAX_POS * HD / 2);
     for (size_t i = 0; i < cs.size(); ++i) cs[i] = make_float2(0.6f, 0.8f);
     CK(cudaMalloc(&b.cos_sin, cs.size() * sizeof(float2)));
@@ -149,7 +206,7 @@ int main() {
             for (int rep = 0; rep < 7; ++rep) {
                 reset_x();
                 times.push_back(elapsed_us(st, 64, [&] {
-                    for (int c = 0; c < 64; ++c) run((Pos)k, f == 1, b, W[k][c % SETS], st);
+                    for (int c = 0; c < 64; ++c) run((Pos)k, f == 1, b, W[k][c % SETS], c % SETS, st);
                 }));
             }
             std::sort(times.begin(), times.end());
@@ -162,24 +219,37 @@ int main() {
     struct Plan {
         const char* name;
         bool fused[4];
+        Attn attn;
+        bool gemvs;  // false: attention alone
     };
+    const bool F = false, T = true;
     const Plan plans[] = {
-        {"all plain", {false, false, false, false}},
-        {"all fused (the model's chain)", {true, true, true, true}},
-        {"fused, qkv plain", {false, true, true, true}},
-        {"fused, o plain", {true, false, true, true}},
-        {"fused, gate_up plain", {true, true, false, true}},
-        {"fused, down plain", {true, true, true, false}},
-        {"all plain (again)", {false, false, false, false}},
-        {"all fused (again)", {true, true, true, true}},
+        {"all plain", {F, F, F, F}, NO_ATTN, T},
+        {"all fused (the model's chain)", {T, T, T, T}, NO_ATTN, T},
+        {"fused, qkv plain", {F, T, T, T}, NO_ATTN, T},
+        {"fused, o plain", {T, F, T, T}, NO_ATTN, T},
+        {"fused, gate_up plain", {T, T, F, T}, NO_ATTN, T},
+        {"fused, down plain", {T, T, T, F}, NO_ATTN, T},
+        {"all plain (again)", {F, F, F, F}, NO_ATTN, T},
+        {"all fused (again)", {T, T, T, T}, NO_ATTN, T},
+        {"fused + attention (the model)", {T, T, T, T}, LEAN_EARLY, T},
+        {"fused + attention, plain launch", {T, T, T, T}, LEAN_PLAIN, T},
+        {"fused + default attention kernel", {T, T, T, T}, DEFAULT_EARLY, T},
+        {"plain + attention", {F, F, F, F}, LEAN_EARLY, T},
+        {"attention alone", {F, F, F, F}, LEAN_EARLY, F},
+        {"fused + attention (again)", {T, T, T, T}, LEAN_EARLY, T},
     };
     const double layer_bytes = 2.0 * ((double)QKV * H + (double)H * H + 2.0 * FFN * H + (double)H * FFN);
+    const double kv_bytes = 2.0 * 2.0 * b.ctx * KV * HD;
     printf("\nlayer chain, 32 layers in one graph, us per layer, median of 9 (min, max):\n");
     for (const Plan& plan : plans) {
         cudaGraph_t graph;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         for (int layer = 0; layer < 32; ++layer)
-            for (int k = 0; k < 4; ++k) run((Pos)k, plan.fused[k], b, W[k][layer % SETS], st);
+            for (int k = 0; k < 4; ++k) {
+                if (plan.gemvs) run((Pos)k, plan.fused[k], b, W[k][layer % SETS], layer % SETS, st);
+                if (k == QKV_POS && plan.attn != NO_ATTN) attention(plan.attn, b, layer % SETS, st);
+            }
         CK(cudaStreamEndCapture(st, &graph));
         cudaGraphExec_t exec;
         CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -190,8 +260,10 @@ int main() {
             if (rep > 0) times.push_back(us);
         }
         std::sort(times.begin(), times.end());
+        // Bytes per layer: the GEMVs' weights and the K/V attention reads.
+        const double bytes = (plan.gemvs ? layer_bytes : 0.0) + (plan.attn != NO_ATTN ? kv_bytes : 0.0);
         printf("  %-32s %6.1f us per layer (%4.2f TB/s), %6.1f, %6.1f\n", plan.name, times[4],
-               layer_bytes / times[4] / 1e6, times[0], times[8]);
+               bytes / times[4] / 1e6, times[0], times[8]);
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
     }
