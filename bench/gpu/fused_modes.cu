@@ -12,8 +12,8 @@
 //     programmatically beside qkv (early start), 33 splits planned for a long context of
 //     which a sequence of FM_CTX positions (default 544: the benchmark's 512-token prompt
 //     plus 32 generated) uses ceil(ctx / 64); each layer has its own paged K/V cache. Its
-//     variants (plain launch, the default kernel, attention alone) say what the model adds
-//     to the chain around attention.
+//     variants (plain launch, the default kernel, a grid of only the splits in use, attention
+//     alone) say what the model adds to the chain around attention.
 // The kernels come from the gemv.cu named by GEMV_SRC (default: the repository's), so a
 // modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants).
 // Launch settings as the worker's: P = 6, 8 warps, one wave of persistent CTAs (as many per
@@ -74,7 +74,9 @@ struct Bufs {
 };
 
 // How a chain runs attention between qkv and o.
-enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY };
+// LEAN_TIGHT: the lean kernel on a grid of only the splits the context uses (the worker's
+// graphs are planned for the longest context, so most of their 33 splits exit at once).
+enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY, LEAN_TIGHT };
 
 // Decode attention of one sequence over set `set`'s cache: q -> attn.
 static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
@@ -87,11 +89,13 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
     const u32* table = b.table;
     const u32* ctx_lens = b.ctx_lens;
     u32 max_blocks = b.n_blocks, num_blocks = b.n_blocks, block = BLOCK, nh = HEADS, nkv = KV, group = HEADS / KV,
-        gt = HEADS / KV, split_len = 0, n_splits = SPLITS, min_split = MIN_SPLIT;
+        gt = HEADS / KV, split_len = 0, n_splits = how == LEAN_TIGHT ? (b.ctx + MIN_SPLIT - 1) / MIN_SPLIT : SPLITS,
+        min_split = MIN_SPLIT;
+    n_splits = std::min(n_splits, (u32)SPLITS);
     float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
     void* args[] = {&out, &po, &pl, &counters, &q, &kc, &vc, &table, &max_blocks, &ctx_lens,
                     &num_blocks, &block, &nh, &nkv, &group, &gt, &split_len, &n_splits, &min_split, &scale_log2};
-    const dim3 grid(1, KV, SPLITS), threads(128);
+    const dim3 grid(1, KV, n_splits), threads(128);
     const int smem = lean ? LEAN_SMEM : DEF_SMEM;
     if (how == LEAN_PLAIN) CK(cudaLaunchKernel(fn, grid, threads, args, smem, s));
     else launch_pdl(fn, grid, threads, smem, args, s);
@@ -235,6 +239,7 @@ int main() {
         {"fused + attention (the model)", {T, T, T, T}, LEAN_EARLY, T},
         {"fused + attention, plain launch", {T, T, T, T}, LEAN_PLAIN, T},
         {"fused + default attention kernel", {T, T, T, T}, DEFAULT_EARLY, T},
+        {"fused + attention, tight grid", {T, T, T, T}, LEAN_TIGHT, T},
         {"plain + attention", {F, F, F, F}, LEAN_EARLY, T},
         {"attention alone", {F, F, F, F}, LEAN_EARLY, F},
         {"fused + attention (again)", {T, T, T, T}, LEAN_EARLY, T},
