@@ -15,7 +15,8 @@
 //     variants (plain launch, the default kernel, a grid of only the splits in use, attention
 //     alone) say what the model adds to the chain around attention.
 // The kernels come from the gemv.cu named by GEMV_SRC (default: the repository's), so a
-// modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants).
+// modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants);
+// the decode attention likewise from ATTN_SRC.
 // Launch settings as the worker's: P = 6, 8 warps, one wave of persistent CTAs (as many per
 // SM as fit), flags 3 (W queued before the wait, contiguous chunk runs).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/fused_modes bench/gpu/fused_modes.cu
@@ -30,7 +31,10 @@
 #define GEMV_SRC "../../kernels/cuda/gemv.cu"
 #endif
 #include GEMV_SRC
-#include "../../kernels/cuda/attention.cu"
+#ifndef ATTN_SRC
+#define ATTN_SRC "../../kernels/cuda/attention.cu"
+#endif
+#include ATTN_SRC
 
 #include "gemv_bench.cuh"
 
@@ -39,7 +43,9 @@ static const int H = 4096, QKV = 6144, FFN = 14336, HEADS = 32, KV = 8, HD = 128
 static const int P = 6, NW = 8;
 // Decode attention as the worker plans it at batch 1 (attention.rs, paged.rs): 16-slot
 // blocks, 2 decode CTAs per SM x 132 SMs / 8 kv heads = 33 splits, at least 64 positions each.
-static const int BLOCK = 16, SPLITS = 33, MIN_SPLIT = 64, LEAN_SMEM = 4 * 2 * 2 * 16 * HD * 2, DEF_SMEM = 4 * 3 * 2 * 16 * HD * 2;
+// FM_MIN_SPLIT (default 64, the worker's MIN_SPLIT_TOKENS) sets the fewest positions per split.
+static const int MIN_SPLIT = getenv("FM_MIN_SPLIT") ? std::max(16, atoi(getenv("FM_MIN_SPLIT"))) : 64;
+static const int BLOCK = 16, SPLITS = 33, LEAN_SMEM = 4 * 2 * 2 * 16 * HD * 2, DEF_SMEM = 4 * 3 * 2 * 16 * HD * 2;
 
 static size_t smem_for(bool xs, int cols) {
     const size_t ring = (size_t)NW * (P * GEMV_STAGE_BYTES(xs ? 4 : 6) + 2 * GEMV_RED_BYTES);
@@ -168,7 +174,7 @@ int main() {
     // an identity block table.
     b.ctx = getenv("FM_CTX") ? std::max(1, std::min(MAX_POS, atoi(getenv("FM_CTX")))) : 544;
     b.n_blocks = (b.ctx + BLOCK - 1) / BLOCK;
-    printf("attention: context %u, %u blocks of %d, %d splits\n", b.ctx, b.n_blocks, BLOCK, SPLITS);
+    printf("attention: context %u, %u blocks of %d, %d splits of at least %d positions\n", b.ctx, b.n_blocks, BLOCK, SPLITS, MIN_SPLIT);
     for (int s = 0; s < SETS; ++s) {
         b.kc.push_back(alloc_fill((u64)b.n_blocks * BLOCK * KV * HD, 2000u + s, 1.f, 0.f));
         b.vc.push_back(alloc_fill((u64)b.n_blocks * BLOCK * KV * HD, 3000u + s, 1.f, 0.f));
