@@ -14,6 +14,9 @@
 //     plus 32 generated) uses ceil(ctx / 64); each layer has its own paged K/V cache. Its
 //     variants (plain launch, the default kernel, a grid of only the splits in use, attention
 //     alone) say what the model adds to the chain around attention.
+//   - attention.cu's cluster-merge prototype (DEC_CLUSTER_PROTO): FM_CLUSTER splits merged
+//     through distributed shared memory, first checked bit for bit against the global
+//     merge on the same splits, then timed in the chain and alone.
 // The kernels come from the gemv.cu named by GEMV_SRC (default: the repository's), so a
 // modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants);
 // the decode attention likewise from ATTN_SRC.
@@ -34,6 +37,7 @@
 #ifndef ATTN_SRC
 #define ATTN_SRC "../../kernels/cuda/attention.cu"
 #endif
+#define DEC_CLUSTER_PROTO  // attention.cu's cluster-merge prototype kernel
 #include ATTN_SRC
 
 #include "gemv_bench.cuh"
@@ -82,12 +86,18 @@ struct Bufs {
 // How a chain runs attention between qkv and o.
 // LEAN_TIGHT: the lean kernel on a grid of only the splits the context uses (the worker's
 // graphs are planned for the longest context, so most of their 33 splits exit at once).
-enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY, LEAN_TIGHT };
+// LEAN_CLUSTER: the prototype whose splits merge through distributed shared memory, a
+// cluster of FM_CLUSTER (default 8) CTAs along z; LEAN_CL_GRID: the lean kernel on the same
+// grid (FM_CLUSTER splits) merging through global memory, the same bits.
+enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY, LEAN_TIGHT, LEAN_CLUSTER, LEAN_CL_GRID };
+static const int CLUSTER = getenv("FM_CLUSTER") ? std::max(2, std::min(16, atoi(getenv("FM_CLUSTER")))) : 8;
 
 // Decode attention of one sequence over set `set`'s cache: q -> attn.
 static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
     const bool lean = how != DEFAULT_EARLY;
-    const void* fn = lean ? (const void*)paged_decode_lean_hd128 : (const void*)paged_decode_hd128;
+    const void* fn = how == LEAN_CLUSTER ? (const void*)paged_decode_lean_cluster_hd128
+                     : lean              ? (const void*)paged_decode_lean_hd128
+                                         : (const void*)paged_decode_hd128;
     bf16* out = b.attn;
     const bf16 *q = b.q, *kc = b.kc[set], *vc = b.vc[set];
     float *po = b.part_o, *pl = b.part_lse;
@@ -97,14 +107,34 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
     u32 max_blocks = b.n_blocks, num_blocks = b.n_blocks, block = BLOCK, nh = HEADS, nkv = KV, group = HEADS / KV,
         gt = HEADS / KV, split_len = 0, n_splits = how == LEAN_TIGHT ? (b.ctx + MIN_SPLIT - 1) / MIN_SPLIT : SPLITS,
         min_split = MIN_SPLIT;
+    if (how == LEAN_CLUSTER || how == LEAN_CL_GRID) n_splits = CLUSTER;
     n_splits = std::min(n_splits, (u32)SPLITS);
     float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
     void* args[] = {&out, &po, &pl, &counters, &q, &kc, &vc, &table, &max_blocks, &ctx_lens,
                     &num_blocks, &block, &nh, &nkv, &group, &gt, &split_len, &n_splits, &min_split, &scale_log2};
     const dim3 grid(1, KV, n_splits), threads(128);
     const int smem = lean ? LEAN_SMEM : DEF_SMEM;
-    if (how == LEAN_PLAIN) CK(cudaLaunchKernel(fn, grid, threads, args, smem, s));
-    else launch_pdl(fn, grid, threads, smem, args, s);
+    if (how == LEAN_PLAIN) {
+        CK(cudaLaunchKernel(fn, grid, threads, args, smem, s));
+    } else if (how == LEAN_CLUSTER) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = threads;
+        cfg.dynamicSmemBytes = smem + DEC_CL_SMEM_EXTRA;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        attr[1].id = cudaLaunchAttributeClusterDimension;
+        attr[1].val.clusterDim.x = 1;
+        attr[1].val.clusterDim.y = 1;
+        attr[1].val.clusterDim.z = n_splits;
+        cfg.attrs = attr;
+        cfg.numAttrs = 2;
+        CK(cudaLaunchKernelExC(&cfg, fn, args));
+    } else {
+        launch_pdl(fn, grid, threads, smem, args, s);
+    }
 }
 
 static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, int set, cudaStream_t s) {
@@ -148,6 +178,11 @@ int main() {
     for (const void* fn : fns) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     CK(cudaFuncSetAttribute((const void*)paged_decode_lean_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, LEAN_SMEM));
     CK(cudaFuncSetAttribute((const void*)paged_decode_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, DEF_SMEM));
+    CK(cudaFuncSetAttribute((const void*)paged_decode_lean_cluster_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            LEAN_SMEM + DEC_CL_SMEM_EXTRA));
+    if (CLUSTER > 8)
+        CK(cudaFuncSetAttribute((const void*)paged_decode_lean_cluster_hd128,
+                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
     const int rows[4] = {QKV, H, 2 * FFN, H}, cols[4] = {H, H, H, FFN};
     const char* names[4] = {"qkv 6144x4096 (norm+rope)", "o 4096x4096 (residual)", "gate_up 28672x4096 (norm+swiglu)",
@@ -207,6 +242,28 @@ int main() {
         CK(cudaStreamSynchronize(st));
     };
 
+    {
+        // The cluster merge against the global one on the same splits: the same bits (the
+        // global path is checked against the CPU reference in kernels/tests/cuda_attention.rs).
+        reset_x();
+        run(QKV_POS, true, b, W[0][0], 0, st);  // q and the newest K/V
+        std::vector<unsigned short> got[2];
+        for (int v = 0; v < 2; ++v) {
+            CK(cudaMemsetAsync(b.attn, 0xff, H * 2, st));  // poisoned: NaN
+            attention(v == 0 ? LEAN_CL_GRID : LEAN_CLUSTER, b, 0, st);
+            got[v].resize(H);
+            CK(cudaMemcpyAsync(got[v].data(), b.attn, H * 2, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+        }
+        int diff = 0, nan = 0;
+        for (int i = 0; i < H; ++i) {
+            diff += got[0][i] != got[1][i];
+            nan += (got[1][i] & 0x7fff) > 0x7f80;
+        }
+        printf("cluster merge (%d CTAs) vs global merge, %d splits: %d of %d outputs differ, %d NaN\n", CLUSTER,
+               CLUSTER, diff, H, nan);
+    }
+
     printf("%-34s | %-16s | %-16s | %s\n", "us per call (TB/s), 64 in a row", "plain", "fused", "fused - plain");
     for (int k = 0; k < 4; ++k) {
         const double bytes = 2.0 * rows[k] * cols[k];
@@ -249,6 +306,12 @@ int main() {
         {"plain + attention", {F, F, F, F}, LEAN_EARLY, T},
         {"attention alone", {F, F, F, F}, LEAN_EARLY, F},
         {"fused + attention (again)", {T, T, T, T}, LEAN_EARLY, T},
+        {"fused + attn, FM_CLUSTER splits", {T, T, T, T}, LEAN_CL_GRID, T},
+        {"fused + attn, cluster merge", {T, T, T, T}, LEAN_CLUSTER, T},
+        {"attn alone, FM_CLUSTER splits", {F, F, F, F}, LEAN_CL_GRID, F},
+        {"attn alone, cluster merge", {F, F, F, F}, LEAN_CLUSTER, F},
+        {"fused + attention (3rd)", {T, T, T, T}, LEAN_EARLY, T},
+        {"fused + attn, cluster merge (again)", {T, T, T, T}, LEAN_CLUSTER, T},
     };
     const double layer_bytes = 2.0 * ((double)QKV * H + (double)H * H + 2.0 * FFN * H + (double)H * FFN);
     const double kv_bytes = 2.0 * 2.0 * b.ctx * KV * HD;

@@ -434,7 +434,83 @@ __device__ __forceinline__ u32 dec_split_len(u32 ctx, u32 split_len, u32 n_split
     return (len - 1) / DEC_TILE * DEC_TILE + DEC_TILE;
 }
 
-template <int HD, u32 ST>
+// The merge of a head's splits, 4 dims of it: out = sum_s w_s o_s / sum_s w_s, w_s =
+// 2^(lse_s - max lse), written as 4 bf16 at dst. The splits' loads go in groups of
+// DEC_MERGE, each group's (lse and o of every split) issued together and merged online: one
+// round trip per group rather than one per split (groups of 16 or 32 measured no faster).
+#define DEC_MERGE 8
+template <class Lse, class O>
+__device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse_of, O o_of) {
+    float mx = ATT_NEG_INF, wsum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (u32 s0 = 0; s0 < n_valid; s0 += DEC_MERGE) {
+        float lse[DEC_MERGE];
+        float4 ov[DEC_MERGE];
+#pragma unroll
+        for (u32 k = 0; k < DEC_MERGE; ++k) {
+            const bool in = s0 + k < n_valid;
+            lse[k] = in ? lse_of(s0 + k) : ATT_NEG_INF;
+            ov[k] = in ? o_of(s0 + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float mg = mx;
+#pragma unroll
+        for (u32 k = 0; k < DEC_MERGE; ++k) mg = fmaxf(mg, lse[k]);  // drops NaN: it arrives through w
+        const float m_use = mg == ATT_NEG_INF ? 0.f : mg;             // every lse so far NaN
+        const float alpha = pf_exp2(mx - m_use);
+        wsum *= alpha;
+        acc.x *= alpha;
+        acc.y *= alpha;
+        acc.z *= alpha;
+        acc.w *= alpha;
+        mx = mg;
+#pragma unroll
+        for (u32 k = 0; k < DEC_MERGE; ++k) {
+            const float w = pf_exp2(lse[k] - m_use);  // 0 for the splits past n_valid
+            wsum += w;
+            acc.x = fmaf(w, ov[k].x, acc.x);
+            acc.y = fmaf(w, ov[k].y, acc.y);
+            acc.z = fmaf(w, ov[k].z, acc.z);
+            acc.w = fmaf(w, ov[k].w, acc.w);
+        }
+    }
+    const float inv = 1.f / wsum;
+    *reinterpret_cast<uint2*>(dst) = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
+                                                (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
+}
+
+#ifdef DEC_CLUSTER_PROTO
+// Prototype (bench/gpu/fused_modes.cu only; not built by NVRTC): the splits of one (sequence,
+// head chunk) form a thread-block cluster of CL CTAs along z and merge through distributed
+// shared memory instead of part_o / part_lse, the fence and the counter. Every CTA of a
+// cluster passes both cluster barriers, the idle ones included: rank 0 reads the others'
+// shared memory between them.
+__device__ __forceinline__ void dec_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ u32 dec_map_rank(u32 addr, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float dec_ld_cluster(u32 addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+#define DEC_CL_PROTO 1
+#else
+#define DEC_CL_PROTO 0
+#endif
+
+template <int HD, u32 ST, u32 CL = 0>
 __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
                                             float* __restrict__ part_lse, u32* __restrict__ counters,
                                             const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
@@ -473,7 +549,15 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     }
     const u32 len = dec_split_len(ctx, split_len, n_splits, min_split);
     const u32 n_valid = min(n_splits, (ctx - 1) / len + 1);
-    if (split >= n_valid) return;
+    if (split >= n_valid) {
+#if DEC_CL_PROTO
+        if constexpr (CL > 0) {
+            dec_cluster_sync();
+            dec_cluster_sync();
+        }
+#endif
+        return;
+    }
     const u32 start = split * len;  // < ctx
     const u32 end = split + 1 == n_splits || ctx - start <= len ? ctx : start + len;
 
@@ -671,12 +755,33 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         const u32 head = head0 + hg;
         if (direct) {
             out[((u64)seq * n_heads + head) * HD + d] = f32_to_bf16(ov / lsum);
+        } else if (CL > 0) {  // this split's (o, lse) past the rings, for rank 0 to read
+            float* cl = reinterpret_cast<float*>(reinterpret_cast<char*>(dec_smem) + DEC_WARPS * WARP_B);
+            cl[8 + hg * HD + d] = ov / lsum;
+            if (d == 0) cl[hg] = mx + log2f(lsum);
         } else {
             const u64 row = ((u64)seq * n_heads + head) * n_splits + split;
             part_o[row * HD + d] = ov / lsum;
             if (d == 0) part_lse[row] = mx + log2f(lsum);
         }
     }
+#if DEC_CL_PROTO
+    if constexpr (CL > 0) {
+        dec_cluster_sync();  // every split's (o, lse) written
+        if (!direct && split == 0) {
+            const u32 cl = sbase + DEC_WARPS * WARP_B;
+            for (u32 i = tid; i < gcount * (HD / 4); i += DEC_THREADS) {
+                const u32 hg = i / (HD / 4), d4 = i % (HD / 4);
+                dec_merge_splits(
+                    out + ((u64)seq * n_heads + head0 + hg) * HD + 4 * d4, n_valid,
+                    [&](u32 s) { return dec_ld_cluster(dec_map_rank(cl + hg * 4, s)); },
+                    [&](u32 s) { return dec_ld_cluster4(dec_map_rank(cl + (8 + hg * HD + 4 * d4) * 4, s)); });
+            }
+        }
+        dec_cluster_sync();  // rank 0 has read every split's shared memory
+        return;
+    }
+#endif
     if (direct) return;
 
     // The last CTA of this (sequence, head chunk) combines the splits:
@@ -692,50 +797,15 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     __syncthreads();
     if (!dec_last) return;
     __threadfence();
-    // A thread per 4 dims of a head; the splits in groups of DEC_MERGE, each group's loads
-    // (lse and o of every split) issued together and merged online: one round trip to L2
-    // per group rather than one per split.
-    constexpr u32 DEC_MERGE = 8;
+    // A thread per 4 dims of a head, the partials read through L2 (__ldcg).
     for (u32 i = tid; i < gcount * (HD / 4); i += DEC_THREADS) {
         const u32 head = head0 + i / (HD / 4), d4 = i % (HD / 4);
         const u64 row0 = ((u64)seq * n_heads + head) * n_splits;
         const float4* po = reinterpret_cast<const float4*>(part_o) + row0 * (HD / 4) + d4;
-        float mx = ATT_NEG_INF, wsum = 0.f;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (u32 s0 = 0; s0 < n_valid; s0 += DEC_MERGE) {
-            float lse[DEC_MERGE];
-            float4 ov[DEC_MERGE];
-#pragma unroll
-            for (u32 k = 0; k < DEC_MERGE; ++k) {
-                const bool in = s0 + k < n_valid;
-                lse[k] = in ? __ldcg(part_lse + row0 + s0 + k) : ATT_NEG_INF;
-                ov[k] = in ? __ldcg(po + (u64)(s0 + k) * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            float mg = mx;
-#pragma unroll
-            for (u32 k = 0; k < DEC_MERGE; ++k) mg = fmaxf(mg, lse[k]);  // drops NaN: it arrives through w
-            const float m_use = mg == ATT_NEG_INF ? 0.f : mg;             // every lse so far NaN
-            const float alpha = pf_exp2(mx - m_use);
-            wsum *= alpha;
-            acc.x *= alpha;
-            acc.y *= alpha;
-            acc.z *= alpha;
-            acc.w *= alpha;
-            mx = mg;
-#pragma unroll
-            for (u32 k = 0; k < DEC_MERGE; ++k) {
-                const float w = pf_exp2(lse[k] - m_use);  // 0 for the splits past n_valid
-                wsum += w;
-                acc.x = fmaf(w, ov[k].x, acc.x);
-                acc.y = fmaf(w, ov[k].y, acc.y);
-                acc.z = fmaf(w, ov[k].z, acc.z);
-                acc.w = fmaf(w, ov[k].w, acc.w);
-            }
-        }
-        const float inv = 1.f / wsum;
-        const uint2 packed = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
-                                        (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
-        *reinterpret_cast<uint2*>(out + ((u64)seq * n_heads + head) * HD + 4 * d4) = packed;
+        dec_merge_splits(
+            out + ((u64)seq * n_heads + head) * HD + 4 * d4, n_valid,
+            [&](u32 s) { return __ldcg(part_lse + row0 + s); },
+            [&](u32 s) { return __ldcg(po + (u64)s * (HD / 4)); });
     }
 }
 
@@ -766,6 +836,22 @@ DECODE_KERNEL(paged_decode_hd64, 64, DEC_STAGES, 4, false)
 DECODE_KERNEL(paged_decode_hd128, 128, DEC_STAGES, 2, false)
 DECODE_KERNEL(paged_decode_lean_hd64, 64, DEC_LEAN_STAGES, 4, true)
 DECODE_KERNEL(paged_decode_lean_hd128, 128, DEC_LEAN_STAGES, 2, true)
+#if DEC_CL_PROTO
+// The cluster-merge prototype: launched with a cluster of DEC_CL_PROTO_SIZE along z, grid z =
+// n_splits = that size, and DEC_CL_SMEM_EXTRA more bytes of shared memory.
+#define DEC_CL_SMEM_EXTRA ((8 + 8 * 128) * 4)
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_decode_lean_cluster_hd128(
+    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters,
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,
+    u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,
+    float scale_log2) {
+    PDL_TRIGGER();
+    decode_body<128, DEC_LEAN_STAGES, 1>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,
+                                         max_blocks, ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt,
+                                         split_len, n_splits, min_split, scale_log2);
+}
+#endif
 
 #else  // TESSERA_HIP
 
