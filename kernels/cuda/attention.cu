@@ -797,15 +797,50 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     __syncthreads();
     if (!dec_last) return;
     __threadfence();
-    // A thread per 4 dims of a head, the partials read through L2 (__ldcg).
+    // A thread per 4 dims of a head; the splits in groups of DEC_MERGE, each group's loads
+    // (lse and o of every split) issued together and merged online: one round trip to L2
+    // per group rather than one per split. (dec_merge_splits does the same for the cluster
+    // prototype; this copy stays as it ran in the worker's tested builds.)
     for (u32 i = tid; i < gcount * (HD / 4); i += DEC_THREADS) {
         const u32 head = head0 + i / (HD / 4), d4 = i % (HD / 4);
         const u64 row0 = ((u64)seq * n_heads + head) * n_splits;
         const float4* po = reinterpret_cast<const float4*>(part_o) + row0 * (HD / 4) + d4;
-        dec_merge_splits(
-            out + ((u64)seq * n_heads + head) * HD + 4 * d4, n_valid,
-            [&](u32 s) { return __ldcg(part_lse + row0 + s); },
-            [&](u32 s) { return __ldcg(po + (u64)s * (HD / 4)); });
+        float mx = ATT_NEG_INF, wsum = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (u32 s0 = 0; s0 < n_valid; s0 += DEC_MERGE) {
+            float lse[DEC_MERGE];
+            float4 ov[DEC_MERGE];
+#pragma unroll
+            for (u32 k = 0; k < DEC_MERGE; ++k) {
+                const bool in = s0 + k < n_valid;
+                lse[k] = in ? __ldcg(part_lse + row0 + s0 + k) : ATT_NEG_INF;
+                ov[k] = in ? __ldcg(po + (u64)(s0 + k) * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            float mg = mx;
+#pragma unroll
+            for (u32 k = 0; k < DEC_MERGE; ++k) mg = fmaxf(mg, lse[k]);  // drops NaN: it arrives through w
+            const float m_use = mg == ATT_NEG_INF ? 0.f : mg;             // every lse so far NaN
+            const float alpha = pf_exp2(mx - m_use);
+            wsum *= alpha;
+            acc.x *= alpha;
+            acc.y *= alpha;
+            acc.z *= alpha;
+            acc.w *= alpha;
+            mx = mg;
+#pragma unroll
+            for (u32 k = 0; k < DEC_MERGE; ++k) {
+                const float w = pf_exp2(lse[k] - m_use);  // 0 for the splits past n_valid
+                wsum += w;
+                acc.x = fmaf(w, ov[k].x, acc.x);
+                acc.y = fmaf(w, ov[k].y, acc.y);
+                acc.z = fmaf(w, ov[k].z, acc.z);
+                acc.w = fmaf(w, ov[k].w, acc.w);
+            }
+        }
+        const float inv = 1.f / wsum;
+        const uint2 packed = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
+                                        (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
+        *reinterpret_cast<uint2*>(out + ((u64)seq * n_heads + head) * HD + 4 * d4) = packed;
     }
 }
 
