@@ -434,11 +434,40 @@ __device__ __forceinline__ u32 dec_split_len(u32 ctx, u32 split_len, u32 n_split
     return (len - 1) / DEC_TILE * DEC_TILE + DEC_TILE;
 }
 
-// The merge of a head's splits, 4 dims of it: out = sum_s w_s o_s / sum_s w_s, w_s =
-// 2^(lse_s - max lse), written as 4 bf16 at dst. The splits' loads go in groups of
-// DEC_MERGE, each group's (lse and o of every split) issued together and merged online: one
-// round trip per group rather than one per split (groups of 16 or 32 measured no faster).
+// Splits merged per group of loads (see the merge at the end of decode_body; groups of 16
+// or 32 measured no faster).
 #define DEC_MERGE 8
+
+#ifdef DEC_CLUSTER_PROTO
+// Prototype (bench/gpu/fused_modes.cu only; not built by NVRTC): the splits of one (sequence,
+// head chunk) form a thread-block cluster of CL CTAs along z and merge through distributed
+// shared memory instead of part_o / part_lse, the fence and the counter. Every CTA of a
+// cluster passes both cluster barriers, the idle ones included: rank 0 reads the others'
+// shared memory between them.
+__device__ __forceinline__ void dec_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ u32 dec_map_rank(u32 addr, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float dec_ld_cluster(u32 addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+// The prototype's merge of a head's splits, 4 dims of it, with the same arithmetic and
+// order as decode_body's global merge (so the two give the same bits); kept a copy until
+// the cluster merge is tested in the worker, whose merge stays as its tested builds ran it.
 template <class Lse, class O>
 __device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse_of, O o_of) {
     float mx = ATT_NEG_INF, wsum = 0.f;
@@ -476,34 +505,6 @@ __device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse
     const float inv = 1.f / wsum;
     *reinterpret_cast<uint2*>(dst) = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
                                                 (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
-}
-
-#ifdef DEC_CLUSTER_PROTO
-// Prototype (bench/gpu/fused_modes.cu only; not built by NVRTC): the splits of one (sequence,
-// head chunk) form a thread-block cluster of CL CTAs along z and merge through distributed
-// shared memory instead of part_o / part_lse, the fence and the counter. Every CTA of a
-// cluster passes both cluster barriers, the idle ones included: rank 0 reads the others'
-// shared memory between them.
-__device__ __forceinline__ void dec_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ u32 dec_map_rank(u32 addr, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ float dec_ld_cluster(u32 addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-__device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
 }
 #define DEC_CL_PROTO 1
 #else
@@ -872,8 +873,9 @@ DECODE_KERNEL(paged_decode_hd128, 128, DEC_STAGES, 2, false)
 DECODE_KERNEL(paged_decode_lean_hd64, 64, DEC_LEAN_STAGES, 4, true)
 DECODE_KERNEL(paged_decode_lean_hd128, 128, DEC_LEAN_STAGES, 2, true)
 #if DEC_CL_PROTO
-// The cluster-merge prototype: launched with a cluster of DEC_CL_PROTO_SIZE along z, grid z =
-// n_splits = that size, and DEC_CL_SMEM_EXTRA more bytes of shared memory.
+// The cluster-merge prototype: launched with a cluster of n_splits CTAs along z (grid z =
+// n_splits; fused_modes.cu's FM_CLUSTER) and DEC_CL_SMEM_EXTRA more bytes of shared memory:
+// lse and o (head dim 128) of up to 8 heads.
 #define DEC_CL_SMEM_EXTRA ((8 + 8 * 128) * 4)
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_decode_lean_cluster_hd128(
     bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters,
