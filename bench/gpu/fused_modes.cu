@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <cuda_runtime.h>
 
@@ -317,7 +318,10 @@ int main() {
     const double layer_bytes = 2.0 * ((double)QKV * H + (double)H * H + 2.0 * FFN * H + (double)H * FFN);
     const double kv_bytes = 2.0 * 2.0 * b.ctx * KV * HD;
     printf("\nlayer chain, 32 layers in one graph, us per layer, median of 9 (min, max):\n");
+    // FM_ONLY: only the plans whose name contains it (e.g. one chain under a kernel tracer).
+    const char* only = getenv("FM_ONLY");
     for (const Plan& plan : plans) {
+        if (only && !strstr(plan.name, only)) continue;
         cudaGraph_t graph;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         for (int layer = 0; layer < 32; ++layer)

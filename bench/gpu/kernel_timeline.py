@@ -8,7 +8,11 @@ ran (idle), and per kernel name the count, the mean duration and the mean time i
 in start order with each one's start, duration and the gap since the previous kernel ended
 (negative: it started before that one ended, programmatic launch).
 
-Usage: kernel_timeline.py TRACE.csv [--layer-kernel NAME]
+A step may also be delimited by non-graph work alone (`--step-kernel -`): every run of graph
+nodes between eager kernels, as bench/gpu/fused_modes.cu replays its layer chains (FM_ONLY),
+so the chain and the model's step print the same tables.
+
+Usage: kernel_timeline.py TRACE.csv [--step-kernel NAME|-]
 """
 import csv
 import statistics
@@ -31,8 +35,9 @@ def load(path):
     return rows
 
 
-def steps(rows):
-    """Graph replays: runs of graph-node kernels, each starting at unpack4_u32."""
+def steps(rows, first="unpack4_u32"):
+    """Graph replays: runs of graph-node kernels, each starting at `first` ("-": at the first
+    graph node after eager work)."""
     out, cur = [], None
     for r in rows:
         if r[2] == 0:  # not a graph node: eager work (prefill, warm-up)
@@ -40,7 +45,7 @@ def steps(rows):
                 out.append(cur)
             cur = None
             continue
-        if r[3].startswith("unpack4_u32"):
+        if (r[3].startswith(first) if first != "-" else cur is None):
             if cur:
                 out.append(cur)
             cur = []
@@ -74,7 +79,9 @@ def alone_time(ks):
 
 def main():
     rows = load(sys.argv[1])
-    st = steps(rows)
+    args = sys.argv[2:]
+    first = args[args.index("--step-kernel") + 1] if "--step-kernel" in args else "unpack4_u32"
+    st = steps(rows, first)
     if not st:
         print("no graph steps in the trace")
         return
