@@ -398,7 +398,7 @@ PREFILL_KERNEL(128, 2)
 // writes (o / l, log2 of the softmax mass) to part_o / part_lse, and the last of the
 // n_valid CTAs of its (sequence, head chunk) to finish (counted in `counters`, which that
 // CTA resets to 0 for the next launch) merges the partials into `out`: one launch, no
-// separate reduction kernel.
+// separate reduction kernel. Both merges are dec_merge_splits.
 //
 // A position the table does not map loads K = NaN, V = 0 (NaN scores, so NaN rows);
 // positions past the split's end load zeros and are masked.
@@ -434,40 +434,15 @@ __device__ __forceinline__ u32 dec_split_len(u32 ctx, u32 split_len, u32 n_split
     return (len - 1) / DEC_TILE * DEC_TILE + DEC_TILE;
 }
 
-// Splits merged per group of loads (see the merge at the end of decode_body; groups of 16
-// or 32 measured no faster).
+// Splits merged per group of loads (dec_merge_splits; groups of 16 or 32 measured no faster).
 #define DEC_MERGE 8
 
-#ifdef DEC_CLUSTER_PROTO
-// Prototype (bench/gpu/fused_modes.cu only; not built by NVRTC): the splits of one (sequence,
-// head chunk) form a thread-block cluster of CL CTAs along z and merge through distributed
-// shared memory instead of part_o / part_lse, the fence and the counter. Every CTA of a
-// cluster passes both cluster barriers, the idle ones included: rank 0 reads the others'
-// shared memory between them.
-__device__ __forceinline__ void dec_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ u32 dec_map_rank(u32 addr, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ float dec_ld_cluster(u32 addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-__device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-}
-// The prototype's merge of a head's splits, 4 dims of it, with the same arithmetic and
-// order as decode_body's global merge (so the two give the same bits); kept a copy until
-// the cluster merge is tested in the worker, whose merge stays as its tested builds ran it.
+// The merge of one head's splits, 4 dims of it (`dst`), from each split's log2 softmax mass
+// (lse_of(s)) and normalised output (o_of(s), those 4 dims): out = sum_s w_s o_s / sum_s w_s,
+// w_s = 2^(lse_s - max lse). The splits in groups of DEC_MERGE, each group's loads issued
+// together and merged online: one round trip to L2 (or to the other CTAs' shared memory)
+// per group rather than one per split. The global and the cluster merge both call it, so a
+// split's partials give the same bits either way.
 template <class Lse, class O>
 __device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse_of, O o_of) {
     float mx = ATT_NEG_INF, wsum = 0.f;
@@ -505,6 +480,34 @@ __device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse
     const float inv = 1.f / wsum;
     *reinterpret_cast<uint2*>(dst) = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
                                                 (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
+}
+
+#ifdef DEC_CLUSTER_PROTO
+// Prototype (bench/gpu/fused_modes.cu only; not built by NVRTC): the splits of one (sequence,
+// head chunk) form a thread-block cluster of CL CTAs along z and merge through distributed
+// shared memory instead of part_o / part_lse, the fence and the counter. Every CTA of a
+// cluster passes both cluster barriers, the idle ones included: rank 0 reads the others'
+// shared memory between them.
+__device__ __forceinline__ void dec_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ u32 dec_map_rank(u32 addr, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float dec_ld_cluster(u32 addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
 }
 #define DEC_CL_PROTO 1
 #else
@@ -785,8 +788,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
 #endif
     if (direct) return;
 
-    // The last CTA of this (sequence, head chunk) combines the splits:
-    // out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
+    // The last CTA of this (sequence, head chunk) combines the splits.
     __threadfence();  // this CTA's partials are visible before it is counted
     __syncthreads();
     if (tid == 0) {
@@ -798,50 +800,15 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     __syncthreads();
     if (!dec_last) return;
     __threadfence();
-    // A thread per 4 dims of a head; the splits in groups of DEC_MERGE, each group's loads
-    // (lse and o of every split) issued together and merged online: one round trip to L2
-    // per group rather than one per split. (dec_merge_splits does the same for the cluster
-    // prototype; this copy stays as it ran in the worker's tested builds.)
+    // A thread per 4 dims of a head; coherent loads (__ldcg): the other CTAs wrote them.
     for (u32 i = tid; i < gcount * (HD / 4); i += DEC_THREADS) {
         const u32 head = head0 + i / (HD / 4), d4 = i % (HD / 4);
         const u64 row0 = ((u64)seq * n_heads + head) * n_splits;
         const float4* po = reinterpret_cast<const float4*>(part_o) + row0 * (HD / 4) + d4;
-        float mx = ATT_NEG_INF, wsum = 0.f;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (u32 s0 = 0; s0 < n_valid; s0 += DEC_MERGE) {
-            float lse[DEC_MERGE];
-            float4 ov[DEC_MERGE];
-#pragma unroll
-            for (u32 k = 0; k < DEC_MERGE; ++k) {
-                const bool in = s0 + k < n_valid;
-                lse[k] = in ? __ldcg(part_lse + row0 + s0 + k) : ATT_NEG_INF;
-                ov[k] = in ? __ldcg(po + (u64)(s0 + k) * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            float mg = mx;
-#pragma unroll
-            for (u32 k = 0; k < DEC_MERGE; ++k) mg = fmaxf(mg, lse[k]);  // drops NaN: it arrives through w
-            const float m_use = mg == ATT_NEG_INF ? 0.f : mg;             // every lse so far NaN
-            const float alpha = pf_exp2(mx - m_use);
-            wsum *= alpha;
-            acc.x *= alpha;
-            acc.y *= alpha;
-            acc.z *= alpha;
-            acc.w *= alpha;
-            mx = mg;
-#pragma unroll
-            for (u32 k = 0; k < DEC_MERGE; ++k) {
-                const float w = pf_exp2(lse[k] - m_use);  // 0 for the splits past n_valid
-                wsum += w;
-                acc.x = fmaf(w, ov[k].x, acc.x);
-                acc.y = fmaf(w, ov[k].y, acc.y);
-                acc.z = fmaf(w, ov[k].z, acc.z);
-                acc.w = fmaf(w, ov[k].w, acc.w);
-            }
-        }
-        const float inv = 1.f / wsum;
-        const uint2 packed = make_uint2((u32)f32_to_bf16(acc.x * inv) | ((u32)f32_to_bf16(acc.y * inv) << 16),
-                                        (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
-        *reinterpret_cast<uint2*>(out + ((u64)seq * n_heads + head) * HD + 4 * d4) = packed;
+        dec_merge_splits(
+            out + ((u64)seq * n_heads + head) * HD + 4 * d4, n_valid,
+            [&](u32 s) { return __ldcg(part_lse + row0 + s); },
+            [&](u32 s) { return __ldcg(po + (u64)s * (HD / 4)); });
     }
 }
 
