@@ -41,7 +41,7 @@ use half::bf16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 use tessera_kernels::cpu::attention::{self as cpu, PagedKv, SeqSlice};
-use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch};
+use tessera_kernels::cuda::{Buf, DecodePlan, DecodeWorkspace, Device, PagedBatch};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -303,11 +303,17 @@ fn decode_matches_cpu() {
         let n = s.q.len();
         let mut ws = dev.decode_workspace(case.seqs.len(), case.n_heads, case.hd, 128).unwrap();
         for (label, split, use_ws) in [("auto", None, true), ("split 64", Some(64), true), ("one split", None, false)] {
-            // The default kernel, then the lean one (shallower ring, early dependents):
-            // both match the reference, and each other bit for bit.
+            // The default kernel, then the lean one (shallower ring, early dependents): both
+            // match the reference, and each other bit for bit. Then the lean cluster kernel
+            // (taken with 8 splits or more): it matches the reference, and the lean kernel
+            // bit for bit where both split every context alike.
             let mut first: Option<Vec<bf16>> = None;
-            for (kernel, lean_max) in [("default", 0), ("lean", usize::MAX)] {
+            let mut lean_run: Option<(DecodePlan, Vec<bf16>)> = None;
+            for (kernel, lean_max, cluster) in
+                [("default", 0, false), ("lean", usize::MAX, false), ("lean cluster", usize::MAX, true)]
+            {
                 dev.set_decode_lean_max_seqs(lean_max);
+                dev.set_decode_cluster(cluster);
                 let mut out = poisoned(&dev, n);
                 let plan = dev
                     .paged_decode_attention(
@@ -329,17 +335,40 @@ fn decode_matches_cpu() {
                 );
                 let got = dev.download(&out).unwrap();
                 assert_close(&what, &got, &want);
+                if cluster {
+                    if let Some((lean_plan, lean_got)) = &lean_run {
+                        if same_splits(*lean_plan, plan, split.is_some()) {
+                            assert_bits_eq(&what, &got, lean_got, "the lean kernel");
+                        }
+                    }
+                    continue;
+                }
                 match &first {
                     None => first = Some(got),
-                    Some(f) => assert!(
-                        f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{what}: differs from the default kernel"
-                    ),
+                    Some(f) => {
+                        assert_bits_eq(&what, &got, f, "the default kernel");
+                        lean_run = Some((plan, got));
+                    }
                 }
             }
         }
     }
     dev.set_decode_lean_max_seqs(4);
+    dev.set_decode_cluster(true);
+}
+
+/// Asserts `got` and `other` (the output of `whose`) are the same bits.
+fn assert_bits_eq(what: &str, got: &[bf16], other: &[bf16], whose: &str) {
+    let diff = got.iter().zip(other).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(diff, 0, "{what}: {diff} outputs differ from {whose}");
+}
+
+/// Whether the lean kernel's `lean` plan and the `cluster` plan of a call that may take the
+/// lean cluster kernel split every context of a batch alike: the same grid with a forced
+/// length, or an automatic plan of at most 8 splits (below 8 the lean kernel runs again; at
+/// 8, one cluster, the cluster kernels' rule is the lean kernels').
+fn same_splits(lean: DecodePlan, cluster: DecodePlan, forced: bool) -> bool {
+    lean == cluster && (forced || cluster.n_splits <= 8)
 }
 
 #[test]
@@ -570,8 +599,9 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
     let row = 8 * 64;
     let mut ws: DecodeWorkspace = dev.decode_workspace(3, 8, 64, 8).unwrap();
     // Splits of 16: the NaN row merges a NaN split with good ones; max_context 8192: most
-    // splits start past the contexts.
-    for (split, max_ctx) in [(None, 41), (Some(16), 41), (None, 8192), (Some(16), 8192)] {
+    // splits start past the contexts; max_context 128 with splits of 16: 8 splits, which
+    // the lean cluster kernel merges in its cluster (the NaN row's too).
+    for (split, max_ctx) in [(None, 41), (Some(16), 41), (None, 8192), (Some(16), 8192), (Some(16), 128)] {
         let mut out = poisoned(&dev, s.q.len());
         dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, max_ctx, split, Some(&mut ws)).unwrap();
         let got = dev.download(&out).unwrap();
