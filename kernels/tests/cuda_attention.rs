@@ -447,6 +447,129 @@ fn decode_with_graph_sized_max_context() {
     }
 }
 
+/// A decode batch at contexts `lens` (one new token each; a 0 is a padding row, set up as
+/// context 1 and then given length 0) on its own workspace, run with the lean cluster
+/// kernel on or off.
+struct ClusterCase {
+    lens: Vec<usize>,
+    case: Case,
+    s: Setup,
+    /// `lens` on the device.
+    ctx_d: Buf<u32>,
+    /// The reference, zero in the padding rows (as the kernels write them).
+    want: Vec<f32>,
+    ws: DecodeWorkspace,
+}
+
+impl ClusterCase {
+    fn new(dev: &Device, r: &mut ChaCha8Rng, (n_heads, n_kv, hd): (usize, usize, usize), lens: &[usize]) -> Self {
+        let seqs = lens.iter().map(|&c| (c.max(1) - 1, 1)).collect();
+        let case = Case { n_heads, n_kv, hd, seqs, scale: 1.0 / (hd as f32).sqrt() };
+        let s = case.setup(dev, r);
+        let mut want = case.reference(&s);
+        let row = n_heads * hd;
+        for (i, &c) in lens.iter().enumerate() {
+            if c == 0 {
+                want[i * row..(i + 1) * row].fill(0.0);
+            }
+        }
+        let ctx_d = dev.upload(&lens.iter().map(|&c| c as u32).collect::<Vec<_>>()).unwrap();
+        let ws = dev.decode_workspace(4, n_heads, hd, 64).unwrap();
+        ClusterCase { lens: lens.to_vec(), case, s, ctx_d, want, ws }
+    }
+
+    /// One call into a NaN-poisoned output, checked against the reference: its plan and
+    /// output.
+    fn run(&mut self, dev: &Device, max_ctx: usize, split: Option<usize>, cluster: bool) -> (DecodePlan, Vec<bf16>) {
+        dev.set_decode_cluster(cluster);
+        let (c, batch) = (&self.case, PagedBatch { context_lens: &self.ctx_d, ..self.s.batch() });
+        let mut out = poisoned(dev, self.s.q.len());
+        let plan = dev
+            .paged_decode_attention(
+                &mut out,
+                &self.s.q_d,
+                &batch,
+                c.n_heads,
+                c.scale,
+                max_ctx,
+                split,
+                Some(&mut self.ws),
+            )
+            .unwrap();
+        let what = format!(
+            "decode {}q/{}kv hd{} ctx {:?} max_context {max_ctx} [split {split:?}, cluster {cluster}: {} splits of {}]",
+            c.n_heads, c.n_kv, c.hd, self.lens, plan.n_splits, plan.split_len
+        );
+        let got = dev.download(&out).unwrap();
+        assert_close(&what, &got, &self.want);
+        (plan, got)
+    }
+}
+
+#[test]
+fn decode_cluster_merge_matches_cpu() {
+    // The lean kernels' batches (1..4 sequences) with the automatic plan, the lean cluster
+    // kernel on and off: contexts whose splits merge in a cluster (1, 17, 64: one split; 65
+    // to 2048: 2..8 splits) or through the workspace (2049, 5000), and a padding row, at
+    // the engine's graph-sized max_context (8192) and at the batch's own. Both kernels match
+    // the reference; the cluster kernel's grid is the other's rounded down to whole
+    // clusters; with one cluster of splits both divide every context alike, so give the
+    // same bits.
+    let Some(dev) = gpu("decode_cluster_merge_matches_cpu") else { return };
+    let mut r = rng(48);
+    let batches: [&[usize]; 8] = [
+        &[544],
+        &[2048],
+        &[5000],
+        &[2049, 65],
+        &[1, 17, 64],
+        &[200, 0, 2048],
+        &[65, 544, 2049, 5000],
+        &[17, 200, 0, 1],
+    ];
+    for shape in [(32, 8, 128), (9, 3, 64)] {
+        for lens in batches {
+            let mut c = ClusterCase::new(&dev, &mut r, shape, lens);
+            for max_ctx in [8192, lens.iter().copied().max().unwrap_or(1)] {
+                let (lean_plan, lean_got) = c.run(&dev, max_ctx, None, false);
+                let (plan, got) = c.run(&dev, max_ctx, None, true);
+                let n = lean_plan.n_splits;
+                let what = format!("ctx {lens:?} max_context {max_ctx}: {lean_plan:?}, then {plan:?}");
+                assert_eq!(plan.n_splits, if n >= 8 { n / 8 * 8 } else { n }, "{what}");
+                if same_splits(lean_plan, plan, false) {
+                    assert_bits_eq(&what, &got, &lean_got, "the lean kernel");
+                }
+            }
+        }
+    }
+    dev.set_decode_cluster(true);
+}
+
+#[test]
+fn decode_cluster_merge_is_the_global_merge_bit_for_bit() {
+    // The same forced split length on a grid of whole clusters: the lean cluster kernel and
+    // the lean kernel run the same splits, and their merges (through distributed shared
+    // memory, or the workspace) are one function, so the outputs are the same bits. 8 splits:
+    // every sequence merges in the cluster; 16: the longest through the workspace, the
+    // others in the cluster, in one launch. Group 12 runs two head chunks per kv head.
+    let Some(dev) = gpu("decode_cluster_merge_is_the_global_merge_bit_for_bit") else { return };
+    let mut r = rng(49);
+    let cases: [(&[usize], usize, usize); 4] =
+        [(&[500, 65, 130, 1], 64, 8), (&[128, 100, 17], 16, 8), (&[1024, 300, 65], 64, 16), (&[1000, 0, 513], 128, 8)];
+    for shape in [(32, 8, 128), (9, 3, 64), (24, 2, 128)] {
+        for (lens, split, n_splits) in cases {
+            let mut c = ClusterCase::new(&dev, &mut r, shape, lens);
+            let max_ctx = lens.iter().copied().max().unwrap_or(1);
+            let (lean_plan, lean_got) = c.run(&dev, max_ctx, Some(split), false);
+            let (plan, got) = c.run(&dev, max_ctx, Some(split), true);
+            let what = format!("{shape:?} ctx {lens:?} split {split}");
+            assert_eq!((lean_plan, plan), (DecodePlan { n_splits, split_len: split }, lean_plan), "{what}");
+            assert_bits_eq(&what, &got, &lean_got, "the global merge");
+        }
+    }
+    dev.set_decode_cluster(true);
+}
+
 fn prefill_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
     let s = |hd: usize| 1.0 / (hd as f32).sqrt();
     let mut mixed: Vec<(usize, usize)> = vec![(0, 1), (16, 17), (1000, 64), (4000, 96), (0, 300), (499, 1), (3, 29)];
