@@ -14,12 +14,9 @@
 //     plus 32 generated) uses ceil(ctx / 64); each layer has its own paged K/V cache. Its
 //     variants (plain launch, the default kernel, a grid of only the splits in use, attention
 //     alone) say what the model adds to the chain around attention.
-//   - the lean cluster kernel (paged_decode_lean_cluster_hd128), whose splits of a context up
-//     to 2048 positions merge within a thread-block cluster through distributed shared
-//     memory, launched as the worker launches it at batch 1 (grid z = FM_CLUSTER_Z, default
-//     32: the 33 planned splits rounded down to whole clusters of 8; clusters of 8 along z):
-//     first checked bit for bit against the lean kernel's global merge on the same splits,
-//     then timed in the chain and alone.
+//   - attention.cu's cluster-merge prototype (DEC_CLUSTER_PROTO): FM_CLUSTER splits merged
+//     through distributed shared memory, first checked bit for bit against the global
+//     merge on the same splits, then timed in the chain and alone.
 // The kernels come from the gemv.cu named by GEMV_SRC (default: the repository's), so a
 // modified copy can be timed the same way (bench/gpu/fused_modes.sh builds the variants);
 // the decode attention likewise from ATTN_SRC.
@@ -41,6 +38,7 @@
 #ifndef ATTN_SRC
 #define ATTN_SRC "../../kernels/cuda/attention.cu"
 #endif
+#define DEC_CLUSTER_PROTO  // attention.cu's cluster-merge prototype kernel
 #include ATTN_SRC
 
 #include "gemv_bench.cuh"
@@ -89,18 +87,14 @@ struct Bufs {
 // How a chain runs attention between qkv and o.
 // LEAN_TIGHT: the lean kernel on a grid of only the splits the context uses (the worker's
 // graphs are planned for the longest context, so most of their 33 splits exit at once).
-// LEAN_CLUSTER: the lean cluster kernel on a grid of CL_Z splits (FM_CLUSTER_Z: 8, 16, 24 or
-// 32, default 32), clusters of DEC_CLUSTER = 8 CTAs along z; up to 2048 positions its own
-// plan puts ceil(ctx / 8) positions (at least MIN_SPLIT) in each split of the first cluster.
-// LEAN_CL_GRID: the lean kernel on a grid of 8 splits, which divides every context the same
-// way (the cluster plan is the lean kernels' rule over 8 splits), merging through global
-// memory.
+// LEAN_CLUSTER: the prototype whose splits merge through distributed shared memory, a
+// cluster of FM_CLUSTER (default 8) CTAs along z; LEAN_CL_GRID: the lean kernel on the same
+// grid (FM_CLUSTER splits) merging through global memory, the same bits.
 enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY, LEAN_TIGHT, LEAN_CLUSTER, LEAN_CL_GRID };
-static const int CL_Z = getenv("FM_CLUSTER_Z") ? std::max(1, std::min(4, atoi(getenv("FM_CLUSTER_Z")) / 8)) * 8 : 32;
+static const int CLUSTER = getenv("FM_CLUSTER") ? std::max(2, std::min(16, atoi(getenv("FM_CLUSTER")))) : 8;
 
-// Decode attention of one sequence over set `set`'s cache: q -> attn. grid_z > 0 overrides
-// the splits launched.
-static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32 grid_z = 0) {
+// Decode attention of one sequence over set `set`'s cache: q -> attn.
+static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
     const bool lean = how != DEFAULT_EARLY;
     const void* fn = how == LEAN_CLUSTER ? (const void*)paged_decode_lean_cluster_hd128
                      : lean              ? (const void*)paged_decode_lean_hd128
@@ -114,9 +108,7 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32 grid
     u32 max_blocks = b.n_blocks, num_blocks = b.n_blocks, block = BLOCK, nh = HEADS, nkv = KV, group = HEADS / KV,
         gt = HEADS / KV, split_len = 0, n_splits = how == LEAN_TIGHT ? (b.ctx + MIN_SPLIT - 1) / MIN_SPLIT : SPLITS,
         min_split = MIN_SPLIT;
-    if (how == LEAN_CLUSTER) n_splits = CL_Z;
-    if (how == LEAN_CL_GRID) n_splits = DEC_CLUSTER;
-    if (grid_z > 0) n_splits = grid_z;
+    if (how == LEAN_CLUSTER || how == LEAN_CL_GRID) n_splits = CLUSTER;
     n_splits = std::min(n_splits, (u32)SPLITS);
     float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
     void* args[] = {&out, &po, &pl, &counters, &q, &kc, &vc, &table, &max_blocks, &ctx_lens,
@@ -129,7 +121,7 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32 grid
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = grid;
         cfg.blockDim = threads;
-        cfg.dynamicSmemBytes = smem + DEC_CLUSTER_SMEM(HD);
+        cfg.dynamicSmemBytes = smem + DEC_CL_SMEM_EXTRA;
         cfg.stream = s;
         cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -137,7 +129,7 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32 grid
         attr[1].id = cudaLaunchAttributeClusterDimension;
         attr[1].val.clusterDim.x = 1;
         attr[1].val.clusterDim.y = 1;
-        attr[1].val.clusterDim.z = DEC_CLUSTER;
+        attr[1].val.clusterDim.z = n_splits;
         cfg.attrs = attr;
         cfg.numAttrs = 2;
         CK(cudaLaunchKernelExC(&cfg, fn, args));
@@ -188,7 +180,10 @@ int main() {
     CK(cudaFuncSetAttribute((const void*)paged_decode_lean_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, LEAN_SMEM));
     CK(cudaFuncSetAttribute((const void*)paged_decode_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, DEF_SMEM));
     CK(cudaFuncSetAttribute((const void*)paged_decode_lean_cluster_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            LEAN_SMEM + DEC_CLUSTER_SMEM(HD)));
+                            LEAN_SMEM + DEC_CL_SMEM_EXTRA));
+    if (CLUSTER > 8)
+        CK(cudaFuncSetAttribute((const void*)paged_decode_lean_cluster_hd128,
+                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
     const int rows[4] = {QKV, H, 2 * FFN, H}, cols[4] = {H, H, H, FFN};
     const char* names[4] = {"qkv 6144x4096 (norm+rope)", "o 4096x4096 (residual)", "gate_up 28672x4096 (norm+swiglu)",
@@ -249,38 +244,26 @@ int main() {
     };
 
     {
-        // The cluster merge against the global one on the same splits: the same bits (both
-        // kernels are checked against the CPU reference in kernels/tests/cuda_attention.rs).
-        // The lean kernel on 8 splits divides the context as the cluster kernel does on a grid
-        // of 8, at any context (the cluster kernel then merges in its cluster from 2 splits
-        // on), and on a grid of CL_Z up to 2048 positions, where the cluster kernel's own plan
-        // fits its first cluster (past that it spreads the context over all CL_Z splits and
-        // merges them globally: not the same splits, so that run is left out).
+        // The cluster merge against the global one on the same splits: the same bits (the
+        // global path is checked against the CPU reference in kernels/tests/cuda_attention.rs).
         reset_x();
         run(QKV_POS, true, b, W[0][0], 0, st);  // q and the newest K/V
-        const u32 zs[2] = {DEC_CLUSTER, (u32)CL_Z};
-        const int n_runs = b.ctx <= DEC_CLUSTER * DEC_CLUSTER_MAX_SPLIT && CL_Z > DEC_CLUSTER ? 3 : 2;
-        std::vector<unsigned short> got[3];
-        for (int v = 0; v < n_runs; ++v) {
+        std::vector<unsigned short> got[2];
+        for (int v = 0; v < 2; ++v) {
             CK(cudaMemsetAsync(b.attn, 0xff, H * 2, st));  // poisoned: NaN
-            if (v == 0) attention(LEAN_CL_GRID, b, 0, st);
-            else attention(LEAN_CLUSTER, b, 0, st, zs[v - 1]);
+            attention(v == 0 ? LEAN_CL_GRID : LEAN_CLUSTER, b, 0, st);
             got[v].resize(H);
             CK(cudaMemcpyAsync(got[v].data(), b.attn, H * 2, cudaMemcpyDeviceToHost, st));
             CK(cudaStreamSynchronize(st));
         }
-        int bad = 0;
-        for (int v = 1; v < n_runs; ++v) {
-            int diff = 0, nan = 0;
-            for (int i = 0; i < H; ++i) {
-                diff += got[0][i] != got[v][i];
-                nan += (got[v][i] & 0x7fff) > 0x7f80;
-            }
-            printf("cluster kernel (grid z %u, clusters of %d) vs global merge, 8 splits: %d of %d outputs differ, "
-                   "%d NaN\n", zs[v - 1], DEC_CLUSTER, diff, H, nan);
-            bad += diff + nan;
+        int diff = 0, nan = 0;
+        for (int i = 0; i < H; ++i) {
+            diff += got[0][i] != got[1][i];
+            nan += (got[1][i] & 0x7fff) > 0x7f80;
         }
-        if (bad > 0) return 1;  // no timings for a kernel that is wrong
+        printf("cluster merge (%d CTAs) vs global merge, %d splits: %d of %d outputs differ, %d NaN\n", CLUSTER,
+               CLUSTER, diff, H, nan);
+        if (diff + nan > 0) return 1;  // no timings for a prototype that is wrong
     }
 
     printf("%-34s | %-16s | %-16s | %s\n", "us per call (TB/s), 64 in a row", "plain", "fused", "fused - plain");
@@ -325,9 +308,9 @@ int main() {
         {"plain + attention", {F, F, F, F}, LEAN_EARLY, T},
         {"attention alone", {F, F, F, F}, LEAN_EARLY, F},
         {"fused + attention (again)", {T, T, T, T}, LEAN_EARLY, T},
-        {"fused + attn, 8 splits, global", {T, T, T, T}, LEAN_CL_GRID, T},
+        {"fused + attn, FM_CLUSTER splits", {T, T, T, T}, LEAN_CL_GRID, T},
         {"fused + attn, cluster merge", {T, T, T, T}, LEAN_CLUSTER, T},
-        {"attn alone, 8 splits, global", {F, F, F, F}, LEAN_CL_GRID, F},
+        {"attn alone, FM_CLUSTER splits", {F, F, F, F}, LEAN_CL_GRID, F},
         {"attn alone, cluster merge", {F, F, F, F}, LEAN_CLUSTER, F},
         {"fused + attention (3rd)", {T, T, T, T}, LEAN_EARLY, T},
         {"fused + attn, cluster merge (again)", {T, T, T, T}, LEAN_CLUSTER, T},

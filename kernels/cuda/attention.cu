@@ -1,10 +1,9 @@
 // Paged attention on bf16 KV caches: the write of new K/V into the cache, decode attention
 // (one query token per sequence, split-KV "flash-decoding", the splits merged by the last
-// CTA of each sequence or within a thread-block cluster) and prefill attention (a causal
-// chunk of queries per sequence, flash-attention 2), both on tensor cores. Same semantics
-// as the CPU reference, kernels/src/cpu/attention.rs. The HIP build (TESSERA_HIP,
-// kernels/hip/compat.h) replaces the tensor-core kernels with one portable kernel at the end
-// of the file.
+// CTA of each sequence) and prefill attention (a causal chunk of queries per sequence,
+// flash-attention 2), both on tensor cores. Same semantics as the CPU reference,
+// kernels/src/cpu/attention.rs. The HIP build (TESSERA_HIP, kernels/hip/compat.h) replaces the
+// tensor-core kernels with one portable kernel at the end of the file.
 //
 // Cache, per layer: k_cache, v_cache [num_blocks, block_size, n_kv, HD] bf16. Position p of a
 // sequence lives in block block_table[p / block_size], slot p % block_size; a slot id is
@@ -399,9 +398,7 @@ PREFILL_KERNEL(128, 2)
 // writes (o / l, log2 of the softmax mass) to part_o / part_lse, and the last of the
 // n_valid CTAs of its (sequence, head chunk) to finish (counted in `counters`, which that
 // CTA resets to 0 for the next launch) merges the partials into `out`: one launch, no
-// separate reduction kernel. The lean cluster kernels merge the splits of short contexts
-// through distributed shared memory instead (see dec_cluster_split_len); both merges are
-// dec_merge_splits.
+// separate reduction kernel. Both merges are dec_merge_splits.
 //
 // A position the table does not map loads K = NaN, V = 0 (NaN scores, so NaN rows);
 // positions past the split's end load zeros and are masked.
@@ -485,36 +482,15 @@ __device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse
                                                 (u32)f32_to_bf16(acc.z * inv) | ((u32)f32_to_bf16(acc.w * inv) << 16));
 }
 
-// The cluster kernels (paged_decode_lean_cluster_hd*) run in thread-block clusters of
-// DEC_CLUSTER CTAs along z (the host makes grid z a multiple of it), so a cluster holds
-// splits 8c..8c+7 of one (sequence, kv head chunk). Where a sequence's valid splits all lie
-// in cluster 0 (n_valid <= DEC_CLUSTER), they merge through distributed shared memory
-// instead of part_o / part_lse, the fence and the counter: each writes its (o, lse) to its
-// own shared memory, a cluster barrier, split 0 (cluster rank 0: the cluster's shape is
-// (1, 1, 8), so split s of cluster 0 is rank s) reads them with mapa / ld.shared::cluster
-// and merges them into `out`, a second barrier keeps the others' shared memory alive until
-// it has. Longer contexts take the global merge of the other kernels.
-//
-// Their automatic plan: ceil(ctx / DEC_CLUSTER) positions per split (at least min_split,
-// whole tiles) while that is at most DEC_CLUSTER_MAX_SPLIT (contexts up to 2048), so the
-// splits fit one cluster; past that the rule of the other kernels over all n_splits.
-#define DEC_CLUSTER 8
-#define DEC_CLUSTER_MAX_SPLIT 256
-// Query heads of a CTA at most (the host's DECODE_MAX_GROUP; MMA rows 0..7).
-#define DEC_MAX_GROUP 8
-// Shared memory past the rings for one split's (o, lse): lse of up to DEC_MAX_GROUP heads,
-// then their o, HD floats each.
-#define DEC_CLUSTER_SMEM(HD) ((DEC_MAX_GROUP + DEC_MAX_GROUP * (HD)) * 4)
-
-__device__ __forceinline__ u32 dec_cluster_split_len(u32 ctx, u32 split_len, u32 n_splits, u32 min_split) {
-    if (split_len > 0) return split_len;
-    const u32 len = dec_split_len(ctx, 0, DEC_CLUSTER, min_split);
-    return len <= DEC_CLUSTER_MAX_SPLIT ? len : dec_split_len(ctx, 0, n_splits, min_split);
-}
+#ifdef DEC_CLUSTER_PROTO
+// Prototype (bench/gpu/fused_modes.cu only; not built by NVRTC): the splits of one (sequence,
+// head chunk) form a thread-block cluster of CL CTAs along z and merge through distributed
+// shared memory instead of part_o / part_lse, the fence and the counter. Every CTA of a
+// cluster passes both cluster barriers, the idle ones included: rank 0 reads the others'
+// shared memory between them.
 __device__ __forceinline__ void dec_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// The address of shared-memory address `addr` in the CTA of cluster rank `rank`.
 __device__ __forceinline__ u32 dec_map_rank(u32 addr, u32 rank) {
     u32 r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
@@ -533,8 +509,12 @@ __device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
                  : "memory");
     return v;
 }
+#define DEC_CL_PROTO 1
+#else
+#define DEC_CL_PROTO 0
+#endif
 
-template <int HD, u32 ST, bool CLUSTER = false>
+template <int HD, u32 ST, u32 CL = 0>
 __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
                                             float* __restrict__ part_lse, u32* __restrict__ counters,
                                             const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
@@ -571,21 +551,15 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
                 out[((u64)seq * n_heads + head0 + i / HD) * HD + i % HD] = 0;
         return;
     }
-    const u32 len = CLUSTER ? dec_cluster_split_len(ctx, split_len, n_splits, min_split)
-                            : dec_split_len(ctx, split_len, n_splits, min_split);
+    const u32 len = dec_split_len(ctx, split_len, n_splits, min_split);
     const u32 n_valid = min(n_splits, (ctx - 1) / len + 1);
-    // Whether this (sequence, kv head chunk) merges in cluster 0 (see dec_cluster_split_len):
-    // a function of the sequence, the chunk and the launch's parameters, so the same for
-    // every CTA of a cluster (which spans only z), as the cluster barriers need. With
-    // n_valid = 1 the one valid split writes `out` and no CTA touches a barrier.
-    const bool cl_merge = CLUSTER && n_valid > 1 && n_valid <= DEC_CLUSTER;
     if (split >= n_valid) {
-        // Idle CTAs of cluster 0 pass both barriers (split 0 waits for all 8 at each); the
-        // clusters past it are idle as a whole and leave at once.
-        if (cl_merge && split < DEC_CLUSTER) {
+#if DEC_CL_PROTO
+        if constexpr (CL > 0) {
             dec_cluster_sync();
             dec_cluster_sync();
         }
+#endif
         return;
     }
     const u32 start = split * len;  // < ctx
@@ -785,9 +759,9 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         const u32 head = head0 + hg;
         if (direct) {
             out[((u64)seq * n_heads + head) * HD + d] = f32_to_bf16(ov / lsum);
-        } else if (cl_merge) {  // this split's (o, lse) past the rings, for split 0 to read
+        } else if (CL > 0) {  // this split's (o, lse) past the rings, for rank 0 to read
             float* cl = reinterpret_cast<float*>(reinterpret_cast<char*>(dec_smem) + DEC_WARPS * WARP_B);
-            cl[DEC_MAX_GROUP + hg * HD + d] = ov / lsum;
+            cl[8 + hg * HD + d] = ov / lsum;
             if (d == 0) cl[hg] = mx + log2f(lsum);
         } else {
             const u64 row = ((u64)seq * n_heads + head) * n_splits + split;
@@ -795,22 +769,23 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
             if (d == 0) part_lse[row] = mx + log2f(lsum);
         }
     }
-    if (cl_merge) {
+#if DEC_CL_PROTO
+    if constexpr (CL > 0) {
         dec_cluster_sync();  // every split's (o, lse) written
-        if (split == 0) {
+        if (!direct && split == 0) {
             const u32 cl = sbase + DEC_WARPS * WARP_B;
             for (u32 i = tid; i < gcount * (HD / 4); i += DEC_THREADS) {
                 const u32 hg = i / (HD / 4), d4 = i % (HD / 4);
-                const u32 o_at = cl + (DEC_MAX_GROUP + hg * HD + 4 * d4) * 4;
                 dec_merge_splits(
                     out + ((u64)seq * n_heads + head0 + hg) * HD + 4 * d4, n_valid,
                     [&](u32 s) { return dec_ld_cluster(dec_map_rank(cl + hg * 4, s)); },
-                    [&](u32 s) { return dec_ld_cluster4(dec_map_rank(o_at, s)); });
+                    [&](u32 s) { return dec_ld_cluster4(dec_map_rank(cl + (8 + hg * HD + 4 * d4) * 4, s)); });
             }
         }
-        dec_cluster_sync();  // split 0 has read every split's shared memory
+        dec_cluster_sync();  // rank 0 has read every split's shared memory
         return;
     }
+#endif
     if (direct) return;
 
     // The last CTA of this (sequence, head chunk) combines the splits.
@@ -846,32 +821,41 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
 // launched programmatically, becomes resident beside the running attention and queues its
 // first weight copies during it (it waits for the whole grid before reading the output).
 // Same plan, same tile order per warp: the same bits as the default kernels.
-//
-// The lean cluster kernels are the lean kernels launched in clusters of DEC_CLUSTER CTAs
-// along z (see dec_cluster_split_len), with DEC_CLUSTER_SMEM(HD) more bytes of shared
-// memory (4 KiB at head dim 128: the CTA and a ~152 KiB GEMV CTA still share an SM). Their
-// own plan, so their bits match the lean kernels' where both split a context alike (grid z
-// = 8, or the same forced split_len with n_splits a multiple of 8).
-#define DECODE_KERNEL(NAME, HD, ST, MINB, TRIGGER, CLUSTER)                                                         \
+#define DECODE_KERNEL(NAME, HD, ST, MINB, TRIGGER)                                                                  \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) NAME(                                           \
         bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters, \
         const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,             \
         const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
         u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
         float scale_log2) {                                                                                         \
-        if (TRIGGER) PDL_TRIGGER();                                                                                 \
-        decode_body<HD, ST, CLUSTER>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,            \
-                                     max_blocks, ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt,        \
-                                     split_len, n_splits, min_split, scale_log2);                                   \
+        if (TRIGGER) PDL_TRIGGER();                              \
+        decode_body<HD, ST>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks,         \
+                            ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt, split_len, n_splits,        \
+                            min_split, scale_log2);                                                                 \
     }
 
 #define DEC_LEAN_STAGES 2
-DECODE_KERNEL(paged_decode_hd64, 64, DEC_STAGES, 4, false, false)
-DECODE_KERNEL(paged_decode_hd128, 128, DEC_STAGES, 2, false, false)
-DECODE_KERNEL(paged_decode_lean_hd64, 64, DEC_LEAN_STAGES, 4, true, false)
-DECODE_KERNEL(paged_decode_lean_hd128, 128, DEC_LEAN_STAGES, 2, true, false)
-DECODE_KERNEL(paged_decode_lean_cluster_hd64, 64, DEC_LEAN_STAGES, 4, true, true)
-DECODE_KERNEL(paged_decode_lean_cluster_hd128, 128, DEC_LEAN_STAGES, 2, true, true)
+DECODE_KERNEL(paged_decode_hd64, 64, DEC_STAGES, 4, false)
+DECODE_KERNEL(paged_decode_hd128, 128, DEC_STAGES, 2, false)
+DECODE_KERNEL(paged_decode_lean_hd64, 64, DEC_LEAN_STAGES, 4, true)
+DECODE_KERNEL(paged_decode_lean_hd128, 128, DEC_LEAN_STAGES, 2, true)
+#if DEC_CL_PROTO
+// The cluster-merge prototype: launched with a cluster of n_splits CTAs along z (grid z =
+// n_splits; fused_modes.cu's FM_CLUSTER) and DEC_CL_SMEM_EXTRA more bytes of shared memory:
+// lse and o (head dim 128) of up to 8 heads.
+#define DEC_CL_SMEM_EXTRA ((8 + 8 * 128) * 4)
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_decode_lean_cluster_hd128(
+    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters,
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,
+    u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,
+    float scale_log2) {
+    PDL_TRIGGER();
+    decode_body<128, DEC_LEAN_STAGES, 1>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,
+                                         max_blocks, ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt,
+                                         split_len, n_splits, min_split, scale_log2);
+}
+#endif
 
 #else  // TESSERA_HIP
 

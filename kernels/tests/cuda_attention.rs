@@ -41,7 +41,7 @@ use half::bf16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 use tessera_kernels::cpu::attention::{self as cpu, PagedKv, SeqSlice};
-use tessera_kernels::cuda::{Buf, DecodePlan, DecodeWorkspace, Device, PagedBatch};
+use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -303,17 +303,11 @@ fn decode_matches_cpu() {
         let n = s.q.len();
         let mut ws = dev.decode_workspace(case.seqs.len(), case.n_heads, case.hd, 128).unwrap();
         for (label, split, use_ws) in [("auto", None, true), ("split 64", Some(64), true), ("one split", None, false)] {
-            // The default kernel, then the lean one (shallower ring, early dependents): both
-            // match the reference, and each other bit for bit. Then the lean cluster kernel
-            // (taken with 8 splits or more): it matches the reference, and the lean kernel
-            // bit for bit where both split every context alike.
+            // The default kernel, then the lean one (shallower ring, early dependents):
+            // both match the reference, and each other bit for bit.
             let mut first: Option<Vec<bf16>> = None;
-            let mut lean_run: Option<(DecodePlan, Vec<bf16>)> = None;
-            for (kernel, lean_max, cluster) in
-                [("default", 0, false), ("lean", usize::MAX, false), ("lean cluster", usize::MAX, true)]
-            {
+            for (kernel, lean_max) in [("default", 0), ("lean", usize::MAX)] {
                 dev.set_decode_lean_max_seqs(lean_max);
-                dev.set_decode_cluster(cluster);
                 let mut out = poisoned(&dev, n);
                 let plan = dev
                     .paged_decode_attention(
@@ -335,40 +329,17 @@ fn decode_matches_cpu() {
                 );
                 let got = dev.download(&out).unwrap();
                 assert_close(&what, &got, &want);
-                if cluster {
-                    if let Some((lean_plan, lean_got)) = &lean_run {
-                        if same_splits(*lean_plan, plan, split.is_some()) {
-                            assert_bits_eq(&what, &got, lean_got, "the lean kernel");
-                        }
-                    }
-                    continue;
-                }
                 match &first {
                     None => first = Some(got),
-                    Some(f) => {
-                        assert_bits_eq(&what, &got, f, "the default kernel");
-                        lean_run = Some((plan, got));
-                    }
+                    Some(f) => assert!(
+                        f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: differs from the default kernel"
+                    ),
                 }
             }
         }
     }
     dev.set_decode_lean_max_seqs(4);
-    dev.set_decode_cluster(true);
-}
-
-/// Asserts `got` and `other` (the output of `whose`) are the same bits.
-fn assert_bits_eq(what: &str, got: &[bf16], other: &[bf16], whose: &str) {
-    let diff = got.iter().zip(other).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-    assert_eq!(diff, 0, "{what}: {diff} outputs differ from {whose}");
-}
-
-/// Whether the lean kernel's `lean` plan and the `cluster` plan of a call that may take the
-/// lean cluster kernel split every context of a batch alike: the same grid with a forced
-/// length, or an automatic plan of at most 8 splits (below 8 the lean kernel runs again; at
-/// 8, one cluster, the cluster kernels' rule is the lean kernels').
-fn same_splits(lean: DecodePlan, cluster: DecodePlan, forced: bool) -> bool {
-    lean == cluster && (forced || cluster.n_splits <= 8)
 }
 
 #[test]
@@ -445,129 +416,6 @@ fn decode_with_graph_sized_max_context() {
             }
         }
     }
-}
-
-/// A decode batch at contexts `lens` (one new token each; a 0 is a padding row, set up as
-/// context 1 and then given length 0) on its own workspace, run with the lean cluster
-/// kernel on or off.
-struct ClusterCase {
-    lens: Vec<usize>,
-    case: Case,
-    s: Setup,
-    /// `lens` on the device.
-    ctx_d: Buf<u32>,
-    /// The reference, zero in the padding rows (as the kernels write them).
-    want: Vec<f32>,
-    ws: DecodeWorkspace,
-}
-
-impl ClusterCase {
-    fn new(dev: &Device, r: &mut ChaCha8Rng, (n_heads, n_kv, hd): (usize, usize, usize), lens: &[usize]) -> Self {
-        let seqs = lens.iter().map(|&c| (c.max(1) - 1, 1)).collect();
-        let case = Case { n_heads, n_kv, hd, seqs, scale: 1.0 / (hd as f32).sqrt() };
-        let s = case.setup(dev, r);
-        let mut want = case.reference(&s);
-        let row = n_heads * hd;
-        for (i, &c) in lens.iter().enumerate() {
-            if c == 0 {
-                want[i * row..(i + 1) * row].fill(0.0);
-            }
-        }
-        let ctx_d = dev.upload(&lens.iter().map(|&c| c as u32).collect::<Vec<_>>()).unwrap();
-        let ws = dev.decode_workspace(4, n_heads, hd, 64).unwrap();
-        ClusterCase { lens: lens.to_vec(), case, s, ctx_d, want, ws }
-    }
-
-    /// One call into a NaN-poisoned output, checked against the reference: its plan and
-    /// output.
-    fn run(&mut self, dev: &Device, max_ctx: usize, split: Option<usize>, cluster: bool) -> (DecodePlan, Vec<bf16>) {
-        dev.set_decode_cluster(cluster);
-        let (c, batch) = (&self.case, PagedBatch { context_lens: &self.ctx_d, ..self.s.batch() });
-        let mut out = poisoned(dev, self.s.q.len());
-        let plan = dev
-            .paged_decode_attention(
-                &mut out,
-                &self.s.q_d,
-                &batch,
-                c.n_heads,
-                c.scale,
-                max_ctx,
-                split,
-                Some(&mut self.ws),
-            )
-            .unwrap();
-        let what = format!(
-            "decode {}q/{}kv hd{} ctx {:?} max_context {max_ctx} [split {split:?}, cluster {cluster}: {} splits of {}]",
-            c.n_heads, c.n_kv, c.hd, self.lens, plan.n_splits, plan.split_len
-        );
-        let got = dev.download(&out).unwrap();
-        assert_close(&what, &got, &self.want);
-        (plan, got)
-    }
-}
-
-#[test]
-fn decode_cluster_merge_matches_cpu() {
-    // The lean kernels' batches (1..4 sequences) with the automatic plan, the lean cluster
-    // kernel on and off: contexts whose splits merge in a cluster (1, 17, 64: one split; 65
-    // to 2048: 2..8 splits) or through the workspace (2049, 5000), and a padding row, at
-    // the engine's graph-sized max_context (8192) and at the batch's own. Both kernels match
-    // the reference; the cluster kernel's grid is the other's rounded down to whole
-    // clusters; with one cluster of splits both divide every context alike, so give the
-    // same bits.
-    let Some(dev) = gpu("decode_cluster_merge_matches_cpu") else { return };
-    let mut r = rng(48);
-    let batches: [&[usize]; 8] = [
-        &[544],
-        &[2048],
-        &[5000],
-        &[2049, 65],
-        &[1, 17, 64],
-        &[200, 0, 2048],
-        &[65, 544, 2049, 5000],
-        &[17, 200, 0, 1],
-    ];
-    for shape in [(32, 8, 128), (9, 3, 64)] {
-        for lens in batches {
-            let mut c = ClusterCase::new(&dev, &mut r, shape, lens);
-            for max_ctx in [8192, lens.iter().copied().max().unwrap_or(1)] {
-                let (lean_plan, lean_got) = c.run(&dev, max_ctx, None, false);
-                let (plan, got) = c.run(&dev, max_ctx, None, true);
-                let n = lean_plan.n_splits;
-                let what = format!("ctx {lens:?} max_context {max_ctx}: {lean_plan:?}, then {plan:?}");
-                assert_eq!(plan.n_splits, if n >= 8 { n / 8 * 8 } else { n }, "{what}");
-                if same_splits(lean_plan, plan, false) {
-                    assert_bits_eq(&what, &got, &lean_got, "the lean kernel");
-                }
-            }
-        }
-    }
-    dev.set_decode_cluster(true);
-}
-
-#[test]
-fn decode_cluster_merge_is_the_global_merge_bit_for_bit() {
-    // The same forced split length on a grid of whole clusters: the lean cluster kernel and
-    // the lean kernel run the same splits, and their merges (through distributed shared
-    // memory, or the workspace) are one function, so the outputs are the same bits. 8 splits:
-    // every sequence merges in the cluster; 16: the longest through the workspace, the
-    // others in the cluster, in one launch. Group 12 runs two head chunks per kv head.
-    let Some(dev) = gpu("decode_cluster_merge_is_the_global_merge_bit_for_bit") else { return };
-    let mut r = rng(49);
-    let cases: [(&[usize], usize, usize); 4] =
-        [(&[500, 65, 130, 1], 64, 8), (&[128, 100, 17], 16, 8), (&[1024, 300, 65], 64, 16), (&[1000, 0, 513], 128, 8)];
-    for shape in [(32, 8, 128), (9, 3, 64), (24, 2, 128)] {
-        for (lens, split, n_splits) in cases {
-            let mut c = ClusterCase::new(&dev, &mut r, shape, lens);
-            let max_ctx = lens.iter().copied().max().unwrap_or(1);
-            let (lean_plan, lean_got) = c.run(&dev, max_ctx, Some(split), false);
-            let (plan, got) = c.run(&dev, max_ctx, Some(split), true);
-            let what = format!("{shape:?} ctx {lens:?} split {split}");
-            assert_eq!((lean_plan, plan), (DecodePlan { n_splits, split_len: split }, lean_plan), "{what}");
-            assert_bits_eq(&what, &got, &lean_got, "the global merge");
-        }
-    }
-    dev.set_decode_cluster(true);
 }
 
 fn prefill_cases(r: &mut ChaCha8Rng) -> Vec<Case> {
@@ -722,9 +570,8 @@ fn bad_rows_are_nan_or_zero_and_stay_contained() {
     let row = 8 * 64;
     let mut ws: DecodeWorkspace = dev.decode_workspace(3, 8, 64, 8).unwrap();
     // Splits of 16: the NaN row merges a NaN split with good ones; max_context 8192: most
-    // splits start past the contexts; max_context 128 with splits of 16: 8 splits, which
-    // the lean cluster kernel merges in its cluster (the NaN row's too).
-    for (split, max_ctx) in [(None, 41), (Some(16), 41), (None, 8192), (Some(16), 8192), (Some(16), 128)] {
+    // splits start past the contexts.
+    for (split, max_ctx) in [(None, 41), (Some(16), 41), (None, 8192), (Some(16), 8192)] {
         let mut out = poisoned(&dev, s.q.len());
         dev.paged_decode_attention(&mut out, &s.q_d, &batch, 8, 0.125, max_ctx, split, Some(&mut ws)).unwrap();
         let got = dev.download(&out).unwrap();

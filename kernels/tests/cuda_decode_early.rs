@@ -10,11 +10,8 @@
 //! rows of the newest positions start as NaN, so an attention that reads either before its
 //! predecessor wrote it gives NaN rows. The early launch must give finite outputs, the same
 //! bits as the plain launch. Batches of 1 and 3 sequences take the lean kernel, 8 the
-//! default one; contexts from 1 (only the newest position) to 700. The lean batches run
-//! twice: with the lean cluster kernel (their plans have 8 splits or more; the 700-position
-//! sequence merges its splits in a cluster, the shorter ones have one split) and with it
-//! turned off (the lean kernel's global merge). One split workspace serves every launch of a
-//! case, so its merge counters must be back at zero after each.
+//! default one; contexts from 1 (only the newest position) to 700. One split workspace
+//! serves every launch of a case, so its merge counters must be back at zero after each.
 //!
 //! Not covered: at 5-8 sequences behind the fused GEMV, the default kernel's CTAs cannot
 //! share an SM with the GEMV's, so they start only as GEMV CTAs retire, after the q rows are
@@ -31,7 +28,7 @@ use common::gpu::*;
 use half::bf16;
 use tessera_kernels::cpu::attention::PagedKv;
 use tessera_kernels::cpu::rope::{RopeParams, RopeStyle};
-use tessera_kernels::cuda::{Buf, DecodePlan, DecodeWorkspace, Device, PagedBatch, QkvPrep, RopeCache};
+use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch, QkvPrep, RopeCache};
 
 /// A layer's attention geometry and hidden width.
 #[derive(Clone, Copy, Debug)]
@@ -110,8 +107,8 @@ impl Step {
     }
 
     /// One step from the starting cache: the q/K/V kernel(s), then decode attention
-    /// launched early or plainly. Returns the attention output and its plan.
-    fn run(&mut self, dev: &Device, fused: bool, early: bool) -> (Vec<bf16>, DecodePlan) {
+    /// launched early or plainly. Returns the attention output.
+    fn run(&mut self, dev: &Device, fused: bool, early: bool) -> Vec<bf16> {
         let Shape { nh, nkv, hd, cols } = self.shape;
         let (m, rows) = (self.m, (nh + 2 * nkv) * hd);
         let cache = PagedKv { block_size: BS, n_kv_heads: nkv, head_dim: hd };
@@ -164,10 +161,10 @@ impl Step {
             context_lens: &self.ctx,
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        let plan = dev.paged_decode_attention(&mut out, &q, &batch, nh, scale, 8192, None, Some(&mut self.ws)).unwrap();
+        dev.paged_decode_attention(&mut out, &q, &batch, nh, scale, 8192, None, Some(&mut self.ws)).unwrap();
         let got = dev.download(&out).unwrap();
         dev.set_decode_early_start(false);
-        (got, plan)
+        got
     }
 }
 
@@ -179,20 +176,13 @@ fn early_decode_attention_sees_this_steps_q_and_kv() {
     for shape in [LLAMA_8B, SMOLLM2] {
         for (i, m) in [1usize, 3, 8].into_iter().enumerate() {
             let mut step = Step::new(&dev, shape, m, 40 + i as u64);
-            // The lean batches with the cluster kernel, then without; 8 takes neither.
-            let clusters: &[bool] = if m <= 4 { &[true, false] } else { &[false] };
-            for (&cluster, fused) in clusters.iter().flat_map(|c| [(c, true), (c, false)]) {
-                dev.set_decode_cluster(cluster);
-                let case = format!("{shape:?} m={m} fused={fused} cluster={cluster}");
-                let (plain, plan) = step.run(&dev, fused, false);
-                if cluster {
-                    // The cluster kernel's grid (an H200 plans 32, 8, 64, 56 splits): whole clusters.
-                    assert!(plan.n_splits >= 8 && plan.n_splits.is_multiple_of(8), "{case}: {plan:?}");
-                }
+            for fused in [true, false] {
+                let case = format!("{shape:?} m={m} fused={fused}");
+                let plain = step.run(&dev, fused, false);
                 let bad = plain.iter().filter(|v| !v.to_f32().is_finite()).count();
                 assert_eq!(bad, 0, "{case}: the plain launch left {bad} non-finite outputs");
                 for round in 0..5 {
-                    let (early, _) = step.run(&dev, fused, true);
+                    let early = step.run(&dev, fused, true);
                     let bad = early.iter().filter(|v| !v.to_f32().is_finite()).count();
                     assert_eq!(bad, 0, "{case} round {round}: early launch read stale q or K/V ({bad} NaN)");
                     let diff = early.iter().zip(&plain).filter(|(a, b)| a.to_bits() != b.to_bits()).count();

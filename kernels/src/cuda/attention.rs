@@ -1,7 +1,7 @@
 //! Host launchers of the paged-attention kernels (`kernels/cuda/attention.cu`): the K/V
 //! cache write, decode attention (split-KV when the grid would otherwise leave SMs idle,
-//! the splits merged inside the same launch, at small batches within thread-block
-//! clusters) and causal prefill attention over a batch of sequences.
+//! the splits merged inside the same launch) and causal prefill attention over a batch of
+//! sequences.
 //!
 //! Layout and semantics are those of [`crate::cpu::attention`], with bf16 storage: one
 //! layer's K and V caches are `[num_blocks, block_size, n_kv_heads, head_dim]`, a sequence's
@@ -17,16 +17,20 @@ use cudarc::driver::sys::{self, CUfunction_attribute_enum};
 use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
-use super::launch_ex::launch_ex_cluster;
+use super::launch_ex::launch_ex;
 use super::paged::{
-    cluster_plan, decode_lean_cluster_smem_bytes, decode_lean_smem_bytes, decode_smem_bytes, plan_splits,
-    prefill_smem_bytes, DecodePlan, PagedBatch, DECODE_CLUSTER, DECODE_MAX_GROUP, HEAD_DIMS, MIN_SPLIT_TOKENS, PF_ROWS,
+    decode_lean_smem_bytes, decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS,
+    MIN_SPLIT_TOKENS, PF_ROWS,
 };
 use crate::cpu::attention::PagedKv;
 use crate::error::check;
 use crate::KernelError;
 use half::bf16;
 
+/// Query heads one decode CTA serves at most (the rows 0..8 of its MMA tiles; rows 8..16
+/// carry the low halves of the softmax weights); larger GQA groups are split into chunks of
+/// at most this many heads.
+const DECODE_MAX_GROUP: usize = 8;
 /// Threads of a decode CTA (must match DEC_THREADS in the .cu).
 const DECODE_THREADS: u32 = 128;
 /// Threads of a prefill CTA, four warps of 16 rows (must match PF_THREADS in the .cu).
@@ -37,10 +41,6 @@ const WRITE_THREADS: u32 = 128;
 /// Largest decode batch that takes the lean kernels by default (the fused-GEMV steps'
 /// batches, where each warp has a tile or two per split).
 const DECODE_LEAN_MAX_SEQS: usize = 4;
-
-/// Cluster shape of the lean cluster decode kernels: [`DECODE_CLUSTER`] CTAs along z, the
-/// splits of one (sequence, kv head chunk).
-const CLUSTER_DIM: (u32, u32, u32) = (1, 1, DECODE_CLUSTER as u32);
 
 /// `log2(e)`: scores are exponentiated with `exp2`, so the scale folds this in.
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -58,13 +58,6 @@ pub(crate) struct AttentionKernels {
     /// dependents at once. Taken for batches of at most `lean_max_seqs` sequences.
     decode_lean: [CudaFunction; 2],
     lean_max_seqs: AtomicUsize,
-    /// `paged_decode_lean_cluster_hd{64,128}`: the lean kernels whose splits merge within a
-    /// cluster of [`DECODE_CLUSTER`] CTAs through distributed shared memory, where a
-    /// context fits one cluster's splits (paged::cluster_splits). Taken instead of the lean
-    /// kernels when `cluster` is set and the plan has at least [`DECODE_CLUSTER`] splits.
-    decode_lean_cluster: [CudaFunction; 2],
-    /// Whether the lean cluster kernels are used (see [`Device::set_decode_cluster`]).
-    cluster: AtomicBool,
     /// Whether decode attention launches programmatically (see
     /// [`Device::set_decode_early_start`]).
     early_start: AtomicBool,
@@ -100,19 +93,12 @@ impl AttentionKernels {
         for (func, hd) in decode_lean.iter().zip(HEAD_DIMS) {
             smem_limit(func, decode_lean_smem_bytes(hd))?;
         }
-        let decode_lean_cluster = [f(m, "paged_decode_lean_cluster_hd64")?, f(m, "paged_decode_lean_cluster_hd128")?];
-        for (func, hd) in decode_lean_cluster.iter().zip(HEAD_DIMS) {
-            smem_limit(func, decode_lean_cluster_smem_bytes(hd))?;
-        }
         Ok(AttentionKernels {
             write_kv: f(m, "write_kv")?,
             decode,
             decode_ctas_per_sm,
             decode_lean,
             lean_max_seqs: AtomicUsize::new(DECODE_LEAN_MAX_SEQS),
-            decode_lean_cluster,
-            // `TESSERA_DECODE_CLUSTER=0`: the lean kernels' global merge, for A/B runs.
-            cluster: AtomicBool::new(std::env::var("TESSERA_DECODE_CLUSTER").as_deref() != Ok("0")),
             early_start: AtomicBool::new(false),
             prefill,
         })
@@ -295,16 +281,6 @@ impl Device {
         self.kernels.attention.lean_max_seqs.store(n, Ordering::Relaxed);
     }
 
-    /// Whether lean decode batches may take the cluster kernels (default on, off with
-    /// `TESSERA_DECODE_CLUSTER=0` at device start), for A/B runs: their splits of a context
-    /// up to 2048 positions merge through distributed shared memory instead of the
-    /// workspace. Plans differ (the cluster kernels' own split rule), so bits may too; both
-    /// are held to the same reference.
-    #[doc(hidden)]
-    pub fn set_decode_cluster(&self, on: bool) {
-        self.kernels.attention.cluster.store(on, Ordering::Relaxed);
-    }
-
     /// Decode attention launches programmatically (`early`; default off), so its CTAs start
     /// while the kernel ahead of them runs: each reads the context lengths and block tables
     /// and copies the K/V of positions below `context_lens[s] - 1` before it waits for that
@@ -336,15 +312,6 @@ impl Device {
     /// that of f32 weights up to its own bf16 rounding. Batches of at most
     /// [`Device::set_decode_lean_max_seqs`] sequences run the lean kernel (the same bits),
     /// which lets the next kernel launch programmatically beside it.
-    ///
-    /// Where the lean kernel would run a plan of at least 8 splits, its cluster variant runs
-    /// instead (unless [`Device::set_decode_cluster`] turned it off) on a grid rounded down
-    /// to a multiple of 8 splits, each 8 along z one thread-block cluster. A sequence of up
-    /// to 2048 positions then takes at most 8 splits of `ceil(ctx / 8)` (at least 64, whole
-    /// tiles), all in the first cluster, merged through distributed shared memory rather
-    /// than the workspace; longer ones divide their context over all the splits as above. A
-    /// forced `split_len` is kept, the last split launched running to the context's end.
-    /// The returned plan is the launched one.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode_attention(
         &self,
@@ -385,17 +352,7 @@ impl Device {
 
         let att = &self.kernels.attention;
         let lean = g.num_seqs <= att.lean_max_seqs.load(Ordering::Relaxed);
-        // The lean cluster kernel where the plan fills at least one cluster (plan_splits
-        // sized it to the workspace, which it only shrinks).
-        let cluster = (lean && att.cluster.load(Ordering::Relaxed) && workspace.is_some())
-            .then(|| cluster_plan(plan, max_context, split_len.is_some()))
-            .flatten();
-        let plan = cluster.unwrap_or(plan);
-        let (func, smem) = match (cluster.is_some(), lean) {
-            (true, _) => (&att.decode_lean_cluster[g.hd_index], decode_lean_cluster_smem_bytes(hd)),
-            (false, true) => (&att.decode_lean[g.hd_index], decode_lean_smem_bytes(hd)),
-            (false, false) => (&att.decode[g.hd_index], decode_smem_bytes(hd)),
-        };
+        let func = if lean { &att.decode_lean[g.hd_index] } else { &att.decode[g.hd_index] };
         let u = |what: &str, v: usize| to_u32(OP, what, v);
         let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
         // 0: every sequence derives its split length from its own context (the kernel's rule
@@ -411,7 +368,7 @@ impl Device {
             (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
         let min_split = u("min_split", MIN_SPLIT_TOKENS)?;
         let scale_log2 = scale * LOG2_E;
-        let smem = u("shared memory", smem)?;
+        let smem = u("shared memory", if lean { decode_lean_smem_bytes(hd) } else { decode_smem_bytes(hd) })?;
         let cfg =
             LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: smem };
         let null: sys::CUdeviceptr = 0;
@@ -467,23 +424,16 @@ impl Device {
             (&mut scale_log2 as *mut f32).cast(),
         ];
         let early = att.early_start.load(Ordering::Relaxed);
-        let cluster_dim = cluster.map(|_| CLUSTER_DIM);
         // SAFETY: `params` points at live locals in the kernel's parameter order and types
         // (eight pointers, u32 max_blocks, the context-length pointer, nine u32, f32); q/out/
         // table/cache lengths were checked; partials and counters are touched only with
         // n_splits > 1, where the workspace holds num_seqs x n_heads x n_splits rows
-        // (plan_splits capped n_splits by it and cluster_plan only rounds it down; the kernel
-        // never lets more than n_splits splits of a sequence start before its context) and a
-        // counter per (sequence, kv head chunk); otherwise they are null and unused. The
-        // cluster kernel's in-cluster merge needs no workspace rows at all, only its larger
-        // dynamic shared memory (`smem`, within the limit set at load). It is launched with
-        // clusters of (1, 1, DECODE_CLUSTER) and a grid z (n_splits) that cluster_plan made
-        // a multiple of DECODE_CLUSTER, so each cluster is one (sequence, kv head chunk), over
-        // which the kernel's choice to pass its cluster barriers is uniform. With `early`
-        // (programmatic launch) the caller vouched, through set_decode_early_start, that what
-        // the kernel reads before its griddepcontrol.wait was complete before the kernel
-        // ahead of it started.
-        unsafe { launch_ex_cluster(OP, s, func, cfg, early, cluster_dim, &mut params) }?;
+        // (plan_splits capped n_splits by it; the kernel never lets more than n_splits splits
+        // of a sequence start before its context) and a counter per (sequence, kv head
+        // chunk); otherwise they are null and unused. With `early` (programmatic launch) the
+        // caller vouched, through set_decode_early_start, that what the kernel reads before
+        // its griddepcontrol.wait was complete before the kernel ahead of it started.
+        unsafe { launch_ex(OP, s, func, cfg, early, &mut params) }?;
         Ok(plan)
     }
 

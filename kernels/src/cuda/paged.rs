@@ -18,16 +18,6 @@ pub(crate) const DECODE_TILE: usize = 16;
 pub(crate) const DECODE_STAGES: usize = 3;
 /// Ring depth of the lean decode kernels (DEC_LEAN_STAGES in the .cu).
 pub(crate) const DECODE_LEAN_STAGES: usize = 2;
-/// Query heads one decode CTA serves at most (DEC_MAX_GROUP: the rows 0..8 of its MMA
-/// tiles; rows 8..16 carry the low halves of the softmax weights); larger GQA groups are
-/// split into chunks of at most this many heads.
-pub(crate) const DECODE_MAX_GROUP: usize = 8;
-/// CTAs along z of one thread-block cluster of the lean cluster decode kernels
-/// (DEC_CLUSTER): the splits that merge through distributed shared memory.
-pub(crate) const DECODE_CLUSTER: usize = 8;
-/// Longest split of the cluster kernels' own automatic plan (DEC_CLUSTER_MAX_SPLIT):
-/// contexts up to `DECODE_CLUSTER` x this many positions merge in a cluster.
-pub(crate) const DECODE_CLUSTER_MAX_SPLIT: usize = 256;
 /// Fewest positions a split gets from the heuristic (one tile per warp of a CTA): below
 /// this the partial results and the CTA's start-up cost more than the parallelism gives.
 pub(crate) const MIN_SPLIT_TOKENS: usize = DECODE_WARPS * DECODE_TILE;
@@ -61,8 +51,7 @@ pub struct DecodePlan {
     pub n_splits: usize,
     /// Positions per split (the last split of a sequence runs to its end). With the
     /// automatic plan every sequence derives its own length from its context
-    /// ([`auto_split_len`], or [`cluster_splits`] in the lean cluster kernels); this is the
-    /// one of `max_context`.
+    /// ([`auto_split_len`]); this is the one of `max_context`.
     pub split_len: usize,
 }
 
@@ -103,51 +92,6 @@ pub(crate) fn auto_split_len(ctx: usize, n_splits: usize) -> usize {
     ctx.div_ceil(n_splits.max(1)).max(MIN_SPLIT_TOKENS).next_multiple_of(DECODE_TILE)
 }
 
-/// How the lean cluster kernels divide a sequence of `ctx > 0` positions over a grid of
-/// `n_splits` splits (a multiple of [`DECODE_CLUSTER`]): their rule, dec_cluster_split_len
-/// and the `cl_merge` of decode_body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ClusterSplits {
-    /// Positions per split (the last valid split runs to `ctx`).
-    pub len: usize,
-    /// Splits that start before `ctx`.
-    pub n_valid: usize,
-    /// Whether they merge through distributed shared memory: 2..=8 valid splits, all in the
-    /// first cluster. Otherwise one split writes the output, or the splits merge through
-    /// the workspace as in the other kernels.
-    pub in_cluster: bool,
-}
-
-/// The lean cluster kernels' split of one sequence (see [`ClusterSplits`]): a `forced`
-/// length as it is; automatically, `ctx` over [`DECODE_CLUSTER`] splits
-/// ([`auto_split_len`]) while that is at most [`DECODE_CLUSTER_MAX_SPLIT`] positions, so
-/// every split lies in the first cluster, else `ctx` over all `n_splits` as the other
-/// kernels divide it.
-pub(crate) fn cluster_splits(ctx: usize, forced: Option<usize>, n_splits: usize) -> ClusterSplits {
-    let len = match forced {
-        Some(t) => t.max(1),
-        None => match auto_split_len(ctx, DECODE_CLUSTER) {
-            c if c <= DECODE_CLUSTER_MAX_SPLIT => c,
-            _ => auto_split_len(ctx, n_splits),
-        },
-    };
-    let n_valid = ctx.max(1).div_ceil(len).min(n_splits.max(1));
-    ClusterSplits { len, n_valid, in_cluster: n_valid > 1 && n_valid <= DECODE_CLUSTER }
-}
-
-/// The plan of the lean cluster kernels for `plan` (from [`plan_splits`]; `forced`: its
-/// split length was asked for), or `None` with fewer than [`DECODE_CLUSTER`] splits: the
-/// grid's depth rounded down to whole clusters (never more splits than the workspace
-/// holds) and `max_context`'s length under [`cluster_splits`].
-pub(crate) fn cluster_plan(plan: DecodePlan, max_context: usize, forced: bool) -> Option<DecodePlan> {
-    if plan.n_splits < DECODE_CLUSTER {
-        return None;
-    }
-    let n_splits = plan.n_splits / DECODE_CLUSTER * DECODE_CLUSTER;
-    let len = cluster_splits(max_context.max(1), forced.then_some(plan.split_len), n_splits).len;
-    Some(DecodePlan { n_splits, split_len: len })
-}
-
 /// Dynamic shared memory of a decode CTA: each warp's ring of [`DECODE_STAGES`] tiles of K
 /// and V, [`DECODE_TILE`] rows of `head_dim` bf16 each (the warps' partial results reuse it).
 pub(crate) fn decode_smem_bytes(head_dim: usize) -> usize {
@@ -157,13 +101,6 @@ pub(crate) fn decode_smem_bytes(head_dim: usize) -> usize {
 /// The same for the lean decode kernels' ring of [`DECODE_LEAN_STAGES`] tiles.
 pub(crate) fn decode_lean_smem_bytes(head_dim: usize) -> usize {
     decode_ring_bytes(head_dim, DECODE_LEAN_STAGES)
-}
-
-/// The same for the lean cluster kernels: the lean ring, then one split's result for the
-/// cluster merge, the log2 softmax mass and `head_dim` f32 of output for each of up to
-/// [`DECODE_MAX_GROUP`] heads (DEC_CLUSTER_SMEM in the .cu).
-pub(crate) fn decode_lean_cluster_smem_bytes(head_dim: usize) -> usize {
-    decode_lean_smem_bytes(head_dim) + DECODE_MAX_GROUP * (1 + head_dim) * 4
 }
 
 fn decode_ring_bytes(head_dim: usize, stages: usize) -> usize {
@@ -235,108 +172,12 @@ mod tests {
     }
 
     #[test]
-    fn cluster_splits_fit_one_cluster_up_to_2048_positions() {
-        let cs = |len, n_valid, in_cluster| ClusterSplits { len, n_valid, in_cluster };
-        // Batch 1 on an H200 (33 splits planned, 32 launched), automatic lengths: one split
-        // up to 64 positions (no merge), then up to 8 splits of at most 256 in the first cluster.
-        for (ctx, want) in [
-            (1, cs(64, 1, false)),
-            (16, cs(64, 1, false)),
-            (64, cs(64, 1, false)),
-            (65, cs(64, 2, true)),
-            (128, cs(64, 2, true)),
-            (544, cs(80, 7, true)),
-            (2048, cs(256, 8, true)),
-            // Past 2048 the other kernels' rule over all 32 splits: a global merge.
-            (2049, cs(80, 26, false)),
-            (8192, cs(256, 32, false)),
-            (32768, cs(1024, 32, false)),
-        ] {
-            assert_eq!(cluster_splits(ctx, None, 32), want, "ctx {ctx}");
-        }
-        // A grid of one cluster (batch 4): its splits always merge in it.
-        assert_eq!(cluster_splits(2049, None, 8), cs(272, 8, true));
-        assert_eq!(cluster_splits(32768, None, 8), cs(4096, 8, true));
-        assert_eq!(cluster_splits(1, None, 8), cs(64, 1, false));
-        // Forced lengths are kept; the last valid split runs to the end of the context.
-        assert_eq!(cluster_splits(500, Some(64), 8), cs(64, 8, true));
-        assert_eq!(cluster_splits(700, Some(64), 8), cs(64, 8, true));
-        assert_eq!(cluster_splits(700, Some(64), 16), cs(64, 11, false));
-        assert_eq!(cluster_splits(100, Some(4096), 8), cs(4096, 1, false));
-        assert_eq!(cluster_splits(65, Some(16), 32), cs(16, 5, true));
-    }
-
-    #[test]
-    fn cluster_splits_cover_every_context() {
-        for n in [8usize, 16, 32, 64, 128] {
-            for ctx in (1..5000).step_by(3).chain([8191, 8192, 8193, 100_000]) {
-                let c = cluster_splits(ctx, None, n);
-                assert!(c.len.is_multiple_of(DECODE_TILE) && c.len >= MIN_SPLIT_TOKENS, "ctx {ctx} n {n}: {c:?}");
-                // Every position lies in a valid split: no split past n runs to the end.
-                assert!(ctx.div_ceil(c.len) == c.n_valid && c.n_valid <= n, "ctx {ctx} n {n}: {c:?}");
-                assert_eq!(c.in_cluster, (2..=DECODE_CLUSTER).contains(&c.n_valid), "ctx {ctx} n {n}");
-                // The cluster plan takes every context up to 8 x 256 that needs a merge.
-                if ctx > MIN_SPLIT_TOKENS && ctx <= DECODE_CLUSTER * DECODE_CLUSTER_MAX_SPLIT {
-                    assert!(c.in_cluster, "ctx {ctx} n {n}: {c:?}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn cluster_plan_rounds_the_grid_down_to_whole_clusters() {
-        // Batch 1, Llama-8B shapes: 33 splits planned, 32 launched.
-        let p = plan_splits(8, 32768, None, BIG, SLOTS);
-        assert_eq!(cluster_plan(p, 32768, false), Some(DecodePlan { n_splits: 32, split_len: 1024 }));
-        // The engine's graphs plan for 8192 positions; a 544-position sequence then
-        // takes 7 splits of 80 in the first cluster, and the plan reports 8192's.
-        let p = plan_splits(8, 8192, None, BIG, SLOTS);
-        assert_eq!(cluster_plan(p, 8192, false), Some(DecodePlan { n_splits: 32, split_len: 256 }));
-        assert_eq!(
-            cluster_plan(plan_splits(8, 544, None, BIG, SLOTS), 544, false),
-            Some(DecodePlan { n_splits: 8, split_len: 80 })
-        );
-        // Batch 4: 8 splits, one cluster. Batch 3: 11 -> 8.
-        assert_eq!(
-            cluster_plan(plan_splits(32, 32768, None, BIG, SLOTS), 32768, false),
-            Some(DecodePlan { n_splits: 8, split_len: 4096 })
-        );
-        assert_eq!(plan_splits(24, 32768, None, BIG, SLOTS).n_splits, 11);
-        assert_eq!(cluster_plan(plan_splits(24, 32768, None, BIG, SLOTS), 32768, false).map(|p| p.n_splits), Some(8));
-        // Fewer than 8 splits: not the cluster kernels.
-        assert_eq!(cluster_plan(plan_splits(8, 300, None, BIG, SLOTS), 300, false), None);
-        assert_eq!(cluster_plan(plan_splits(8, 32768, None, 4, SLOTS), 32768, false), None);
-        assert_eq!(cluster_plan(DecodePlan { n_splits: 1, split_len: 64 }, 0, false), None);
-        // Forced lengths stay; the grid still rounds down (the last split runs to the end).
-        let p = plan_splits(1, 500, Some(64), 100, SLOTS);
-        assert_eq!(cluster_plan(p, 500, true), Some(DecodePlan { n_splits: 8, split_len: 64 }));
-        let p = plan_splits(1, 700, Some(64), 100, SLOTS);
-        assert_eq!(p.n_splits, 11);
-        assert_eq!(cluster_plan(p, 700, true), Some(DecodePlan { n_splits: 8, split_len: 64 }));
-        // A workspace for 9 splits: 8 launched, within it.
-        let p = plan_splits(1, 4096, Some(64), 9, SLOTS);
-        assert_eq!(cluster_plan(p, 4096, true), Some(DecodePlan { n_splits: 8, split_len: p.split_len }));
-    }
-
-    #[test]
     fn decode_smem_fits_two_ctas_per_sm() {
         // Hopper: 228 KB per SM, 1 KB of it reserved per CTA; 227 KB at most per CTA.
         assert_eq!(decode_smem_bytes(128), 96 * 1024);
         assert_eq!(decode_smem_bytes(64), 48 * 1024);
         assert!(2 * (decode_smem_bytes(128) + 1024) <= 228 * 1024);
         assert!(4 * (decode_smem_bytes(64) + 1024) <= 228 * 1024);
-    }
-
-    #[test]
-    fn lean_cluster_smem_leaves_room_for_a_gemv_cta() {
-        assert_eq!(decode_lean_cluster_smem_bytes(128), 64 * 1024 + (8 + 8 * 128) * 4);
-        assert_eq!(decode_lean_cluster_smem_bytes(64), 32 * 1024 + (8 + 8 * 64) * 4);
-        // Hopper: 228 KB per SM, 1 KB reserved per CTA. A lean CTA at head dim 128 shares an
-        // SM with a persistent decode GEMV CTA of up to ~152 KB (attention.cu), and two of
-        // them fit as their launch bounds ask.
-        assert!(decode_lean_cluster_smem_bytes(128) + 1024 + 152 * 1024 + 1024 <= 228 * 1024);
-        assert!(2 * (decode_lean_cluster_smem_bytes(128) + 1024) <= 228 * 1024);
-        assert!(4 * (decode_lean_cluster_smem_bytes(64) + 1024) <= 228 * 1024);
     }
 
     #[test]

@@ -435,10 +435,6 @@ impl Device {
     pub fn set_decode_early_start(&self, early: bool) {
         match self.never {}
     }
-    #[doc(hidden)]
-    pub fn set_decode_cluster(&self, on: bool) {
-        match self.never {}
-    }
     pub fn paged_decode_attention(
         &self,
         out: &mut Buf<bf16>,
