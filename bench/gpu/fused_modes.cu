@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 #include <cuda_runtime.h>
 
@@ -55,7 +56,7 @@ static const int BLOCK = 16, SPLITS = 33, LEAN_SMEM = 4 * 2 * 2 * 16 * HD * 2, D
 static size_t smem_for(bool xs, int cols) {
     const size_t ring = (size_t)NW * (P * GEMV_STAGE_BYTES(xs ? 4 : 6) + 2 * GEMV_RED_BYTES);
     const int pitch = cols + (96 - cols % 64) % 64;
-    return ring + (xs ? (size_t)pitch * 2 : 0);
+    return ring + (xs ? (size_t)pitch * 2 + GEMV_NORM_SUMS_BYTES : 0);
 }
 
 static void launch(const void* fn, bool xs, void* out, const bf16* x, const bf16* w, int rows, int cols,
@@ -318,10 +319,21 @@ int main() {
     const double layer_bytes = 2.0 * ((double)QKV * H + (double)H * H + 2.0 * FFN * H + (double)H * FFN);
     const double kv_bytes = 2.0 * 2.0 * b.ctx * KV * HD;
     printf("\nlayer chain, 32 layers in one graph, us per layer, median of 9 (min, max):\n");
-    // FM_ONLY: only the plans whose name contains it (e.g. one chain under a kernel tracer).
+    // FM_ONLY: only the plans whose name contains one of its '|'-separated parts (e.g. one
+    // chain under a kernel tracer).
     const char* only = getenv("FM_ONLY");
+    auto wanted = [&](const char* name) {
+        if (!only) return true;
+        for (const char* p = only; *p;) {
+            const char* bar = strchr(p, '|');
+            const size_t len = bar ? (size_t)(bar - p) : strlen(p);
+            if (len > 0 && std::string(name).find(std::string(p, len)) != std::string::npos) return true;
+            p += len + (bar ? 1 : 0);
+        }
+        return false;
+    };
     for (const Plan& plan : plans) {
-        if (only && !strstr(plan.name, only)) continue;
+        if (!wanted(plan.name)) continue;
         cudaGraph_t graph;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         for (int layer = 0; layer < 32; ++layer)

@@ -33,21 +33,23 @@
 // Without the launch attribute both griddepcontrol instructions are no-ops.
 //
 // Fused decode modes (one kernel where a layer had two or three; gemv.rs launches them):
-// - NORM: out = rms_norm(x; gamma, eps) · Wᵀ. Each CTA first normalises x's m rows into
-//   shared memory (x is the residual stream, a few KB, read from L2 by every CTA; the sum
-//   of squares in the order of norm.cu's kernels, one CTA barrier, each warp scaling only
-//   the columns it reads), and the fragments' x values come from there instead of the
-//   ring. Replaces the rms_norm before qkv.
+// - NORM: out = rms_norm(x; gamma, eps) · Wᵀ, computed as s · ((x ⊙ gamma) · Wᵀ) with row
+//   n's scalar s = rsqrt(mean(x[n]²) + eps): each warp writes bf16(x * gamma) of only the
+//   columns it reads into shared memory (x is the residual stream, a few KB, read from L2)
+//   and sums their squares, with no CTA barrier before its first mma; the epilogue adds the
+//   warps' sums and scales the f32 sum before rounding it (gemv_norm_own). The fragments'
+//   x values come from shared memory instead of the ring. Replaces the rms_norm before qkv.
 // - NORM_SWIGLU: act = silu(g) * u where g | u = rms_norm(x) · [Wg; Wu]ᵀ, W the packed
 //   gate|up weight [2 ffn, cols]: a tile is 8 gate rows and the same 8 up rows (fragment
-//   rows g and g + 8), so both halves of an output meet in the tile's epilogue, rounded to
-//   bf16 first as the unfused GEMM + silu_mul pair rounds them. Replaces norm and SwiGLU.
+//   rows g and g + 8), so both halves of an output meet in the tile's epilogue, scaled by
+//   the norm and rounded to bf16 first as the NORM GEMV + silu_mul pair rounds them.
+//   Replaces norm and SwiGLU.
 // - RESIDUAL: out += x · Wᵀ in place on the bf16 residual stream, out = bf16(out +
 //   bf16(sum)) as the unfused GEMM + add_rms_norm pair rounds it, the residual's values
 //   read a tile ahead. Replaces that add.
 // - NORM_ROPE: NORM for the packed q|k|v weight, with qkv.cu's work in the epilogue for
 //   models without a q/k norm and with interleaved RoPE (pairs 2i, 2i + 1: both in one
-//   16-row tile, which never straddles a head as head_dim % 16 == 0): bf16(sum) + bias,
+//   16-row tile, which never straddles a head as head_dim % 16 == 0): bf16(s sum) + bias,
 //   rotated (q and k dims below 2 half_rot) at the token's position (NaN past max_pos),
 //   rounded to bf16 into q_out, or into the paged K / V cache at the token's slot (skipped
 //   for a slot >= n_slots). `out` is unused. Replaces qkv_rope_write.
@@ -55,7 +57,7 @@
 // Requirements (checked by the launcher): cols % 8 == 0 (16-byte aligned rows), 1 <= m <= 8,
 // rows and cols < 2^31, blockDim.x = 32 nw with nw <= GEMV_MAX_WARPS and nw <= the chunk
 // count, gridDim.x <= the tile count, dynamic shared memory nw * (P * GEMV_STAGE_BYTES(slots) +
-// 2 * GEMV_RED_BYTES), plus m * gemv_xn_pitch(cols) * 2 bytes in the NORM modes;
+// 2 * GEMV_RED_BYTES), plus m * gemv_xn_pitch(cols) * 2 + GEMV_NORM_SUMS_BYTES in the NORM modes;
 // NORM_SWIGLU: rows (2 ffn) even; NORM_ROPE: rows = (n_heads + 2 n_kv) head_dim, head_dim % 16
 // == 0, 2 half_rot <= head_dim, the GemvRope buffers sized as qkv_rope_write's.
 
@@ -74,9 +76,8 @@
 // One warp's parked accumulators: 16 rows x 8 n f32 (two buffers, alternate tiles).
 #define GEMV_RED_BYTES (GEMV_ROWS * GEMV_MAX_M * 4)
 
-// Longest row norm.cu's warp kernel takes (ops.rs's WARP_ROW_MAX); gemv.rs launches longer
-// ones' NORM modes with exactly 8 warps, norm.cu's block.
-#define GEMV_NORM_WARP_COLS 1024
+// NORM modes: the warps' sums of squares, one per (warp, row of x), after the normalised rows.
+#define GEMV_NORM_SUMS_BYTES (GEMV_MAX_WARPS * GEMV_MAX_M * 4)
 
 #define GEMV_PLAIN 0
 #define GEMV_NORM 1
@@ -158,65 +159,6 @@ __device__ __forceinline__ float gemv_round(float v) { return bf16_to_f32(f32_to
 // the shared memory with the same formula.
 __device__ __forceinline__ int gemv_xn_pitch(int cols) { return cols + (96 - cols % 64) % 64; }
 
-// NORM modes' prologue: xn[n] = bf16(x[n] * rsqrt(mean(x[n]^2) + eps) * gamma) for the m
-// rows, in shared memory at `xn`, with the squares summed in exactly the order of the
-// unfused rms_norm (norm.cu's register path, as ops.rs launches it), so fused and unfused
-// steps give the same bits and a sequence's tokens do not depend on what it was batched with:
-// - rows of at most GEMV_NORM_WARP_COLS values: norm.cu's warp kernel, one warp per row,
-//   lanes striding over the row's 16-byte vectors, then warp_sum;
-// - longer rows (up to 8192): its 256-thread block kernel, threads striding by 256, warp
-//   sums, then the 8 warps' sums as block_sum's final warp_sum adds them (the launcher makes
-//   this CTA exactly 256 threads wide).
-// It runs after the wait for the kernel that wrote x, before the first mma: on the critical
-// path of every layer at batch 1, so it takes one CTA barrier and nothing else.
-// gemv_norm_sums: each thread loads the vectors norm.cu's thread of its index sums (16-byte
-// coherent loads, four in flight: cp.async would also wait for the ring's copies of w queued
-// before), stores them raw into xn and sums their squares in norm.cu's order; each warp's
-// sum of a row goes to `ws` (block path: ws[n * 8 + warp]; warp path: the row's total at
-// ws[n]). Then a barrier (the caller's), and gemv_norm_scale: each lane computes every row's
-// scale from ws, and the warp scales in place only the columns it reads itself (its chunks,
-// the same in every tile), gamma's lines of them prefetched before the wait
-// (gemv_gamma_prefetch); __syncwarp orders its lanes' writes before their reads.
-// `ws`: 64 floats no warp writes until the CTA's first barrier after the prologue.
-__device__ __forceinline__ void gemv_norm_sums(bf16* xn, const bf16* __restrict__ x, int m, int cols, float* ws) {
-    const int nv = cols >> 3, pitch = gemv_xn_pitch(cols);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    const bool by_warp = cols <= GEMV_NORM_WARP_COLS;
-    // This thread's vectors: rows n0, n0 + n_step, ... (n_rows of them), in each the vectors
-    // v0, v0 + v_step, ... below nv (at most per_row; the same count in every thread of a
-    // warp, so the row ends, where the warp sums, are uniform).
-    const int n0 = by_warp ? warp : 0, n_step = by_warp ? n_warps : 1;
-    const int v0 = by_warp ? lane : threadIdx.x, v_step = by_warp ? 32 : blockDim.x;
-    const int per_row = (nv + v_step - 1) / v_step;
-    const int n_rows = n0 < m ? (m - n0 + n_step - 1) / n_step : 0;
-    const int total = n_rows * per_row;
-    float ss = 0.f;
-    for (int q0 = 0; q0 < total; q0 += 4) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int q = q0 + u, n = n0 + (q / per_row) * n_step, i = v0 + (q % per_row) * v_step;
-            if (q < total && i < nv) v[u] = __ldcg(reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8));
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int q = q0 + u, n = n0 + (q / per_row) * n_step, i = v0 + (q % per_row) * v_step;
-            if (q < total && i < nv) {
-                *reinterpret_cast<uint4*>(xn + n * pitch + i * 8) = v[u];
-                float f[8];
-                unpack8(v[u], f);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
-            }
-            if (q < total && q % per_row == per_row - 1) {
-                const float row_ss = warp_sum(ss);
-                if (lane == 0) ws[by_warp ? n : n * 8 + warp] = row_ss;
-                ss = 0.f;
-            }
-        }
-    }
-}
-
 // Column vector (8 values) e of this warp's columns: its chunks c0 + j c_step, j < per_tile.
 __device__ __forceinline__ int gemv_warp_vec(int e, int c0, int c_step) { return (c0 + (e >> 3) * c_step) * 8 + (e & 7); }
 
@@ -232,49 +174,67 @@ __device__ __forceinline__ void gemv_gamma_prefetch(const bf16* __restrict__ gam
     }
 }
 
-__device__ __forceinline__ void gemv_norm_scale(bf16* xn, const bf16* __restrict__ gamma, int m, int cols, float eps,
-                                                const float* ws, int c0, int c_step, int per_tile) {
+// NORM modes' prologue (see the header: rms_norm(x) · Wᵀ = s · ((x ⊙ gamma) · Wᵀ)): the warp
+// writes xn[n] = bf16(x[n] * gamma) for the m rows at the columns it reads itself (its
+// chunks, the same in every tile), from 16-byte coherent loads of x (four in flight;
+// cp.async would also wait for the ring's copies of w queued before) and gamma (its lines
+// prefetched into L1 before the wait, gemv_gamma_prefetch), and sums the squares of the
+// same x values, lanes in a fixed order, then warp_sum: sums[n] for this warp. The epilogue
+// adds the warps' sums in warp order after the tile's barrier (gemv_norm_scale_of). No CTA
+// barrier here: this runs after the wait for the kernel that wrote x, on the critical path
+// of every layer at batch 1. __syncwarp orders the lanes' writes before the warp's reads.
+__device__ __forceinline__ void gemv_norm_own(bf16* xn, const bf16* __restrict__ x, const bf16* __restrict__ gamma,
+                                              int m, int cols, int c0, int c_step, int per_tile, float* sums) {
     const int nv = cols >> 3, pitch = gemv_xn_pitch(cols), lane = threadIdx.x % 32;
-    const bool by_warp = cols <= GEMV_NORM_WARP_COLS;
-    float s[GEMV_MAX_M];
+    // Item q: row q / per_lane, this lane's (q % per_lane)-th vector of the warp's columns.
+    const int per_lane = (per_tile * 8 + 31) / 32, total = m * per_lane;
+    float ss[GEMV_MAX_M];
+#pragma unroll
+    for (int n = 0; n < GEMV_MAX_M; ++n) ss[n] = 0.f;
+    for (int q0 = 0; q0 < total; q0 += 4) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int q = q0 + u, n = q / per_lane, e = lane + (q % per_lane) * 32, i = gemv_warp_vec(e, c0, c_step);
+            if (q < total && e < per_tile * 8 && i < nv)
+                v[u] = __ldcg(reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int q = q0 + u, n = q / per_lane, e = lane + (q % per_lane) * 32, i = gemv_warp_vec(e, c0, c_step);
+            if (q < total && e < per_tile * 8 && i < nv) {
+                float f[8], g[8];
+                unpack8(v[u], f);
+                unpack8(__ldg(reinterpret_cast<const uint4*>(gamma) + i), g);
+                float part = 0.f;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    part += f[k] * f[k];
+                    f[k] *= g[k];
+                }
+#pragma unroll
+                for (int r = 0; r < GEMV_MAX_M; ++r)  // registers, not a local array indexed by n
+                    if (r == n) ss[r] += part;
+                *reinterpret_cast<uint4*>(xn + n * pitch + i * 8) = pack8(f);
+            }
+        }
+    }
 #pragma unroll
     for (int n = 0; n < GEMV_MAX_M; ++n) {
-        s[n] = 0.f;
         if (n < m) {
-            float ss;
-            if (by_warp) {
-                ss = ws[n];
-            } else {
-                // block_sum's final warp_sum over (w_0 .. w_7, 0, ...): lane 0's butterfly
-                // (the launcher makes the CTA 8 warps wide; fewer would leave zeros).
-                float w[8];
-#pragma unroll
-                for (int k = 0; k < 8; ++k) w[k] = k < (int)(blockDim.x / 32) ? ws[n * 8 + k] : 0.f;
-                ss = ((w[0] + w[4]) + (w[2] + w[6])) + ((w[1] + w[5]) + (w[3] + w[7]));
-            }
-            s[n] = rsqrtf(ss / (float)cols + eps);
+            const float t = warp_sum(ss[n]);
+            if (lane == 0) sums[n] = t;
         }
-    }
-    auto scale = [&](int i, uint4 gv) {
-        float g[8];
-        unpack8(gv, g);
-#pragma unroll
-        for (int n = 0; n < GEMV_MAX_M; ++n) {
-            if (n < m) {
-                uint4* p = reinterpret_cast<uint4*>(xn + n * pitch + i * 8);
-                float v[8];
-                unpack8(*p, v);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) v[k] = (v[k] * s[n]) * g[k];
-                *p = pack8(v);
-            }
-        }
-    };
-    for (int e = lane; e < per_tile * 8; e += 32) {
-        const int i = gemv_warp_vec(e, c0, c_step);
-        if (i < nv) scale(i, __ldg(reinterpret_cast<const uint4*>(gamma) + i));
     }
     __syncwarp();
+}
+
+// Row n's scale from the warps' sums of squares (gemv_norm_own: sums[w * GEMV_MAX_M + n]),
+// added in warp order; after the barrier that follows every warp's prologue.
+__device__ __forceinline__ float gemv_norm_scale_of(const float* sums, int n, int nw, int cols, float eps) {
+    float ss = 0.f;
+    for (int w = 0; w < nw; ++w) ss += sums[w * GEMV_MAX_M + n];
+    return rsqrtf(ss / (float)cols + eps);
 }
 
 // A warp's position in its item sequence: the j-th of its chunks of tile `tile`.
@@ -313,8 +273,9 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     const u32 ring = smem + (u32)(warp * P * STAGE + lane * 16);
     char* after_ring = reinterpret_cast<char*>(gemv_smem) + nw * P * STAGE;
     float* red = reinterpret_cast<float*>(after_ring);
-    // NORM modes: the normalised x rows.
+    // NORM modes: x * gamma's rows, then the warps' sums of squares.
     bf16* xn = reinterpret_cast<bf16*>(after_ring + 2 * nw * GEMV_RED_BYTES);
+    float* norm_sums = reinterpret_cast<float*>(xn + m * gemv_xn_pitch(cols));
     const u32 xn_lane = (u32)__cvta_generic_to_shared(xn) + (u32)(((has_x ? g : 0) * gemv_xn_pitch(cols) + t * 8) * 2);
 
     // W rows of fragment rows g and g + 8 in tile `tile`. Rows past the end re-read the
@@ -407,11 +368,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         // No group of its own: the loop's wait for item q (P - 1 groups may stay pending)
         // is then exactly the wait for w's stage q, and the first items are used as soon
         // as they land.
-        // ws: the parity-1 parking buffers, first written after the first tile's barrier.
-        float* ws = red + nw * (GEMV_ROWS * GEMV_MAX_M);
-        gemv_norm_sums(xn, x, m, cols, ws);
-        __syncthreads();
-        gemv_norm_scale(xn, gamma, m, cols, eps, ws, c0, c_step, per_tile);
+        gemv_norm_own(xn, x, gamma, m, cols, c0, c_step, per_tile, norm_sums + warp * GEMV_MAX_M);
     } else {
         GemvCursor xq = {(int)blockIdx.x, 0};
 #pragma unroll
@@ -470,7 +427,8 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                 for (int i = threadIdx.x; i < 8 * m; i += blockDim.x) {
                     const int n = i / 8, rr = i % 8, j = j0 + rr;
                     if (j < half) {
-                        const float gv = gemv_round(tile_sum(rr, n)), uv = gemv_round(tile_sum(rr + 8, n));
+                        const float sn = gemv_norm_scale_of(norm_sums, n, nw, cols, eps);
+                        const float gv = gemv_round(tile_sum(rr, n) * sn), uv = gemv_round(tile_sum(rr + 8, n) * sn);
                         static_cast<bf16*>(out)[(u64)n * half + j] = f32_to_bf16(silu_f(gv) * uv);
                     }
                 }
@@ -483,7 +441,8 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                     const int n = i / (GEMV_ROWS / 2), rr = 2 * (i % (GEMV_ROWS / 2)), row = row0 + rr;
                     if (row >= rows) continue;
                     const u32 hh = (u32)row / hd, d = (u32)row % hd;
-                    float a = gemv_round(tile_sum(rr, n)), b = gemv_round(tile_sum(rr + 1, n));
+                    const float sn = gemv_norm_scale_of(norm_sums, n, nw, cols, eps);
+                    float a = gemv_round(tile_sum(rr, n) * sn), b = gemv_round(tile_sum(rr + 1, n) * sn);
                     if (rope.bias) {
                         a += bf16_to_f32(rope.bias[row]);
                         b += bf16_to_f32(rope.bias[row + 1]);
@@ -520,10 +479,14 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                 load_res(cq.tile + (int)gridDim.x);
             } else {
                 // Consecutive threads take consecutive rows of one output row: coalesced.
+                // NORM: the sum scaled by the row's norm before the output's rounding.
                 const int row0 = cq.tile * GEMV_ROWS;
                 for (int i = threadIdx.x; i < GEMV_ROWS * m; i += blockDim.x) {
                     const int n = i / GEMV_ROWS, rr = i % GEMV_ROWS, row = row0 + rr;
-                    if (row < rows) gemv_store<OUT_F32>(out, (u64)n * rows + row, tile_sum(rr, n));
+                    if (row >= rows) continue;
+                    const float sum = tile_sum(rr, n);
+                    gemv_store<OUT_F32>(out, (u64)n * rows + row,
+                                        MODE == GEMV_NORM ? sum * gemv_norm_scale_of(norm_sums, n, nw, cols, eps) : sum);
                 }
             }
             parity ^= 1;

@@ -9,12 +9,14 @@
 //! What must hold:
 //! - residual: bit for bit `bf16(r + bf16(x · Wᵀ))` with the unfused GEMV's output (both
 //!   kernels sum in the same order), for every shape;
-//! - norm and norm + SwiGLU: bit for bit the unfused `rms_norm` → `matmul` (→
-//!   `silu_mul_packed`) chain (the norm's sum of squares runs in norm.cu's order, warp or
-//!   block kernel as the row length picks), for every shape they take (rows up to 8192);
+//! - norm + SwiGLU: bit for bit the norm GEMV (`matmul_rms_norm`) → `silu_mul_packed` pair,
+//!   for every shape they take; the norm GEMV itself factors the norm out of its sum
+//!   (rounding x * gamma, not the normalised x, to bf16), so against `rms_norm` → `matmul` it
+//!   is held to the reference bound below, not to bits;
 //! - all of them within the f64 reference's error bound: with `S = sum_k |xn_k w_k|` over
-//!   the exactly normalised x, `|gpu - ref| <= S / 128 + |ref| / 128` (x's normalised
-//!   values are rounded to bf16, 2^-9 relative each, and the output to bf16);
+//!   the exactly normalised x, `|gpu - ref| <= S / 128 + |ref| / 128` (x's values are
+//!   rounded to bf16, 2^-9 relative each, the row's scale applied in f32, and the output
+//!   rounded to bf16); rows up to 14336 values where their m rows fit in shared memory;
 //! - norm + qkv + RoPE + K/V write: q and both caches bit for bit what `matmul_rms_norm` then
 //!   `qkv_rope_write` write (which cuda_qkv.rs checks against its f64 reference), with and
 //!   without bias, partial rotation, a position past the RoPE table and skipped slots; the
@@ -102,8 +104,7 @@ fn within(what: &str, got: &[bf16], want: &[f64], mag: &[f64]) {
     }
 }
 
-/// Equal bit for bit: a decode step takes the fused path or not depending on its batch, so
-/// any difference would make a sequence's tokens depend on what it was batched with.
+/// Equal bit for bit: the fused kernels round where the unfused pairs they replace round.
 fn agree(what: &str, fused: &[bf16], unfused: &[bf16]) {
     for (i, (a, b)) in fused.iter().zip(unfused).enumerate() {
         assert_eq!(a.to_bits(), b.to_bits(), "{what}[{i}]: fused {a} != unfused {b}");
@@ -115,16 +116,10 @@ fn norm_case(dev: &Device, c: &Case) {
     let (x, gamma, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.gamma).unwrap(), dev.upload(&c.w).unwrap());
     let mut fused = poisoned(dev, m * rows);
     dev.matmul_rms_norm(&mut fused, &x, &gamma, EPS, m, &w, rows, cols).unwrap();
-    let mut xn = poisoned(dev, m * cols);
-    let mut unfused = poisoned(dev, m * rows);
-    dev.rms_norm(&mut xn, &x, &gamma, m, EPS).unwrap();
-    dev.matmul(&mut unfused, &xn, m, &w, rows, cols).unwrap();
-    let (fused, unfused) = (dev.download(&fused).unwrap(), dev.download(&unfused).unwrap());
+    let fused = dev.download(&fused).unwrap();
     let xr = normalised(&to_f32(&c.x), &to_f32(&c.gamma), m, cols);
     let (want, mag) = products(&xr, &to_f32(&c.w), m, rows, cols);
-    let what = format!("norm {}", c.name());
-    within(&what, &fused, &want, &mag);
-    agree(&what, &fused, &unfused);
+    within(&format!("norm {}", c.name()), &fused, &want, &mag);
 }
 
 fn swiglu_case(dev: &Device, c: &Case) {
@@ -133,11 +128,9 @@ fn swiglu_case(dev: &Device, c: &Case) {
     let (x, gamma, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.gamma).unwrap(), dev.upload(&c.w).unwrap());
     let mut fused = poisoned(dev, m * ffn);
     dev.matmul_rms_norm_swiglu(&mut fused, &x, &gamma, EPS, m, &w, ffn, cols).unwrap();
-    let mut xn = poisoned(dev, m * cols);
     let mut gu = poisoned(dev, m * 2 * ffn);
     let mut unfused = poisoned(dev, m * ffn);
-    dev.rms_norm(&mut xn, &x, &gamma, m, EPS).unwrap();
-    dev.matmul(&mut gu, &xn, m, &w, 2 * ffn, cols).unwrap();
+    dev.matmul_rms_norm(&mut gu, &x, &gamma, EPS, m, &w, 2 * ffn, cols).unwrap();
     dev.silu_mul_packed(&mut unfused, &gu, m).unwrap();
     let (fused, unfused) = (dev.download(&fused).unwrap(), dev.download(&unfused).unwrap());
     // Reference: silu(g) * u from the exact products; g's and u's errors (bounded as in
@@ -183,8 +176,8 @@ fn residual_case(dev: &Device, c: &Case) {
 /// Shapes: SmolLM2 (576 wide, FFN 1536), Llama-8B widths (4096; 14336 as the input of
 /// down), rows not a multiple of the 16-row tile (and FFN widths not a multiple of the
 /// 8-feature SwiGLU tile), column counts ending in a partial 64-column chunk, tiny ones;
-/// for the norm's block path, rows whose 16-byte vectors are not a multiple of its 256
-/// threads (Qwen2-7B's 3584, 1032) and the longest it takes (8192, four per thread).
+/// rows whose 64-column chunks do not split evenly over the warps (Qwen2-7B's 3584, 1032)
+/// and long ones (8192).
 const SHAPES: &[(usize, usize)] = &[
     (576, 576),
     (3072, 576),
@@ -208,10 +201,11 @@ fn fused_gemvs_match_reference_and_unfused() {
             assert!(dev.fused_gemv_applies(m, rows, cols), "m={m} {rows}x{cols} should take the fused GEMV");
             let c = Case::new(&mut r, m, rows, cols);
             residual_case(&dev, &c);
-            // The norm GEMVs take rows of up to 8192 values (norm.cu's register path), as
-            // many as fit a CTA's shared memory (227 KB on Hopper): up to 8 rows of 4096.
+            // The norm GEMVs take as many rows of x as fit a CTA's shared memory next to the
+            // ring (227 KB on Hopper): 8 rows of 8192 values, but not 8 of 14336.
             let fits = dev.fused_norm_gemv_applies(m, rows, cols);
-            assert_eq!(fits, cols <= 8192, "m={m} {rows}x{cols}: the fused norm GEMVs apply?");
+            assert!(fits || cols > 8192, "m={m} {rows}x{cols}: the fused norm GEMVs should apply");
+            assert!(!(m == 8 && cols == 14336 && fits), "8 rows of 14336 values cannot fit");
             if fits {
                 norm_case(&dev, &c);
                 if rows % 2 == 0 {

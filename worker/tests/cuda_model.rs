@@ -319,31 +319,44 @@ fn bad_batches_are_errors_not_crashes() {
     assert!(m.forward(&ok).expect("good batch").data.iter().all(|v| v.is_finite()));
 }
 
+/// bench/gpu/torch_qwen3_ref.py's output, the model loaded on the GPU.
+struct TorchRef {
+    tokens: Vec<u32>,
+    /// transformers' f32 and bf16 logits, `[tokens, vocab]`.
+    want: Vec<f32>,
+    torch_bf16: Vec<f32>,
+    m: CudaModel,
+}
+
+/// The PyTorch reference of `$TESSERA_TORCH_REF` (None, with a note, when it is not set).
+fn torch_ref(test: &str) -> Option<TorchRef> {
+    let Ok(dir) = std::env::var("TESSERA_TORCH_REF") else {
+        eprintln!("skipped {test}: set TESSERA_TORCH_REF (see bench/gpu/run.sh)");
+        return None;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let tokens: Vec<u32> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).expect("tokens.json")).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        let bytes = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    };
+    let (want, torch_bf16) = (f32s("logits.f32"), f32s("logits_bf16.f32"));
+    let files = ModelFiles::open(&dir.join("model")).expect("open HF dir");
+    let m = CudaModel::load(&files, &opts()).expect("load on GPU");
+    Some(TorchRef { tokens, want, torch_bf16, m })
+}
+
 /// A random-weight Qwen3 checkpoint against PyTorch: `$TESSERA_TORCH_REF` holds the HF
 /// directory (`model/`), the token ids (`tokens.json`) and transformers' f32 logits of
 /// them (`logits.f32`, `[tokens, vocab]` little-endian), made by
 /// bench/gpu/torch_qwen3_ref.py.
 #[test]
 fn random_qwen3_matches_pytorch() {
-    let Ok(dir) = std::env::var("TESSERA_TORCH_REF") else {
-        eprintln!("skipped random_qwen3_matches_pytorch: set TESSERA_TORCH_REF (see bench/gpu/run.sh)");
-        return;
-    };
-    let dir = std::path::PathBuf::from(dir);
-    let tokens: Vec<u32> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).expect("tokens.json")).unwrap();
-    let bytes = std::fs::read(dir.join("logits.f32")).expect("logits.f32");
-    let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let files = ModelFiles::open(&dir.join("model")).expect("open HF dir");
-    let mut m = CudaModel::load(&files, &opts()).expect("load on GPU");
+    let Some(TorchRef { tokens, want, torch_bf16, mut m }) = torch_ref("random_qwen3_matches_pytorch") else { return };
     let got = gpu_all_logits(&mut m, &tokens, 0);
     assert_eq!(got.len(), want.len());
     let vocab = m.config().vocab_size;
-    let torch_bf16: Vec<f32> = std::fs::read(dir.join("logits_bf16.f32"))
-        .expect("logits_bf16.f32")
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
     let (ours, ours_worst, top1) = errors(&got, &want, vocab);
     let (theirs, theirs_worst, _) = errors(&torch_bf16, &want, vocab);
     eprintln!(
@@ -353,6 +366,65 @@ fn random_qwen3_matches_pytorch() {
     );
     assert!(ours <= 1e-2, "relative error {ours:.3e} > 1e-2");
     assert!(ours_worst <= 1.25 * theirs_worst.max(1e-2), "worst row {ours_worst:.3e} vs torch bf16 {theirs_worst:.3e}");
+}
+
+/// The decode path against PyTorch: the steps of one and two single-token sequences (the
+/// fused GEMVs: norms, SwiGLU and residual adds inside the GEMVs; split-KV attention; a CUDA
+/// graph) give the logits of transformers' forward at the same positions, as the prefill
+/// above does. The random Qwen3 is prefilled to 192 tokens twice (blocks 0.. and 100..);
+/// each copy then decodes 4 tokens alone, and both decode the last 4 together.
+#[test]
+fn random_qwen3_decode_steps_match_pytorch() {
+    let Some(TorchRef { tokens, want, torch_bf16, mut m }) = torch_ref("random_qwen3_decode_steps_match_pytorch")
+    else {
+        return;
+    };
+    let vocab = m.config().vocab_size;
+    let n = tokens.len();
+    assert!(n >= 200, "the reference has {n} tokens, 200 expected");
+    let pre = n - 8;
+    let tables = [table(0, n), table(100, n)];
+    let prefill: Vec<SeqChunk> = tables
+        .iter()
+        .map(|t| SeqChunk { tokens: &tokens[..pre], first_pos: 0, block_table: t, logits: LogitsWanted::Last })
+        .collect();
+    m.forward(&prefill).expect("prefill");
+    let step = |m: &mut CudaModel, seqs: &[usize], p: usize| -> Vec<Vec<f32>> {
+        let chunks: Vec<SeqChunk> = seqs
+            .iter()
+            .map(|&i| SeqChunk {
+                tokens: &tokens[p..p + 1],
+                first_pos: p,
+                block_table: &tables[i],
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let l = m.forward(&chunks).expect("decode step");
+        (0..seqs.len()).map(|i| l.chunk(i).to_vec()).collect()
+    };
+    // (position, logits) of every decoded token.
+    let mut got: Vec<(usize, Vec<f32>)> = Vec::new();
+    for i in 0..2 {
+        for p in pre..pre + 4 {
+            got.extend(step(&mut m, &[i], p).into_iter().map(|l| (p, l)));
+        }
+    }
+    for p in pre + 4..n {
+        got.extend(step(&mut m, &[0, 1], p).into_iter().map(|l| (p, l)));
+    }
+    let rows =
+        |src: &[f32]| -> Vec<f32> { got.iter().flat_map(|(p, _)| src[p * vocab..(p + 1) * vocab].to_vec()).collect() };
+    let ours: Vec<f32> = got.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+    let (want, torch_bf16) = (rows(&want), rows(&torch_bf16));
+    let (err, worst, top1) = errors(&ours, &want, vocab);
+    let (_, theirs_worst, _) = errors(&torch_bf16, &want, vocab);
+    eprintln!(
+        "RESULT qwen3 decode steps vs pytorch f32: relative L2 error {err:.3e} (worst row {worst:.3e}), top-1 equal \
+         {top1}/{}; pytorch's own bf16 forward on those rows: worst {theirs_worst:.3e}",
+        got.len()
+    );
+    assert!(err <= 1e-2, "relative error {err:.3e} > 1e-2");
+    assert!(worst <= 1.25 * theirs_worst.max(1e-2), "worst row {worst:.3e} vs torch bf16 {theirs_worst:.3e}");
 }
 
 /// (relative L2 error over all logits, worst row's relative L2 error, rows whose argmax

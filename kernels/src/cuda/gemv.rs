@@ -39,13 +39,8 @@ const SLOT_BYTES: usize = 32 * 16;
 const RED_BYTES: usize = 2 * 16 * 8 * 4;
 /// The kernels' `__launch_bounds__` in warps.
 const MAX_WARPS: usize = 16;
-/// The normalising modes sum squares in the order of the unfused rms_norm (norm.cu as
-/// ops.rs launches it): one warp per row up to [`NORM_WARP_COLS`] values, else a block of
-/// [`NORM_BLOCK_WARPS`] warps, which their CTA must then be; rows up to [`NORM_MAX_COLS`]
-/// (norm.cu's register path).
-const NORM_WARP_COLS: usize = 1024;
-const NORM_BLOCK_WARPS: usize = 8;
-const NORM_MAX_COLS: usize = 8192;
+/// The normalising modes' warps' sums of squares, after the rows of x (GEMV_NORM_SUMS_BYTES).
+const NORM_SUMS_BYTES: usize = MAX_WARPS * MAX_M * 4;
 /// Ring depths compiled in gemv.cu (`gemv_{mode}_p{2,4,6}`).
 const STAGES: [usize; 3] = [2, 4, 6];
 
@@ -152,9 +147,10 @@ fn xn_pitch(cols: usize) -> usize {
     cols + (96 - cols % 64) % 64
 }
 
-/// Shared memory a CTA of a normalising mode needs beyond its warps' rings.
+/// Shared memory a CTA of a normalising mode needs beyond its warps' rings: the rows of
+/// x * gamma and the warps' sums of squares.
 fn xn_bytes(m: usize, cols: usize) -> usize {
-    m * xn_pitch(cols) * 2
+    m * xn_pitch(cols) * 2 + NORM_SUMS_BYTES
 }
 
 /// One compiled kernel (mode, ring depth) and what it needs per CTA.
@@ -240,18 +236,12 @@ impl GemvKernels {
         })
     }
 
-    /// Whether a normalising mode takes `m` rows of `cols` values: rows norm.cu's order
-    /// covers, and the rows next to the smallest ring of the warps it needs in a CTA's
-    /// shared memory.
+    /// Whether a normalising mode takes `m` rows of `cols` values: the rows next to the
+    /// smallest ring of one warp in a CTA's shared memory.
     pub(crate) fn normalised_fits(&self, m: usize, cols: usize) -> bool {
         let ring = STAGES[0] * Mode::Norm.slots() * SLOT_BYTES + RED_BYTES;
-        cols <= NORM_MAX_COLS && xn_bytes(m, cols) + norm_warps(cols).unwrap_or(1) * ring <= self.smem_optin
+        xn_bytes(m, cols) + ring <= self.smem_optin
     }
-}
-
-/// The warps a normalising mode's CTA must have for rows of `cols` values (`None`: any).
-fn norm_warps(cols: usize) -> Option<usize> {
-    (cols > NORM_WARP_COLS).then_some(NORM_BLOCK_WARPS)
 }
 
 /// One GEMV launch: the mode and its operands. `gamma` / `eps` are the norm's (normalising
@@ -306,8 +296,7 @@ impl Device {
         // out so no warp has a chunk more per tile than needed (9 chunks: 5 warps of 2, not
         // 8 with one warp doing two).
         let chunks = cols.div_ceil(CHUNK_COLS);
-        let fixed = if mode.normalises() { norm_warps(cols) } else { None };
-        let want = fixed.unwrap_or_else(|| g.warps.load(Ordering::Relaxed).clamp(1, MAX_WARPS).min(chunks));
+        let want = g.warps.load(Ordering::Relaxed).clamp(1, MAX_WARPS).min(chunks);
         let extra = if mode.normalises() { xn_bytes(m, cols) } else { 0 };
         // The ring depth in force, or the deepest shallower one whose CTA fits next to the
         // normalised rows; warps as the setting asks, as far as the memory allows.
@@ -317,22 +306,13 @@ impl Device {
                 let k = &by_mode[i];
                 let room = g.smem_optin.saturating_sub(extra) / k.smem_per_warp;
                 let warps = want.min(k.max_warps).min(room);
-                (warps >= fixed.unwrap_or(1)).then_some((k, warps))
+                (warps >= 1).then_some((k, warps))
             })
             .ok_or_else(|| KernelError::Shape {
                 op: OP,
                 detail: format!("m={m} x {cols} normalised rows leave no shared memory for the ring"),
             })?;
-        let warps = match fixed {
-            Some(n) if warps != n => {
-                return Err(KernelError::Shape {
-                    op: OP,
-                    detail: format!("m={m} x {cols} normalised rows leave room for {warps} warps, the norm needs {n}"),
-                })
-            }
-            Some(n) => n,
-            None => chunks.div_ceil(chunks.div_ceil(warps)),
-        };
+        let warps = chunks.div_ceil(chunks.div_ceil(warps));
         let smem = warps * k.smem_per_warp + extra;
         let tile_rows = if mode == Mode::NormSwiglu { TILE_ROWS / 2 } else { TILE_ROWS };
         let tiles = if mode == Mode::NormSwiglu { rows / 2 } else { rows }.div_ceil(tile_rows);

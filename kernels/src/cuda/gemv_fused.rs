@@ -9,9 +9,15 @@
 //! - [`Device::matmul_rms_norm_rope`]: the norm, the qkv projection and `qkv_rope_write`'s
 //!   bias, RoPE and q / K / V writes (Llama-style models: no q/k norm, interleaved RoPE).
 //!
-//! Each rounds where the unfused kernels round (the GEMM's bf16 output, the residual's bf16
-//! sum, the normalised bf16 x), so the fused layer computes the unfused one's values; only
-//! the norm's sum of squares may differ in its last bits when the CTA is not 256 threads wide.
+//! The residual and SwiGLU modes round where the unfused kernels round (the GEMM's bf16
+//! output, the residual's bf16 sum). The norm is factored out of the sum: `rms_norm(x) · Wᵀ
+//! = s · ((x ⊙ gamma) · Wᵀ)` with the row's `s = rsqrt(mean(x²) + eps)` applied to the f32
+//! sum, so no warp waits for the whole row's sum of squares before its first product
+//! (H200, batch 1: -2.3 µs per Llama-8B layer; bench/RESULTS.md). So x is rounded to bf16 as
+//! `x * gamma` rather than as the normalised `x * s * gamma`: the norm modes agree with
+//! `rms_norm` then `matmul` within bf16 rounding, not bit for bit, as the cuBLASLt GEMMs of
+//! larger steps already do; among themselves (norm, norm + SwiGLU, norm + RoPE) they agree
+//! bit for bit.
 //! They take at most [`MAX_M`] rows of x (decode batches); [`Device::fused_gemv_applies`]
 //! and [`Device::fused_norm_gemv_applies`] say whether a shape can go this way, callers keep
 //! the unfused path for the rest.
@@ -43,7 +49,7 @@ impl Device {
     }
 
     /// `out[m, rows] = rms_norm(x; gamma, eps) · Wᵀ` for x `[m, cols]`, gamma `[cols]`,
-    /// W `[rows, cols]`, as `rms_norm` then `matmul` compute it.
+    /// W `[rows, cols]`, the norm factored out of the sum (see the module comment).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul_rms_norm(
         &self,
@@ -66,8 +72,8 @@ impl Device {
     }
 
     /// `act[m, ffn] = silu(g) * u` where `[g | u] = rms_norm(x; gamma, eps) · Wᵀ` and W is
-    /// the packed gate|up weight `[2 ffn, cols]` (gate rows first), as `rms_norm`, `matmul`
-    /// and `silu_mul_packed` compute it.
+    /// the packed gate|up weight `[2 ffn, cols]` (gate rows first), as
+    /// [`Device::matmul_rms_norm`] and `silu_mul_packed` compute it.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul_rms_norm_swiglu(
         &self,

@@ -13,8 +13,8 @@
 //! Steps of at most [`FUSED_MAX_ROWS`] tokens (small decode batches) fold the small steps
 //! into the GEMVs instead (`gemv_fused.rs` in the kernels): norm + qkv (for Llama-style
 //! models also RoPE and the K/V write: no `qkv_rope_write`), attention, o + residual add,
-//! norm + gate|up + SwiGLU, down + residual add; the unfused path's roundings, three or four
-//! kernels fewer per layer.
+//! norm + gate|up + SwiGLU, down + residual add; three or four kernels fewer per layer, the
+//! unfused path's values within bf16 rounding (the norms are factored out of the GEMV sums).
 //!
 //! Tensor parallel (see `tp.rs`): every shape here is this rank's (its heads, KV heads and
 //! FFN slice), and the o and down GEMMs' partial sums are all-reduced over NCCL before the
