@@ -52,11 +52,24 @@ use crate::sampling::{Sampled, SamplingError};
 /// Decode-attention scratch: (sequence, head, split) rows for this many sequence-splits
 /// per head (e.g. one sequence in 512 splits, or 64 in 8).
 const DECODE_SPLIT_ROWS: usize = 512;
-/// Largest step (tokens) that runs the fused GEMVs. H200, synthetic Llama-3-8B decode
-/// (`tessera bench --batches 1,2,4,8`, fused vs `TESSERA_FUSED_GEMV=0`): 234 vs 221 tok/s
-/// at 1 sequence, 449 vs 423 at 2, 869 vs 835 at 4, but 1619 vs 1655 at 8 (not profiled;
-/// every CTA normalising 8 rows of x is the likely cost).
-const FUSED_MAX_ROWS: usize = 4;
+/// Largest step (tokens) that runs the fused GEMVs: all the GEMV takes. H200, synthetic
+/// Llama-3-8B decode (`tessera bench`): fused vs `TESSERA_FUSED_GEMV=0` 234 vs 221 tok/s at 1
+/// sequence, 449 vs 423 at 2, 869 vs 835 at 4; at 5 and 8 sequences, since the norm is
+/// factored out of the GEMV sum, fused vs `TESSERA_FUSED_MAX_ROWS=4` 1075-1086 vs 1016-1025
+/// and 1706-1721 vs 1612-1622 (bench/RESULTS.md, 2026-12-03). Before that, 8 rows fused were
+/// slower (1619 vs 1655): every CTA waited for the norm of 8 rows.
+const FUSED_MAX_ROWS: usize = 8;
+/// [`Core::fused_max_rows`] from the environment (see there).
+fn fused_max_rows() -> usize {
+    if std::env::var("TESSERA_FUSED_GEMV").as_deref() == Ok("0") {
+        return 0;
+    }
+    std::env::var("TESSERA_FUSED_MAX_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(FUSED_MAX_ROWS, |n| n.min(8))
+}
+
 /// Activation sets kept for reuse (one per recent step size).
 const SCRATCH_KEPT: usize = 4;
 /// Decode batch sizes with a captured graph; a batch runs in the smallest that holds it.
@@ -324,9 +337,10 @@ struct Core {
     /// How the tensor-parallel group sums partial outputs: one-shot over NVLink peer
     /// memory for small messages, NCCL for the rest (nothing on one GPU).
     allreduce: TpAllReduce,
-    /// Whether steps of at most 8 tokens run the fused GEMVs (norms, SwiGLU and residual
-    /// adds inside the projections; `TESSERA_FUSED_GEMV=0` turns them off for A/B runs).
-    fused_gemv: bool,
+    /// Largest step (tokens) that runs the fused GEMVs (norms, SwiGLU and residual adds
+    /// inside the projections): [`FUSED_MAX_ROWS`], or for A/B runs `TESSERA_FUSED_MAX_ROWS`
+    /// (at most the GEMV's 8; 0 or `TESSERA_FUSED_GEMV=0`: never).
+    fused_max_rows: usize,
     /// Whether fused steps also fold RoPE and the K/V write into the qkv GEMV where the
     /// model allows (`TESSERA_FUSED_ROPE=0` turns it off for A/B runs).
     fused_rope: bool,
@@ -341,15 +355,14 @@ impl Core {
         self.part.vocab.len() < self.config.vocab_size
     }
 
-    /// Whether a step of `t` tokens runs the fused GEMVs: at most [`FUSED_MAX_ROWS`], and
+    /// Whether a step of `t` tokens runs the fused GEMVs: at most `fused_max_rows`, and
     /// every projection's shape fits them (16-byte rows, the normalised rows in shared
     /// memory).
     fn fused(&self, t: usize) -> bool {
         let c = &self.config;
         let (h, qd, kvd, ffn) =
             (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-        self.fused_gemv
-            && t <= FUSED_MAX_ROWS
+        t <= self.fused_max_rows
             && self.dev.fused_norm_gemv_applies(t, qd + 2 * kvd, h)
             && self.dev.fused_norm_gemv_applies(t, 2 * ffn, h)
             && self.dev.fused_gemv_applies(t, h, qd)
@@ -456,7 +469,7 @@ impl CudaModel {
                 comms,
                 part: part.clone(),
                 allreduce,
-                fused_gemv: std::env::var("TESSERA_FUSED_GEMV").as_deref() != Ok("0"),
+                fused_max_rows: fused_max_rows(),
                 fused_rope: std::env::var("TESSERA_FUSED_ROPE").as_deref() != Ok("0"),
                 decode_split_len: std::env::var("TESSERA_DECODE_SPLIT_LEN").ok().and_then(|v| v.parse().ok()),
             },
