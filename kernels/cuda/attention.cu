@@ -441,8 +441,8 @@ __device__ __forceinline__ u32 dec_split_len(u32 ctx, u32 split_len, u32 n_split
 // (lse_of(s)) and normalised output (o_of(s), those 4 dims): out = sum_s w_s o_s / sum_s w_s,
 // w_s = 2^(lse_s - max lse). The splits in groups of DEC_MERGE, each group's loads issued
 // together and merged online: one round trip to L2 (or to the other CTAs' shared memory)
-// per group rather than one per split. The global and the cluster merge both call it, so a
-// split's partials give the same bits either way.
+// per group rather than one per split. The global merge and the cluster-merge prototype
+// below (bench-only) both call it, so a split's partials give the same bits either way.
 template <class Lse, class O>
 __device__ __forceinline__ void dec_merge_splits(bf16* dst, u32 n_valid, Lse lse_of, O o_of) {
     float mx = ATT_NEG_INF, wsum = 0.f;

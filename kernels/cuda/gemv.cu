@@ -191,18 +191,24 @@ __device__ __forceinline__ void gemv_norm_own(bf16* xn, const bf16* __restrict__
     float ss[GEMV_MAX_M];
 #pragma unroll
     for (int n = 0; n < GEMV_MAX_M; ++n) ss[n] = 0.f;
+    // Item q's row n and column vector i; false past the items or the row's end.
+    auto item = [&](int q, int& n, int& i) {
+        const int e = lane + (q % per_lane) * 32;
+        n = q / per_lane;
+        i = gemv_warp_vec(e, c0, c_step);
+        return q < total && e < per_tile * 8 && i < nv;
+    };
     for (int q0 = 0; q0 < total; q0 += 4) {
         uint4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int q = q0 + u, n = q / per_lane, e = lane + (q % per_lane) * 32, i = gemv_warp_vec(e, c0, c_step);
-            if (q < total && e < per_tile * 8 && i < nv)
-                v[u] = __ldcg(reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8));
+            int n, i;
+            if (item(q0 + u, n, i)) v[u] = __ldcg(reinterpret_cast<const uint4*>(x + (u64)n * cols + i * 8));
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int q = q0 + u, n = q / per_lane, e = lane + (q % per_lane) * 32, i = gemv_warp_vec(e, c0, c_step);
-            if (q < total && e < per_tile * 8 && i < nv) {
+            int n, i;
+            if (item(q0 + u, n, i)) {
                 float f[8], g[8];
                 unpack8(v[u], f);
                 unpack8(__ldg(reinterpret_cast<const uint4*>(gamma) + i), g);

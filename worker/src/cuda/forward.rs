@@ -64,10 +64,7 @@ fn fused_max_rows() -> usize {
     if std::env::var("TESSERA_FUSED_GEMV").as_deref() == Ok("0") {
         return 0;
     }
-    std::env::var("TESSERA_FUSED_MAX_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(FUSED_MAX_ROWS, |n| n.min(8))
+    std::env::var("TESSERA_FUSED_MAX_ROWS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(FUSED_MAX_ROWS)
 }
 
 /// Activation sets kept for reuse (one per recent step size).
@@ -339,7 +336,7 @@ struct Core {
     allreduce: TpAllReduce,
     /// Largest step (tokens) that runs the fused GEMVs (norms, SwiGLU and residual adds
     /// inside the projections): [`FUSED_MAX_ROWS`], or for A/B runs `TESSERA_FUSED_MAX_ROWS`
-    /// (at most the GEMV's 8; 0 or `TESSERA_FUSED_GEMV=0`: never).
+    /// (0 or `TESSERA_FUSED_GEMV=0`: never; past 8 the GEMV's own limit holds, see `fused`).
     fused_max_rows: usize,
     /// Whether fused steps also fold RoPE and the K/V write into the qkv GEMV where the
     /// model allows (`TESSERA_FUSED_ROPE=0` turns it off for A/B runs).
