@@ -3,7 +3,13 @@
 // The fused variant normalises the *rounded* sum, so fused and unfused paths agree bit for
 // bit and the stored residual is what the next layer reads.
 //
-// Layout: x, out, residual [n_rows, dim]; w [dim]; all bf16. Two launch shapes:
+// The _parts variant adds a GEMM's output that arrives as `splits` f32 partial sums (the
+// GEMM's inner dimension split across a cuBLASLt batch, see gemm.rs): the partials are summed
+// in f32, in split order, and rounded to bf16 first, as a GEMM with bf16 output would, so
+// residual = bf16(residual + bf16(sum of parts)) and the rest is add_rms_norm's.
+//
+// Layout: x, out, residual [n_rows, dim]; w [dim]; all bf16; parts [splits, n_rows, dim] f32.
+// Two launch shapes:
 //   *_block: one block (256 threads) per row, for hidden-size rows;
 //   *_warp:  one warp per row, 8 rows per block, for short rows (dim <= 1024, e.g. q/k norm).
 // Rows whose dim is a multiple of 8 (up to 8192) use 16-byte accesses and one read of the row.
@@ -13,10 +19,40 @@
 // row on the warp path, whose rows are at most 1024 wide).
 #define NORM_MAX_VEC 4
 
-template <bool ADD>
+// The added value's source in the _parts kernels: this row's `splits` partials, `stride`
+// values apart.
+struct Parts {
+    const float* row;
+    int splits;
+    u64 stride;
+};
+
+// bf16(sum of the partials) at the row's 8 values from 8 * vec.
+__device__ __forceinline__ uint4 parts_sum8(const Parts& p, int vec) {
+    float v[8];
+    const float4* first = reinterpret_cast<const float4*>(p.row) + 2 * vec;
+    float4 a = first[0], b = first[1];
+    for (int s = 1; s < p.splits; ++s) {
+        const float4* q = reinterpret_cast<const float4*>(p.row + s * p.stride) + 2 * vec;
+        const float4 c = q[0], d = q[1];
+        a.x += c.x; a.y += c.y; a.z += c.z; a.w += c.w;
+        b.x += d.x; b.y += d.y; b.z += d.z; b.w += d.w;
+    }
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    return pack8(v);
+}
+
+__device__ __forceinline__ float parts_sum(const Parts& p, int i) {
+    float a = p.row[i];
+    for (int s = 1; s < p.splits; ++s) a += p.row[s * p.stride + i];
+    return bf16_to_f32(f32_to_bf16(a));
+}
+
+// ADD: residual += the added value (x, or with PARTS the partials' rounded sum), then the norm.
+template <bool ADD, bool PARTS = false>
 __device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* residual, const bf16* __restrict__ x,
                                              const bf16* __restrict__ w, int dim, float eps, int lane, int n_lanes,
-                                             bool whole_block, float* scratch) {
+                                             bool whole_block, float* scratch, Parts parts = Parts{}) {
     float ss = 0.f;
     const int nv = dim >> 3;
     if ((dim & 7) == 0 && nv <= NORM_MAX_VEC * n_lanes) {
@@ -25,7 +61,7 @@ __device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* resid
 #pragma unroll
         for (int j = 0; j < NORM_MAX_VEC; ++j) {
             const int i = lane + j * n_lanes;
-            if (i < nv) reg[j] = reinterpret_cast<const uint4*>(x)[i];
+            if (i < nv) reg[j] = PARTS ? parts_sum8(parts, i) : reinterpret_cast<const uint4*>(x)[i];
         }
 #pragma unroll
         for (int j = 0; j < NORM_MAX_VEC; ++j) {
@@ -65,7 +101,7 @@ __device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* resid
     // passes, the second re-reading the row (hot in L1/L2); with ADD it reads the rounded
     // sum this same thread just stored.
     for (int i = lane; i < dim; i += n_lanes) {
-        float v = bf16_to_f32(x[i]);
+        float v = PARTS ? parts_sum(parts, i) : bf16_to_f32(x[i]);
         if (ADD) {
             bf16 r = f32_to_bf16(v + bf16_to_f32(residual[i]));
             residual[i] = r;
@@ -109,6 +145,25 @@ extern "C" __global__ void add_rms_norm_warp(bf16* __restrict__ out, bf16* resid
     if (row >= (u64)n_rows) return;
     rms_norm_row<true>(out + row * dim, residual + row * dim, x + row * dim, w, dim, eps, threadIdx.x % WARP_SIZE, WARP_SIZE, false,
                        nullptr);
+}
+
+extern "C" __global__ void add_parts_rms_norm_block(bf16* __restrict__ out, bf16* residual, const float* __restrict__ parts,
+                                                    int splits, const bf16* __restrict__ w, int n_rows, int dim, float eps) {
+    __shared__ float scratch[32];
+    const u64 row = blockIdx.x;
+    if (row >= (u64)n_rows) return;
+    const Parts p{parts + row * dim, splits, (u64)n_rows * dim};
+    rms_norm_row<true, true>(out + row * dim, residual + row * dim, nullptr, w, dim, eps, threadIdx.x, blockDim.x, true,
+                             scratch, p);
+}
+
+extern "C" __global__ void add_parts_rms_norm_warp(bf16* __restrict__ out, bf16* residual, const float* __restrict__ parts,
+                                                   int splits, const bf16* __restrict__ w, int n_rows, int dim, float eps) {
+    const u64 row = (u64)blockIdx.x * (blockDim.x / WARP_SIZE) + (threadIdx.x / WARP_SIZE);
+    if (row >= (u64)n_rows) return;
+    const Parts p{parts + row * dim, splits, (u64)n_rows * dim};
+    rms_norm_row<true, true>(out + row * dim, residual + row * dim, nullptr, w, dim, eps, threadIdx.x % WARP_SIZE, WARP_SIZE,
+                             false, nullptr, p);
 }
 
 // The residual add alone (after an all-reduce that could not add it itself):

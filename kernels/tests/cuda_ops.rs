@@ -135,6 +135,63 @@ fn add_rms_norm_matches_unfused_and_cpu() {
     }
 }
 
+/// The split GEMM's consumer: `add_parts_rms_norm` over f32 partials equals `add_rms_norm`
+/// of their bf16-rounded sum (summed in split order on the host) bit for bit, residual
+/// and output, on the block path, the warp path and the general (dim % 8 != 0) path; the
+/// partials' buffer may be longer than the step needs.
+#[test]
+fn add_parts_rms_norm_equals_add_of_the_rounded_sum() {
+    let Some(dev) = gpu("add_parts_rms_norm_equals_add_of_the_rounded_sum") else { return };
+    let mut r = rng(13);
+    for (rows, dim, splits) in [(16, 4096, 2), (64, 4096, 2), (9, 576, 4), (3, 1030, 3), (5, 13, 2), (1, 4096, 1)] {
+        let eps = 1e-5;
+        let spare = 3 * dim;
+        let parts: Vec<f32> = (0..splits * rows * dim + spare).map(|_| unif(&mut r, -2.0, 2.0)).collect();
+        let res = rand_bf16(&mut r, rows * dim, -4.0, 4.0);
+        let w = rand_bf16(&mut r, dim, -2.0, 2.0);
+        let x: Vec<bf16> = (0..rows * dim)
+            .map(|i| {
+                let mut a = parts[i];
+                for s in 1..splits {
+                    a += parts[s * rows * dim + i];
+                }
+                bf16::from_f32(a)
+            })
+            .collect();
+        let wd = dev.upload(&w).unwrap();
+        let (mut res_a, mut res_b) = (dev.upload(&res).unwrap(), dev.upload(&res).unwrap());
+        let (mut out_a, mut out_b) = (poisoned(&dev, rows * dim), poisoned(&dev, rows * dim));
+        dev.add_rms_norm(&mut out_a, &mut res_a, &dev.upload(&x).unwrap(), &wd, rows, eps).unwrap();
+        let pd = dev.upload(&parts).unwrap();
+        dev.add_parts_rms_norm(&mut out_b, &mut res_b, &pd, splits, &wd, rows, eps).unwrap();
+        let what = format!("add_parts_rms_norm {rows}x{dim} in {splits}");
+        let same = |a: &Buf<bf16>, b: &Buf<bf16>| {
+            let (a, b) = (dev.download(a).unwrap(), dev.download(b).unwrap());
+            a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits())
+        };
+        assert!(same(&res_a, &res_b), "{what}: stored residual differs from add_rms_norm's");
+        assert!(same(&out_a, &out_b), "{what}: output differs from add_rms_norm's");
+        eprintln!("{what}: ok");
+    }
+    // Too few partials for the rows, or a split count out of range: an error, nothing run.
+    let (w, mut res, mut out) =
+        (dev.alloc::<bf16>(8).unwrap(), dev.alloc::<bf16>(16).unwrap(), dev.alloc::<bf16>(16).unwrap());
+    let short = dev.alloc::<f32>(31).unwrap();
+    assert!(matches!(
+        dev.add_parts_rms_norm(&mut out, &mut res, &short, 2, &w, 2, 1e-5),
+        Err(KernelError::Shape { .. })
+    ));
+    let long = dev.alloc::<f32>(1024).unwrap();
+    assert!(matches!(
+        dev.add_parts_rms_norm(&mut out, &mut res, &long, 0, &w, 2, 1e-5),
+        Err(KernelError::Shape { .. })
+    ));
+    assert!(matches!(
+        dev.add_parts_rms_norm(&mut out, &mut res, &long, 9, &w, 2, 1e-5),
+        Err(KernelError::Shape { .. })
+    ));
+}
+
 #[test]
 fn norm_rejects_bad_shapes() {
     let Some(dev) = gpu("norm_rejects_bad_shapes") else { return };
@@ -451,6 +508,49 @@ fn matmul_matches_f64_reference() {
     let (x, w) = (dev.alloc::<bf16>(6).unwrap(), dev.alloc::<bf16>(6).unwrap());
     let mut out = dev.alloc::<bf16>(4).unwrap();
     assert!(matches!(dev.matmul(&mut out, &x, 2, &w, 3, 3), Err(KernelError::Shape { .. })));
+}
+
+/// The split GEMM: its partials' f32 sum against the f64 reference (the GEMM bound without
+/// the output's bf16 rounding), every partial written (the buffer is NaN-poisoned and
+/// longer than needed: the spare tail stays NaN), at the engine's 16-256-token shapes and
+/// 2-8 splits; shapes that do not split into 8-value chunks are refused.
+#[test]
+fn matmul_parts_sum_matches_f64_reference() {
+    let Some(dev) = gpu("matmul_parts_sum_matches_f64_reference") else { return };
+    let mut r = rng(17);
+    for (m, rows, cols, splits) in
+        [(16, 4096, 4096, 2), (64, 1024, 14336, 2), (9, 576, 1536, 4), (256, 512, 1024, 8), (33, 100, 48, 3)]
+    {
+        let x = rand_bf16(&mut r, m * cols, -1.0, 1.0);
+        let w = rand_bf16(&mut r, rows * cols, -0.05, 0.05);
+        let (want, mag) = matmul_ref(&to_f32(&x), &to_f32(&w), m, rows, cols);
+        let (xd, wd) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
+        let n = m * rows;
+        let mut parts = dev.upload(&vec![f32::NAN; splits * n + 7]).unwrap();
+        dev.matmul_parts(&mut parts, splits, &xd, m, &wd, rows, cols).unwrap();
+        let got = dev.download(&parts).unwrap();
+        let what = format!("matmul_parts m={m} {rows}x{cols} in {splits}");
+        assert!(got[splits * n..].iter().all(|v| v.is_nan()), "{what}: wrote past its partials");
+        let (mut e2, mut r2) = (0f64, 0f64);
+        for (i, (&w, &a)) in want.iter().zip(&mag).enumerate() {
+            let g: f64 = (0..splits).map(|s| f64::from(got[s * n + i])).sum();
+            let err = (g - w).abs();
+            assert!(err <= a / 4096.0, "{what}[{i}]: got {g}, want {w} (err {err:e}, sum|xw| {a})");
+            e2 += err * err;
+            r2 += w * w;
+        }
+        let rel = (e2 / r2).sqrt();
+        assert!(rel <= 1e-3, "{what}: relative L2 error {rel:e}");
+        eprintln!("{what}: ok, rel L2 {rel:.2e}");
+    }
+    let (x, w) = (dev.alloc::<bf16>(2 * 24).unwrap(), dev.alloc::<bf16>(3 * 24).unwrap());
+    let mut parts = dev.alloc::<f32>(64).unwrap();
+    // 24 columns make no two chunks of a multiple of 8; 3 chunks of 8 are fine.
+    assert!(matches!(dev.matmul_parts(&mut parts, 2, &x, 2, &w, 3, 24), Err(KernelError::Shape { .. })));
+    assert!(matches!(dev.matmul_parts(&mut parts, 9, &x, 2, &w, 3, 24), Err(KernelError::Shape { .. })));
+    let mut few = dev.alloc::<f32>(17).unwrap();
+    assert!(matches!(dev.matmul_parts(&mut few, 3, &x, 2, &w, 3, 24), Err(KernelError::Shape { .. })));
+    dev.matmul_parts(&mut parts, 3, &x, 2, &w, 3, 24).unwrap();
 }
 
 // ---------------------------------------------------------------- module cache

@@ -213,6 +213,7 @@ fn mixed_batches_and_chunked_prefill_match_single_sequences() {
         }];
         let l = m.forward(&d).expect("decode");
         let e = rel_err(l.chunk(0), &alone[0][p * vocab..(p + 1) * vocab]);
+        eprintln!("decode at {p}: rel err {e:.3e}");
         assert!(e < 2e-2, "decode at {p}: rel err {e}");
         let reference = &alone[0][p * vocab..(p + 1) * vocab];
         let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -354,6 +355,7 @@ fn torch_ref(test: &str) -> Option<TorchRef> {
 #[test]
 fn random_qwen3_matches_pytorch() {
     let Some(TorchRef { tokens, want, torch_bf16, mut m }) = torch_ref("random_qwen3_matches_pytorch") else { return };
+    assert!(!m.splits_gemms(), "this model's GEMMs are below the split threshold");
     let got = gpu_all_logits(&mut m, &tokens, 0);
     assert_eq!(got.len(), want.len());
     let vocab = m.config().vocab_size;
@@ -362,6 +364,29 @@ fn random_qwen3_matches_pytorch() {
     eprintln!(
         "RESULT qwen3 vs pytorch f32: relative L2 error {ours:.3e} (worst row {ours_worst:.3e}), top-1 equal {top1}/{}; \
          pytorch's own bf16 forward: {theirs:.3e} (worst row {theirs_worst:.3e})",
+        tokens.len()
+    );
+    assert!(ours <= 1e-2, "relative error {ours:.3e} > 1e-2");
+    assert!(ours_worst <= 1.25 * theirs_worst.max(1e-2), "worst row {ours_worst:.3e} vs torch bf16 {theirs_worst:.3e}");
+}
+
+/// The same prefill with the o and down GEMMs split in two (f32 partials summed by the
+/// norm after them; the engine splits only 8B-sized weights, so the test lowers the
+/// threshold for this model's 1024 x 2048 and 1024 x 3072): the same bounds against PyTorch.
+#[test]
+fn random_qwen3_with_split_gemms_matches_pytorch() {
+    std::env::set_var("TESSERA_SPLIT_MIN_WEIGHT", "0");
+    let r = torch_ref("random_qwen3_with_split_gemms_matches_pytorch");
+    std::env::remove_var("TESSERA_SPLIT_MIN_WEIGHT");
+    let Some(TorchRef { tokens, want, torch_bf16, mut m }) = r else { return };
+    assert!(m.splits_gemms(), "TESSERA_SPLIT_MIN_WEIGHT=0 did not make the model split its GEMMs");
+    let got = gpu_all_logits(&mut m, &tokens, 0);
+    let vocab = m.config().vocab_size;
+    let (ours, ours_worst, top1) = errors(&got, &want, vocab);
+    let (_, theirs_worst, _) = errors(&torch_bf16, &want, vocab);
+    eprintln!(
+        "RESULT qwen3 with split GEMMs vs pytorch f32: relative L2 error {ours:.3e} (worst row {ours_worst:.3e}), \
+         top-1 equal {top1}/{}",
         tokens.len()
     );
     assert!(ours <= 1e-2, "relative error {ours:.3e} > 1e-2");

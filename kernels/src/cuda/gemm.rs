@@ -13,6 +13,13 @@
 //!
 //! Batches of at most 8 rows against weights of up to 64M values go to the GEMV kernel
 //! instead (`gemv.rs`), which is faster than cuBLASLt there.
+//!
+//! [`Device::matmul_parts`] splits the inner dimension (`cols`) into `splits` chunks run as
+//! one strided cuBLASLt batch, each writing an f32 partial `[m, rows]`; the kernel that
+//! consumes the output sums them (`add_parts_rms_norm`). At 16-256 tokens the o and down
+//! projections of an 8B model have too few output tiles to keep every SM streaming W, and
+//! cuBLASLt's own split-K for down adds a reduction kernel; two chunks stream W 5-19% faster
+//! on an H200 (bench/gpu/split_gemm.cu, RESULTS 2026-12-03).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -22,6 +29,7 @@ use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::device::{dev_err, Buf, Device};
+use super::MAX_SPLITS;
 use crate::error::check;
 use crate::KernelError;
 use half::bf16;
@@ -82,6 +90,7 @@ impl Plan {
         rows: u64,
         cols: u64,
         out_f32: bool,
+        splits: u64,
     ) -> Result<Self, result::CublasError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
@@ -102,10 +111,34 @@ impl Plan {
             )?;
         }
         // A: W as column-major [cols, rows] (transposed by TRANSA); B: x as [cols, m];
-        // D: out as [rows, m].
-        for (ty, r, c, ld) in [(bf, cols, rows, cols), (bf, cols, m, cols), (out_ty, rows, m, rows)] {
+        // D: out as [rows, m]. Split: batch entry i is A's and B's rows (cols / splits) * i
+        // onwards (same leading dimension) and D's i-th [rows, m] block.
+        let chunk = cols / splits;
+        let layouts = [(bf, chunk, rows, cols, chunk), (bf, chunk, m, cols, chunk), (out_ty, rows, m, rows, rows * m)];
+        for (ty, r, c, ld, stride) in layouts {
             let ld = i64::try_from(ld).unwrap_or(i64::MAX);
-            p.layouts.push(result::create_matrix_layout(ty, r, c, ld)?);
+            let l = result::create_matrix_layout(ty, r, c, ld)?;
+            p.layouts.push(l);
+            if splits > 1 {
+                use sys::cublasLtMatrixLayoutAttribute_t as L;
+                let count = i32::try_from(splits).unwrap_or(i32::MAX);
+                let stride = i64::try_from(stride).unwrap_or(i64::MAX);
+                // SAFETY: l is live; the values are an i32 and an i64 of the sizes given.
+                unsafe {
+                    result::set_matrix_layout_attribute(
+                        l,
+                        L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        std::mem::size_of::<i32>(),
+                    )?;
+                    result::set_matrix_layout_attribute(
+                        l,
+                        L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        (&stride as *const i64).cast(),
+                        std::mem::size_of::<i64>(),
+                    )?;
+                }
+            }
         }
         let pref = result::create_matmul_pref()?;
         let ws = WORKSPACE_BYTES;
@@ -145,8 +178,8 @@ pub(crate) struct Gemm {
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
 }
 
-/// A GEMM plan's key: (m, rows, cols, f32 output).
-type PlanKey = (usize, usize, usize, bool);
+/// A GEMM plan's key: (m, rows, cols, f32 output, splits of cols).
+type PlanKey = (usize, usize, usize, bool, usize);
 
 // SAFETY: the handle is used only through &self methods that serialise plan creation with
 // the mutex; cublasLtMatmul on one handle from several threads is allowed by cuBLAS.
@@ -177,21 +210,21 @@ impl Gemm {
         Ok(Gemm { handle, workspace, plans: Mutex::new(HashMap::new()) })
     }
 
-    fn plan(&self, m: usize, rows: usize, cols: usize, out_f32: bool) -> Result<Arc<Plan>, KernelError> {
+    fn plan(&self, m: usize, rows: usize, cols: usize, out_f32: bool, splits: usize) -> Result<Arc<Plan>, KernelError> {
         let mut plans = self.plans.lock().map_err(|_| KernelError::Device {
             op: "cuda_matmul",
             detail: "GEMM plan cache poisoned by a panic".into(),
         })?;
-        if let Some(p) = plans.get(&(m, rows, cols, out_f32)) {
+        let key = (m, rows, cols, out_f32, splits);
+        if let Some(p) = plans.get(&key) {
             return Ok(p.clone());
         }
-        let p = Arc::new(Plan::new(self.handle, m as u64, rows as u64, cols as u64, out_f32).map_err(|e| {
-            KernelError::Device {
-                op: "cuda_matmul",
-                detail: format!("no cuBLASLt plan for m={m} {rows}x{cols}: {e:?}"),
-            }
+        let plan = Plan::new(self.handle, m as u64, rows as u64, cols as u64, out_f32, splits as u64);
+        let p = Arc::new(plan.map_err(|e| KernelError::Device {
+            op: "cuda_matmul",
+            detail: format!("no cuBLASLt plan for m={m} {rows}x{cols} in {splits} splits: {e:?}"),
         })?);
-        plans.insert((m, rows, cols, out_f32), p.clone());
+        plans.insert(key, p.clone());
         Ok(p)
     }
 }
@@ -278,6 +311,37 @@ impl Device {
         self.gemm_into(&mut out.inner, true, x, m, w, rows, cols, false)
     }
 
+    /// `x · Wᵀ` with its inner dimension cut into `splits` equal chunks: `parts[i]` =
+    /// `x[:, chunk i] · W[:, chunk i]ᵀ` in f32, `parts` `[splits, m, rows]` (its first values: a
+    /// buffer for the largest step serves every smaller one). `cols` must split into chunks of
+    /// a multiple of 8 values. For [`Device::add_parts_rms_norm`], which sums them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_parts(
+        &self,
+        parts: &mut Buf<f32>,
+        splits: usize,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_matmul_parts";
+        check((1..=MAX_SPLITS).contains(&splits), OP, || format!("{splits} splits (1-{MAX_SPLITS})"))?;
+        check(cols.is_multiple_of(splits) && (cols / splits).is_multiple_of(8), OP, || {
+            format!("{cols} columns do not split into {splits} chunks of a multiple of 8")
+        })?;
+        check(m.checked_mul(rows).and_then(|n| n.checked_mul(splits)).is_some_and(|n| n <= parts.len()), OP, || {
+            format!("parts has {} values, fewer than {splits} x m={m} x {rows}", parts.len())
+        })?;
+        check_gemm_operands(OP, x, m, w, rows, cols, m * rows, rows)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let plan = self.gemm.plan(m, rows, cols, true, splits)?;
+        self.run_plan(OP, &plan, &mut parts.inner, x, w)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn gemm_into<T>(
         &self,
@@ -299,14 +363,26 @@ impl Device {
         if allow_gemv && super::gemv::applies(m, rows, cols) {
             return self.gemv_into(out, out_f32, x, m, w, rows, cols);
         }
-        let plan = self.gemm.plan(m, rows, cols, out_f32)?;
+        let plan = self.gemm.plan(m, rows, cols, out_f32, 1)?;
+        self.run_plan(OP, &plan, out, x, w)
+    }
+
+    /// Runs `plan` (made for these operands' shapes and `out`'s type) on the stream.
+    fn run_plan<T>(
+        &self,
+        op_name: &'static str,
+        plan: &Plan,
+        out: &mut CudaSlice<T>,
+        x: &Buf<bf16>,
+        w: &Buf<bf16>,
+    ) -> Result<(), KernelError> {
         let s = &self.stream;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _g1) = w.inner.device_ptr(s);
         let (xp, _g2) = x.inner.device_ptr(s);
         let (op, _g3) = out.device_ptr_mut(s);
         let (ws, _g4) = self.gemm.workspace.device_ptr(s);
-        // SAFETY: the plan was made for exactly these shapes and this output type (the
+        // SAFETY: the plan was made for exactly these shapes, splits and output type (the
         // callers pair `out_f32` with `T`); the buffers' lengths were checked against them;
         // beta = 0 so C (aliased to D) is not read.
         unsafe {
@@ -329,6 +405,6 @@ impl Device {
                 s.cu_stream() as sys::cudaStream_t,
             )
         }
-        .map_err(dev_err(OP))
+        .map_err(dev_err(op_name))
     }
 }

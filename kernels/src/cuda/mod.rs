@@ -78,6 +78,8 @@ mod stub;
 mod token_mask;
 
 pub use arch::Arch;
+/// Most chunks `Device::matmul_parts` cuts a GEMM's inner dimension into.
+pub const MAX_SPLITS: usize = 8;
 #[cfg(feature = "cuda")]
 pub use attention::DecodeWorkspace;
 pub use copy2d::Copy2d;

@@ -7,7 +7,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::device::{dev_err, Buf, Device, RopeCache};
 use crate::cpu::rope::{RopeParams, RopeStyle};
 use crate::error::check;
-use crate::launch_checks::{embedding_shape, norm_args, rope_table, silu_packed_shape, to_u32};
+use crate::launch_checks::{embedding_shape, norm_args, rope_table, silu_packed_shape, to_i32, to_u32};
 use crate::KernelError;
 use half::bf16;
 
@@ -75,6 +75,45 @@ impl Device {
         let mut b = self.stream.launch_builder(func);
         b.arg(&mut out.inner).arg(&mut residual.inner).arg(&x.inner).arg(&w.inner).arg(&rows).arg(&dim_i).arg(&eps);
         // SAFETY: as in rms_norm.
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+
+    /// [`Device::add_rms_norm`] with the added value as the f32 partial sums of a split GEMM
+    /// ([`Device::matmul_parts`], `parts` `[splits, n_rows, dim]`, its first values):
+    /// `residual = bf16(residual +
+    /// bf16(sum of the parts))` (summed in split order), then the norm, as `add_rms_norm`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_parts_rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+        parts: &Buf<f32>,
+        splits: usize,
+        w: &Buf<bf16>,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_add_parts_rms_norm";
+        check((1..=super::MAX_SPLITS).contains(&splits), OP, || format!("{splits} splits"))?;
+        check(out.len().checked_mul(splits).is_some_and(|n| n <= parts.len()), OP, || {
+            format!("parts has {} values, fewer than {splits} x {}", parts.len(), out.len())
+        })?;
+        let lens = (out.len(), Some(residual.len()), out.len(), w.len());
+        let Some((rows, dim_i)) = norm_args(OP, lens, n_rows, eps)? else {
+            return Ok(());
+        };
+        let dim = w.len();
+        let (func, cfg) = if dim <= WARP_ROW_MAX {
+            (&self.kernels.add_parts_rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
+        } else {
+            (&self.kernels.add_parts_rms_norm_block, grid(to_u32(OP, "n_rows", n_rows)?, BLOCK))
+        };
+        let splits_i = to_i32(OP, "splits", splits)?;
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&mut out.inner).arg(&mut residual.inner).arg(&parts.inner).arg(&splits_i);
+        b.arg(&w.inner).arg(&rows).arg(&dim_i).arg(&eps);
+        // SAFETY: argument types and order match the kernel; lengths were checked above
+        // (parts holds at least splits x n_rows x dim values).
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
 

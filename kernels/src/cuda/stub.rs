@@ -198,6 +198,19 @@ impl Device {
     ) -> Result<(), KernelError> {
         match self.never {}
     }
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_parts_rms_norm(
+        &self,
+        out: &mut Buf<bf16>,
+        residual: &mut Buf<bf16>,
+        parts: &Buf<f32>,
+        splits: usize,
+        w: &Buf<bf16>,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
     pub fn silu_mul(&self, out: &mut Buf<bf16>, gate: &Buf<bf16>, up: &Buf<bf16>) -> Result<(), KernelError> {
         match self.never {}
     }
@@ -231,6 +244,19 @@ impl Device {
     pub fn matmul(
         &self,
         out: &mut Buf<bf16>,
+        x: &Buf<bf16>,
+        m: usize,
+        w: &Buf<bf16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_parts(
+        &self,
+        parts: &mut Buf<f32>,
+        splits: usize,
         x: &Buf<bf16>,
         m: usize,
         w: &Buf<bf16>,

@@ -8,7 +8,9 @@
 //! kernel), paged attention (split-KV decode when every chunk is one token, else the
 //! causal prefill kernel, which handles mixed batches), the o GEMM, `add_rms_norm`, the
 //! gate|up GEMM, SwiGLU, the down GEMM. The residual stream is bf16, as in HF's bf16
-//! models. Logits come out of the LM head GEMM in f32.
+//! models. Logits come out of the LM head GEMM in f32. On one GPU, steps of 9 to
+//! [`SPLIT_MAX_ROWS`] tokens split the o and down GEMMs' inner dimension (f32 partials,
+//! which the `add_rms_norm` after them sums and rounds as the GEMM's bf16 output would be).
 //!
 //! Steps of at most [`FUSED_MAX_ROWS`] tokens (small decode batches) fold the small steps
 //! into the GEMVs instead (`gemv_fused.rs` in the kernels): norm + qkv (for Llama-style
@@ -66,6 +68,20 @@ fn fused_max_rows() -> usize {
     }
     std::env::var("TESSERA_FUSED_MAX_ROWS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(FUSED_MAX_ROWS)
 }
+
+/// Unfused steps of at most this many tokens run the o and down GEMMs with their inner
+/// dimension split in [`SPLIT_K`] chunks (f32 partials summed by the `add_rms_norm` after
+/// them; one GPU only: tensor parallelism all-reduces bf16 outputs). H200, Llama-3-8B shapes
+/// (bench/gpu/split_gemm.cu): o 12.6 -> 10.6 µs at 16 tokens, 11.7 -> 11.2 at 64, 16.3 ->
+/// 15.1 at 256; down 31.9 -> 30.1, 35.1 -> 32.6, 48.3 -> 44.7. Model (`tessera bench`,
+/// llama-3-8b-v49k): +1.6% at 16 and 128 sequences, +0.6% at 64.
+const SPLIT_MAX_ROWS: usize = 256;
+/// Only weights of at least this many values split: SmolLM2's (576 x 576, 576 x 1536) GEMMs
+/// are latency-bound, and split they served 4-7% fewer tokens at 16 sessions.
+/// `TESSERA_SPLIT_MIN_WEIGHT` overrides it (tests split small models' GEMMs with 0).
+const SPLIT_MIN_WEIGHT: usize = 4096 * 4096;
+/// Chunks of the split GEMMs; `TESSERA_SPLIT_K` overrides it (1: no split) for A/B runs.
+const SPLIT_K: usize = 2;
 
 /// Activation sets kept for reuse (one per recent step size).
 const SCRATCH_KEPT: usize = 4;
@@ -128,6 +144,54 @@ impl Scratch {
         let (h, qd, kvd, ffn) =
             (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
         2 * (3 * h + qd + 2 * kvd + 2 * qd + 3 * ffn)
+    }
+}
+
+/// Step buffers shared by every step size (steps run one at a time on the stream, so the
+/// eager steps and every decode graph use the same ones).
+struct Workspaces {
+    decode: DecodeWorkspace,
+    /// The split GEMMs' partials (`None`: no split, see [`SPLIT_MAX_ROWS`]).
+    split: Option<SplitParts>,
+}
+
+/// f32 partial outputs of the o and down GEMMs split in `splits` chunks, room for
+/// [`SPLIT_MAX_ROWS`] tokens; which of the two split.
+struct SplitParts {
+    splits: usize,
+    o: bool,
+    down: bool,
+    buf: Buf<f32>,
+}
+
+impl SplitParts {
+    /// The partials' buffer when this rank splits its o or down GEMM: one GPU (no
+    /// tensor-parallel all-reduce of bf16 outputs), `splits` > 1, a weight of at least
+    /// `min_weight` values whose inner dimension (attention width, FFN width) cuts into
+    /// chunks of a multiple of 8 values.
+    fn new(
+        dev: &Device,
+        c: &ModelConfig,
+        comms: &Comms,
+        splits: usize,
+        min_weight: usize,
+    ) -> Result<Option<Self>, WorkerError> {
+        let h = c.hidden_size;
+        let splits_ok = |cols: usize| cols.is_multiple_of(8 * splits) && cols * h >= min_weight;
+        let (o, down) = (splits_ok(c.num_heads * c.head_dim), splits_ok(c.intermediate_size));
+        if comms.tp.is_some() || splits < 2 || !(o || down) {
+            return Ok(None);
+        }
+        Ok(Some(SplitParts { splits, o, down, buf: dev.alloc::<f32>(splits * SPLIT_MAX_ROWS * h)? }))
+    }
+
+    /// `self` if `which`'s projection splits.
+    fn of(&self, which: Sublayer) -> Option<&Self> {
+        let yes = match which {
+            Sublayer::Attention => self.o,
+            Sublayer::Ffn => self.down,
+        };
+        yes.then_some(self)
     }
 }
 
@@ -374,7 +438,7 @@ pub struct CudaModel {
     /// The whole model's config (what callers see; `core.config` is this rank's part).
     model_config: ModelConfig,
     kv: GpuKv,
-    decode_ws: DecodeWorkspace,
+    ws: Workspaces,
     scratch: Vec<Scratch>,
     /// Logits of the last step run kernel by kernel.
     eager_logits: Option<Buf<f32>>,
@@ -410,8 +474,12 @@ impl CudaModel {
                 kv.k.push(dev.alloc(per_layer)?);
                 kv.v.push(dev.alloc(per_layer)?);
             }
-            let decode_ws = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
-            Ok((w, kv, decode_ws))
+            let decode = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
+            let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+            let splits = env("TESSERA_SPLIT_K").unwrap_or(SPLIT_K).min(tessera_kernels::cuda::MAX_SPLITS);
+            let min_weight = env("TESSERA_SPLIT_MIN_WEIGHT").unwrap_or(SPLIT_MIN_WEIGHT);
+            let split = SplitParts::new(&dev, c, &comms, splits, min_weight)?;
+            Ok((w, kv, Workspaces { decode, split }))
         });
         // Tensor group first, then the pipeline: a failure anywhere reaches every rank.
         let mut mine = prepared.as_ref().map_or(0, |p| u32::try_from(p.1.num_blocks).unwrap_or(u32::MAX));
@@ -426,7 +494,7 @@ impl CudaModel {
             }
             mine = all.iter().copied().min().unwrap_or(0);
         }
-        let (w, mut kv, decode_ws) = prepared?;
+        let (w, mut kv, ws) = prepared?;
         kv.num_blocks = mine as usize;
         let allreduce = match &comms.tp {
             Some(comm) => TpAllReduce::setup(&dev, comm, MAX_GRAPH_BATCH, local.hidden_size)?,
@@ -472,13 +540,20 @@ impl CudaModel {
             },
             model_config,
             kv,
-            decode_ws,
+            ws,
             scratch: Vec::new(),
             eager_logits: None,
             eager_vocab: None,
             graphs: Vec::new(),
             timing: StepTiming::default(),
         })
+    }
+
+    /// Whether unfused steps of up to [`SPLIT_MAX_ROWS`] tokens split the o or down GEMM
+    /// (for tests).
+    #[doc(hidden)]
+    pub fn splits_gemms(&self) -> bool {
+        self.ws.split.is_some()
     }
 
     /// The whole model's config.
@@ -547,10 +622,10 @@ impl CudaModel {
             let mut logits = self.core.dev.alloc::<f32>(self.logits_len(b))?;
             let mut vocab = VocabScratch::new(&self.core, b)?;
             // One eager run first: creates the GEMM plans (host work) outside the capture.
-            run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut scratch, &idx)?;
+            run_layers(&self.core, &mut self.kv, &mut self.ws, &mut scratch, &idx)?;
             lm_head(&self.core, &scratch, &idx, &mut logits, &mut vocab)?;
             self.core.dev.synchronize()?;
-            let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.decode_ws);
+            let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.ws);
             let graph = core.dev.capture(|| {
                 let i = &mut idx;
                 core.dev.unpack4(&packed, [&mut i.ids, &mut i.positions, &mut i.slots, &mut i.context_lens])?;
@@ -685,7 +760,7 @@ impl CudaModel {
             _ => VocabScratch::new(&self.core, rows)?,
         };
         let (upload, t1) = (t0.elapsed() - validate, Instant::now());
-        let r = run_layers(&self.core, &mut self.kv, &mut self.decode_ws, &mut s, &idx);
+        let r = run_layers(&self.core, &mut self.kv, &mut self.ws, &mut s, &idx);
         let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
         self.eager_vocab = vocab;
         self.put_scratch(s);
@@ -736,7 +811,7 @@ fn into_kernel(e: WorkerError) -> tessera_kernels::KernelError {
 fn run_layers(
     core: &Core,
     kv: &mut GpuKv,
-    decode_ws: &mut DecodeWorkspace,
+    ws: &mut Workspaces,
     s: &mut Scratch,
     idx: &StepIndex,
 ) -> Result<(), WorkerError> {
@@ -757,6 +832,9 @@ fn run_layers(
     // norms and SwiGLU run inside the qkv and gate_up GEMVs. Unfused: each sublayer's add
     // is fused with the next norm instead.
     let fused = core.fused(t);
+    // Unfused steps of up to SPLIT_MAX_ROWS tokens: the o and down outputs may arrive as
+    // split partials, which the add_rms_norm after them sums.
+    let mut parts = ws.split.as_mut().filter(|_| !fused && t <= SPLIT_MAX_ROWS);
     for (li, l) in w.layers.iter().enumerate() {
         let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
         if fused && core.fused_rope && dev.fused_rope_gemv_applies(&prep, h) {
@@ -770,7 +848,7 @@ fn run_layers(
                 if li == 0 {
                     dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
                 } else {
-                    dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.attn_norm, t, eps)?;
+                    add_norm(core, parts.as_deref(), Sublayer::Ffn, s, &l.attn_norm)?;
                 }
                 dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
             }
@@ -787,7 +865,7 @@ fn run_layers(
         };
         match &idx.cu_q {
             None => {
-                let ws = Some(&mut *decode_ws);
+                let ws = Some(&mut ws.decode);
                 let split = core.decode_split_len;
                 dev.paged_decode_attention(&mut s.attn, &s.q, &batch, c.num_heads, scale, idx.max_context, split, ws)?;
             }
@@ -796,13 +874,11 @@ fn run_layers(
             }
         }
         if !fused {
-            dev.matmul(&mut s.out, &s.attn, t, &l.o, h, qd)?;
-            all_reduce(core, &mut s.out)?;
-            dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &l.ffn_norm, t, eps)?;
+            project(core, parts.as_deref_mut(), s, Sublayer::Attention, &l.o, qd)?;
+            add_norm(core, parts.as_deref(), Sublayer::Attention, s, &l.ffn_norm)?;
             dev.matmul(&mut s.gate_up, &s.xn, t, &l.gate_up, 2 * ffn, h)?;
             dev.silu_mul_packed(&mut s.act, &s.gate_up, t)?;
-            dev.matmul(&mut s.out, &s.act, t, &l.down, h, ffn)?;
-            all_reduce(core, &mut s.out)?;
+            project(core, parts.as_deref_mut(), s, Sublayer::Ffn, &l.down, ffn)?;
             continue;
         }
         add_projection(core, s, Sublayer::Attention, &l.o, qd)?;
@@ -814,7 +890,7 @@ fn run_layers(
     if fused {
         dev.rms_norm(&mut s.xn, &s.x, &w.norm, t, eps)?;
     } else {
-        dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, &w.norm, t, eps)?;
+        add_norm(core, parts.as_deref(), Sublayer::Ffn, s, &w.norm)?;
     }
     if let (false, Some(pp)) = (core.part.is_last_stage(), &core.comms.pp) {
         dev.nccl_send(pp, &s.x, t * h, core.part.stage + 1)?;
@@ -853,6 +929,48 @@ fn add_projection(
             core.allreduce.run_add(dev, comm, out, x)
         }
     }
+}
+
+/// Unfused path: a row-parallel projection (o or down) of `s.t` tokens, its output for the
+/// next [`add_norm`]: split partials (where `parts` splits it), or `s.out` summed over the
+/// tensor-parallel group.
+fn project(
+    core: &Core,
+    parts: Option<&mut SplitParts>,
+    s: &mut Scratch,
+    which: Sublayer,
+    w: &Buf<bf16>,
+    cols: usize,
+) -> Result<(), WorkerError> {
+    let (dev, h, t) = (&core.dev, core.config.hidden_size, s.t);
+    let input = match which {
+        Sublayer::Attention => &s.attn,
+        Sublayer::Ffn => &s.act,
+    };
+    match parts.filter(|p| p.of(which).is_some()) {
+        Some(p) => Ok(dev.matmul_parts(&mut p.buf, p.splits, input, t, w, h, cols)?),
+        None => {
+            dev.matmul(&mut s.out, input, t, w, h, cols)?;
+            all_reduce(core, &mut s.out)
+        }
+    }
+}
+
+/// Unfused path: the output of `after`'s [`project`] added into the residual stream `s.x`,
+/// and `s.xn` = its norm with `gamma`.
+fn add_norm(
+    core: &Core,
+    parts: Option<&SplitParts>,
+    after: Sublayer,
+    s: &mut Scratch,
+    gamma: &Buf<bf16>,
+) -> Result<(), WorkerError> {
+    let (dev, eps, t) = (&core.dev, core.config.rms_norm_eps, s.t);
+    match parts.and_then(|p| p.of(after)) {
+        Some(p) => dev.add_parts_rms_norm(&mut s.xn, &mut s.x, &p.buf, p.splits, gamma, t, eps)?,
+        None => dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, gamma, t, eps)?,
+    }
+    Ok(())
 }
 
 /// Sums a row-parallel GEMM's partial outputs (`[t, hidden]`) over the tensor-parallel
