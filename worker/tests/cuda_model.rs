@@ -201,9 +201,12 @@ fn mixed_batches_and_chunked_prefill_match_single_sequences() {
     eprintln!("mixed step rel errors: {e0:.2e} {e1:.2e} {e2:.2e}");
     assert!(e0 < 2e-2 && e1 < 2e-2 && e2 < 2e-2, "mixed step: {e0} {e1} {e2}");
     // Pure decode steps (split-KV attention, replayed from the batch-1 CUDA graph). bf16
-    // rounding differs between an M=1 and an M=40 GEMM, so on these random tokens the
-    // argmax may flip at a near-tie: our pick must be within the same tolerance of the
-    // reference's best logit.
+    // rounding differs between the one-token fused GEMVs and an M=40 GEMM (the fused ones
+    // round x * gamma, not the normalised row), and over SmolLM2's 30 layers that reaches
+    // 2.6e-2 on these random tokens (H200, 2026-12-03): the bound is the staggered test's
+    // 5e-2 for "another batch shape"; attention over a wrong block or position moves the
+    // logits by far more. The argmax may flip at a near-tie: our pick must be within 2e-2
+    // of the scale of the reference's best logit.
     for p in 31..40 {
         let d = [SeqChunk {
             tokens: &seqs[0][p..p + 1],
@@ -214,7 +217,7 @@ fn mixed_batches_and_chunked_prefill_match_single_sequences() {
         let l = m.forward(&d).expect("decode");
         let e = rel_err(l.chunk(0), &alone[0][p * vocab..(p + 1) * vocab]);
         eprintln!("decode at {p}: rel err {e:.3e}");
-        assert!(e < 2e-2, "decode at {p}: rel err {e}");
+        assert!(e < 5e-2, "decode at {p}: rel err {e}");
         let reference = &alone[0][p * vocab..(p + 1) * vocab];
         let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
         let best = reference[argmax(reference) as usize];
