@@ -334,6 +334,11 @@ struct TorchRef {
 
 /// The PyTorch reference of `$TESSERA_TORCH_REF` (None, with a note, when it is not set).
 fn torch_ref(test: &str) -> Option<TorchRef> {
+    torch_ref_with(test, &opts())
+}
+
+/// [`torch_ref`] with the model loaded with `options`.
+fn torch_ref_with(test: &str, options: &CudaOptions) -> Option<TorchRef> {
     let Ok(dir) = std::env::var("TESSERA_TORCH_REF") else {
         eprintln!("skipped {test}: set TESSERA_TORCH_REF (see bench/gpu/run.sh)");
         return None;
@@ -347,7 +352,7 @@ fn torch_ref(test: &str) -> Option<TorchRef> {
     };
     let (want, torch_bf16) = (f32s("logits.f32"), f32s("logits_bf16.f32"));
     let files = ModelFiles::open(&dir.join("model")).expect("open HF dir");
-    let m = CudaModel::load(&files, &opts()).expect("load on GPU");
+    let m = CudaModel::load(&files, options).expect("load on GPU");
     Some(TorchRef { tokens, want, torch_bf16, m })
 }
 
@@ -375,14 +380,17 @@ fn random_qwen3_matches_pytorch() {
 
 /// The same prefill with the o and down GEMMs split in two (f32 partials summed by the
 /// norm after them; the engine splits only 8B-sized weights, so the test lowers the
-/// threshold for this model's 1024 x 2048 and 1024 x 3072): the same bounds against PyTorch.
+/// threshold for this model's 1024 x 2048 and 1024 x 3072 through `split_min_weight`): the
+/// same bounds against PyTorch.
 #[test]
 fn random_qwen3_with_split_gemms_matches_pytorch() {
-    std::env::set_var("TESSERA_SPLIT_MIN_WEIGHT", "0");
-    let r = torch_ref("random_qwen3_with_split_gemms_matches_pytorch");
-    std::env::remove_var("TESSERA_SPLIT_MIN_WEIGHT");
-    let Some(TorchRef { tokens, want, torch_bf16, mut m }) = r else { return };
-    assert!(m.splits_gemms(), "TESSERA_SPLIT_MIN_WEIGHT=0 did not make the model split its GEMMs");
+    let split = CudaOptions { split_min_weight: Some(0), ..opts() };
+    let Some(TorchRef { tokens, want, torch_bf16, mut m }) =
+        torch_ref_with("random_qwen3_with_split_gemms_matches_pytorch", &split)
+    else {
+        return;
+    };
+    assert!(m.splits_gemms(), "split_min_weight 0 did not make the model split its GEMMs");
     let got = gpu_all_logits(&mut m, &tokens, 0);
     let vocab = m.config().vocab_size;
     let (ours, ours_worst, top1) = errors(&got, &want, vocab);

@@ -8,9 +8,10 @@
 //! kernel), paged attention (split-KV decode when every chunk is one token, else the
 //! causal prefill kernel, which handles mixed batches), the o GEMM, `add_rms_norm`, the
 //! gate|up GEMM, SwiGLU, the down GEMM. The residual stream is bf16, as in HF's bf16
-//! models. Logits come out of the LM head GEMM in f32. On one GPU, steps of 9 to
-//! [`SPLIT_MAX_ROWS`] tokens split the o and down GEMMs' inner dimension (f32 partials,
-//! which the `add_rms_norm` after them sums and rounds as the GEMM's bf16 output would be).
+//! models. Logits come out of the LM head GEMM in f32. Without tensor parallelism, unfused
+//! steps of [`SPLIT_MIN_ROWS`] to [`SPLIT_MAX_ROWS`] tokens split the o and down GEMMs'
+//! inner dimension (f32 partials, which `add_parts_rms_norm` after them sums and rounds as
+//! the GEMM's bf16 output would be).
 //!
 //! Steps of at most [`FUSED_MAX_ROWS`] tokens (small decode batches) fold the small steps
 //! into the GEMVs instead (`gemv_fused.rs` in the kernels): norm + qkv (for Llama-style
@@ -70,18 +71,28 @@ fn fused_max_rows() -> usize {
 }
 
 /// Unfused steps of at most this many tokens run the o and down GEMMs with their inner
-/// dimension split in [`SPLIT_K`] chunks (f32 partials summed by the `add_rms_norm` after
-/// them; one GPU only: tensor parallelism all-reduces bf16 outputs). H200, Llama-3-8B shapes
-/// (bench/gpu/split_gemm.cu): o 12.6 -> 10.6 µs at 16 tokens, 11.7 -> 11.2 at 64, 16.3 ->
-/// 15.1 at 256; down 31.9 -> 30.1, 35.1 -> 32.6, 48.3 -> 44.7. Model (`tessera bench`,
-/// llama-3-8b-v49k): +1.6% at 16 and 128 sequences, +0.6% at 64.
+/// dimension split in [`SPLIT_K`] chunks (f32 partials summed by the `add_parts_rms_norm`
+/// after them; not under tensor parallelism, whose all-reduce sums bf16 outputs). H200,
+/// Llama-3-8B shapes (bench/gpu/split_gemm.cu): o 12.6 -> 10.6 µs at 16 tokens, 11.7 -> 11.2
+/// at 64, 16.3 -> 15.1 at 256; down 31.9 -> 30.1, 35.1 -> 32.6, 48.3 -> 44.7. Model
+/// (`tessera bench`, llama-3-8b-v49k): +1.6% at 16 and 128 sequences, +0.6% at 64.
 const SPLIT_MAX_ROWS: usize = 256;
+/// The smallest split step: up to 8 tokens the plain GEMV (gemv.rs) streams W faster than
+/// any cuBLASLt GEMM (unfused steps that small run when `TESSERA_FUSED_MAX_ROWS` is lower, or
+/// the fused GEMVs do not fit a model). 9-15 tokens were not timed split; 16 is the smallest
+/// measured step, and split it gains.
+const SPLIT_MIN_ROWS: usize = 9;
 /// Only weights of at least this many values split: SmolLM2's (576 x 576, 576 x 1536) GEMMs
-/// are latency-bound, and split they served 4-7% fewer tokens at 16 sessions.
-/// `TESSERA_SPLIT_MIN_WEIGHT` overrides it (tests split small models' GEMMs with 0).
+/// are latency-bound, and split they served 4-7% fewer tokens at 16 sessions. Tests lower
+/// it with [`CudaModel::set_split_min_weight`].
 const SPLIT_MIN_WEIGHT: usize = 4096 * 4096;
 /// Chunks of the split GEMMs; `TESSERA_SPLIT_K` overrides it (1: no split) for A/B runs.
 const SPLIT_K: usize = 2;
+/// [`SPLIT_K`], or `TESSERA_SPLIT_K` (at most the kernels' limit).
+fn split_k() -> usize {
+    let k = std::env::var("TESSERA_SPLIT_K").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(SPLIT_K);
+    k.min(tessera_kernels::cuda::MAX_SPLITS)
+}
 
 /// Activation sets kept for reuse (one per recent step size).
 const SCRATCH_KEPT: usize = 4;
@@ -165,8 +176,8 @@ struct SplitParts {
 }
 
 impl SplitParts {
-    /// The partials' buffer when this rank splits its o or down GEMM: one GPU (no
-    /// tensor-parallel all-reduce of bf16 outputs), `splits` > 1, a weight of at least
+    /// The partials' buffer when this rank splits its o or down GEMM: no tensor
+    /// parallelism (its all-reduce sums bf16 outputs), `splits` > 1, a weight of at least
     /// `min_weight` values whose inner dimension (attention width, FFN width) cuts into
     /// chunks of a multiple of 8 values.
     fn new(
@@ -475,10 +486,7 @@ impl CudaModel {
                 kv.v.push(dev.alloc(per_layer)?);
             }
             let decode = dev.decode_workspace(DECODE_SPLIT_ROWS, c.num_heads, c.head_dim, 1)?;
-            let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-            let splits = env("TESSERA_SPLIT_K").unwrap_or(SPLIT_K).min(tessera_kernels::cuda::MAX_SPLITS);
-            let min_weight = env("TESSERA_SPLIT_MIN_WEIGHT").unwrap_or(SPLIT_MIN_WEIGHT);
-            let split = SplitParts::new(&dev, c, &comms, splits, min_weight)?;
+            let split = SplitParts::new(&dev, c, &comms, split_k(), SPLIT_MIN_WEIGHT)?;
             Ok((w, kv, Workspaces { decode, split }))
         });
         // Tensor group first, then the pipeline: a failure anywhere reaches every rank.
@@ -549,11 +557,23 @@ impl CudaModel {
         })
     }
 
-    /// Whether unfused steps of up to [`SPLIT_MAX_ROWS`] tokens split the o or down GEMM
-    /// (for tests).
+    /// Whether unfused steps of [`SPLIT_MIN_ROWS`] to [`SPLIT_MAX_ROWS`] tokens split the o
+    /// or down GEMM (for tests).
     #[doc(hidden)]
     pub fn splits_gemms(&self) -> bool {
         self.ws.split.is_some()
+    }
+
+    /// Splits the o and down GEMMs of weights of at least `min_weight` values (instead of
+    /// [`SPLIT_MIN_WEIGHT`]; tests split a small model's with 0). Before any decode graph is
+    /// captured: the graphs keep the buffers and plans they were recorded with.
+    pub(crate) fn set_split_min_weight(&mut self, min_weight: usize) -> Result<(), WorkerError> {
+        if !self.graphs.is_empty() {
+            return Err(WorkerError::InvalidBatch("the split GEMMs are set before the decode graphs".into()));
+        }
+        self.ws.split = None;
+        self.ws.split = SplitParts::new(&self.core.dev, &self.core.config, &self.core.comms, split_k(), min_weight)?;
+        Ok(())
     }
 
     /// The whole model's config.
@@ -834,7 +854,7 @@ fn run_layers(
     let fused = core.fused(t);
     // Unfused steps of up to SPLIT_MAX_ROWS tokens: the o and down outputs may arrive as
     // split partials, which the add_rms_norm after them sums.
-    let mut parts = ws.split.as_mut().filter(|_| !fused && t <= SPLIT_MAX_ROWS);
+    let mut parts = ws.split.as_mut().filter(|_| !fused && (SPLIT_MIN_ROWS..=SPLIT_MAX_ROWS).contains(&t));
     for (li, l) in w.layers.iter().enumerate() {
         let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
         if fused && core.fused_rope && dev.fused_rope_gemv_applies(&prep, h) {

@@ -43,6 +43,9 @@ pub struct CudaOptions {
     pub max_step_tokens: usize,
     /// Capture CUDA graphs for decode batches up to this size at load (0: none).
     pub graph_max_batch: usize,
+    /// Split the o and down GEMMs of weights of at least this many values (`None`: the
+    /// engine's threshold, forward.rs's `SPLIT_MIN_WEIGHT`; tests split small models with 0).
+    pub split_min_weight: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -54,6 +57,7 @@ impl Default for CudaOptions {
             kv_fraction: 0.9,
             max_step_tokens: 8192,
             graph_max_batch: forward::MAX_GRAPH_BATCH,
+            split_min_weight: None,
         }
     }
 }
@@ -163,6 +167,9 @@ impl CudaModel {
         let local = part.local_config(&config);
         let loaded = w.and_then(|w| Ok((w, kv_blocks(&dev, &local, opts)?)));
         let mut m = CudaModel::new(dev, config, local, part, loaded, comms, opts.block_size)?;
+        if let Some(w) = opts.split_min_weight {
+            m.set_split_min_weight(w)?;
+        }
         if opts.graph_max_batch > 0 {
             m.capture_decode_graphs(opts.graph_max_batch)?;
         }
