@@ -463,6 +463,58 @@ fn random_qwen3_decode_steps_match_pytorch() {
     assert!(worst <= 1.25 * theirs_worst.max(1e-2), "worst row {worst:.3e} vs torch bf16 {theirs_worst:.3e}");
 }
 
+/// The split GEMMs on the decode path against PyTorch: 16 copies of the random Qwen3's
+/// sequence (the threshold at 0, so its o and down split) prefilled to 192 tokens in one
+/// step, then 8 decode steps of all 16, replayed from the 16-sequence CUDA graph (unfused:
+/// cuBLASLt GEMMs, the split o and down, add_parts_rms_norm). Every row against transformers'
+/// logits at its position, the prefill test's bounds. (Written 2026-12-03; first GPU run
+/// pending, see bench/RESULTS.md.)
+#[test]
+fn random_qwen3_split_decode_graph_matches_pytorch() {
+    let split = CudaOptions { split_min_weight: Some(0), ..opts() };
+    let Some(TorchRef { tokens, want, torch_bf16, mut m }) =
+        torch_ref_with("random_qwen3_split_decode_graph_matches_pytorch", &split)
+    else {
+        return;
+    };
+    assert!(m.splits_gemms(), "split_min_weight 0 did not make the model split its GEMMs");
+    let vocab = m.config().vocab_size;
+    let n = tokens.len();
+    assert!(n >= 200, "the reference has {n} tokens, 200 expected");
+    let (copies, pre) = (16u32, n - 8);
+    let tables: Vec<Vec<u32>> = (0..copies).map(|i| table(i * 16, n)).collect();
+    let prefill: Vec<SeqChunk> = tables
+        .iter()
+        .map(|t| SeqChunk { tokens: &tokens[..pre], first_pos: 0, block_table: t, logits: LogitsWanted::Last })
+        .collect();
+    m.forward(&prefill).expect("prefill");
+    let (mut ours, mut rows) = (Vec::new(), Vec::new());
+    for p in pre..n {
+        let chunks: Vec<SeqChunk> = tables
+            .iter()
+            .map(|t| SeqChunk { tokens: &tokens[p..p + 1], first_pos: p, block_table: t, logits: LogitsWanted::Last })
+            .collect();
+        let l = m.forward(&chunks).expect("decode step");
+        assert!(m.last_step_timing().graph, "the 16-sequence step at {p} ran eagerly");
+        for i in 0..chunks.len() {
+            ours.extend_from_slice(l.chunk(i));
+            rows.push(p);
+        }
+    }
+    let pick =
+        |src: &[f32]| -> Vec<f32> { rows.iter().flat_map(|&p| src[p * vocab..(p + 1) * vocab].to_vec()).collect() };
+    let (want, torch_bf16) = (pick(&want), pick(&torch_bf16));
+    let (err, worst, top1) = errors(&ours, &want, vocab);
+    let (_, theirs_worst, _) = errors(&torch_bf16, &want, vocab);
+    eprintln!(
+        "RESULT qwen3 split decode graph (16 sequences) vs pytorch f32: relative L2 error {err:.3e} (worst row \
+         {worst:.3e}), top-1 equal {top1}/{}; pytorch's own bf16 forward on those rows: worst {theirs_worst:.3e}",
+        rows.len()
+    );
+    assert!(err <= 1e-2, "relative error {err:.3e} > 1e-2");
+    assert!(worst <= 1.25 * theirs_worst.max(1e-2), "worst row {worst:.3e} vs torch bf16 {theirs_worst:.3e}");
+}
+
 /// (relative L2 error over all logits, worst row's relative L2 error, rows whose argmax
 /// agrees) of `got` against `want`, both `[rows, vocab]`.
 fn errors(got: &[f32], want: &[f32], vocab: usize) -> (f64, f64, usize) {
