@@ -18,7 +18,7 @@
 //! one strided cuBLASLt batch, each writing an f32 partial `[m, rows]`; the kernel that
 //! consumes the output sums them (`add_parts_rms_norm`). At 16-256 tokens the o and down
 //! projections of an 8B model have too few output tiles to keep every SM streaming W, and
-//! cuBLASLt's own split-K for down adds a reduction kernel; two chunks stream W 5-19% faster
+//! cuBLASLt's own split-K for down adds a reduction kernel; two chunks stream W 4-19% faster
 //! on an H200 (bench/gpu/split_gemm.cu, RESULTS 2026-12-03).
 
 use std::collections::HashMap;
@@ -229,6 +229,12 @@ impl Gemm {
     }
 }
 
+/// A split count [`Device::matmul_parts`] and the kernels summing its partials take: 1 to
+/// [`MAX_SPLITS`].
+pub(crate) fn check_splits(op: &'static str, splits: usize) -> Result<(), KernelError> {
+    check((1..=MAX_SPLITS).contains(&splits), op, || format!("{splits} splits (1-{MAX_SPLITS})"))
+}
+
 /// The operand lengths of `out = x · Wᵀ`: W `[rows, cols]` and not empty, x `[m, cols]`,
 /// and `out_len` = m x `out_width` (`rows` for a plain GEMM; a fused epilogue may write
 /// fewer values per row of x).
@@ -327,7 +333,7 @@ impl Device {
         cols: usize,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_matmul_parts";
-        check((1..=MAX_SPLITS).contains(&splits), OP, || format!("{splits} splits (1-{MAX_SPLITS})"))?;
+        check_splits(OP, splits)?;
         check(cols.is_multiple_of(splits) && (cols / splits).is_multiple_of(8), OP, || {
             format!("{cols} columns do not split into {splits} chunks of a multiple of 8")
         })?;

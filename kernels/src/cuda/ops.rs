@@ -2,7 +2,7 @@
 //! error naming the op rather than an out-of-bounds access on the device), launch geometry,
 //! and the launch on the device's stream. All tensors are bf16 `[rows, cols]` row-major.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device, RopeCache};
 use crate::cpu::rope::{RopeParams, RopeStyle};
@@ -23,6 +23,23 @@ fn grid(n: u32, block: u32) -> LaunchConfig {
 }
 
 impl Device {
+    /// A norm kernel's launch for `n_rows` rows of `dim`: a warp per row (`warp`, 8 rows per
+    /// block) for rows of at most [`WARP_ROW_MAX`], else a block per row (`block`).
+    fn norm_launch<'a>(
+        &self,
+        op: &'static str,
+        n_rows: usize,
+        dim: usize,
+        warp: &'a CudaFunction,
+        block: &'a CudaFunction,
+    ) -> Result<(&'a CudaFunction, LaunchConfig), KernelError> {
+        Ok(if dim <= WARP_ROW_MAX {
+            (warp, grid(to_u32(op, "blocks", n_rows.div_ceil(8))?, BLOCK))
+        } else {
+            (block, grid(to_u32(op, "n_rows", n_rows)?, BLOCK))
+        })
+    }
+
     /// `out[r] = rms_norm(x[r]) * w` for each of `n_rows` rows; `x`, `out`: `[n_rows, dim]`,
     /// `w`: `[dim]`.
     pub fn rms_norm(
@@ -37,12 +54,8 @@ impl Device {
         let Some((rows, dim_i)) = norm_args(OP, (out.len(), None, x.len(), w.len()), n_rows, eps)? else {
             return Ok(());
         };
-        let dim = w.len();
-        let (func, cfg) = if dim <= WARP_ROW_MAX {
-            (&self.kernels.rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
-        } else {
-            (&self.kernels.rms_norm_block, grid(to_u32(OP, "n_rows", n_rows)?, BLOCK))
-        };
+        let k = &self.kernels;
+        let (func, cfg) = self.norm_launch(OP, n_rows, w.len(), &k.rms_norm_warp, &k.rms_norm_block)?;
         let mut b = self.stream.launch_builder(func);
         b.arg(&mut out.inner).arg(&x.inner).arg(&w.inner).arg(&rows).arg(&dim_i).arg(&eps);
         // SAFETY: argument types and order match the kernel; lengths were checked above.
@@ -66,12 +79,8 @@ impl Device {
         let Some((rows, dim_i)) = norm_args(OP, lens, n_rows, eps)? else {
             return Ok(());
         };
-        let dim = w.len();
-        let (func, cfg) = if dim <= WARP_ROW_MAX {
-            (&self.kernels.add_rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
-        } else {
-            (&self.kernels.add_rms_norm_block, grid(to_u32(OP, "n_rows", n_rows)?, BLOCK))
-        };
+        let k = &self.kernels;
+        let (func, cfg) = self.norm_launch(OP, n_rows, w.len(), &k.add_rms_norm_warp, &k.add_rms_norm_block)?;
         let mut b = self.stream.launch_builder(func);
         b.arg(&mut out.inner).arg(&mut residual.inner).arg(&x.inner).arg(&w.inner).arg(&rows).arg(&dim_i).arg(&eps);
         // SAFETY: as in rms_norm.
@@ -80,8 +89,8 @@ impl Device {
 
     /// [`Device::add_rms_norm`] with the added value as the f32 partial sums of a split GEMM
     /// ([`Device::matmul_parts`], `parts` `[splits, n_rows, dim]`, its first values):
-    /// `residual = bf16(residual +
-    /// bf16(sum of the parts))` (summed in split order), then the norm, as `add_rms_norm`.
+    /// `residual = bf16(residual + bf16(sum of the parts))` (summed in split order), then the
+    /// norm, as `add_rms_norm`.
     #[allow(clippy::too_many_arguments)]
     pub fn add_parts_rms_norm(
         &self,
@@ -94,7 +103,7 @@ impl Device {
         eps: f32,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_add_parts_rms_norm";
-        check((1..=super::MAX_SPLITS).contains(&splits), OP, || format!("{splits} splits"))?;
+        super::gemm::check_splits(OP, splits)?;
         check(out.len().checked_mul(splits).is_some_and(|n| n <= parts.len()), OP, || {
             format!("parts has {} values, fewer than {splits} x {}", parts.len(), out.len())
         })?;
@@ -102,12 +111,9 @@ impl Device {
         let Some((rows, dim_i)) = norm_args(OP, lens, n_rows, eps)? else {
             return Ok(());
         };
-        let dim = w.len();
-        let (func, cfg) = if dim <= WARP_ROW_MAX {
-            (&self.kernels.add_parts_rms_norm_warp, grid(to_u32(OP, "blocks", n_rows.div_ceil(8))?, BLOCK))
-        } else {
-            (&self.kernels.add_parts_rms_norm_block, grid(to_u32(OP, "n_rows", n_rows)?, BLOCK))
-        };
+        let k = &self.kernels;
+        let (func, cfg) =
+            self.norm_launch(OP, n_rows, w.len(), &k.add_parts_rms_norm_warp, &k.add_parts_rms_norm_block)?;
         let splits_i = to_i32(OP, "splits", splits)?;
         let mut b = self.stream.launch_builder(func);
         b.arg(&mut out.inner).arg(&mut residual.inner).arg(&parts.inner).arg(&splits_i);

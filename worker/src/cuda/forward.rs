@@ -75,7 +75,8 @@ fn fused_max_rows() -> usize {
 /// after them; not under tensor parallelism, whose all-reduce sums bf16 outputs). H200,
 /// Llama-3-8B shapes (bench/gpu/split_gemm.cu): o 12.6 -> 10.6 µs at 16 tokens, 11.7 -> 11.2
 /// at 64, 16.3 -> 15.1 at 256; down 31.9 -> 30.1, 35.1 -> 32.6, 48.3 -> 44.7. Model
-/// (`tessera bench`, llama-3-8b-v49k): +1.6% at 16 and 128 sequences, +0.6% at 64.
+/// (`tessera bench`, llama-3-8b-v49k, two calls): +1.8% at 16 sequences, +0.7% at 64, +1.1%
+/// at 128.
 const SPLIT_MAX_ROWS: usize = 256;
 /// The smallest split step: up to 8 tokens the plain GEMV (gemv.rs) streams W faster than
 /// any cuBLASLt GEMM (unfused steps that small run when `TESSERA_FUSED_MAX_ROWS` is lower, or
@@ -196,13 +197,12 @@ impl SplitParts {
         Ok(Some(SplitParts { splits, o, down, buf: dev.alloc::<f32>(splits * SPLIT_MAX_ROWS * h)? }))
     }
 
-    /// `self` if `which`'s projection splits.
-    fn of(&self, which: Sublayer) -> Option<&Self> {
-        let yes = match which {
+    /// Whether `which`'s projection splits.
+    fn splits(&self, which: Sublayer) -> bool {
+        match which {
             Sublayer::Attention => self.o,
             Sublayer::Ffn => self.down,
-        };
-        yes.then_some(self)
+        }
     }
 }
 
@@ -852,8 +852,8 @@ fn run_layers(
     // norms and SwiGLU run inside the qkv and gate_up GEMVs. Unfused: each sublayer's add
     // is fused with the next norm instead.
     let fused = core.fused(t);
-    // Unfused steps of up to SPLIT_MAX_ROWS tokens: the o and down outputs may arrive as
-    // split partials, which the add_rms_norm after them sums.
+    // Unfused steps of SPLIT_MIN_ROWS to SPLIT_MAX_ROWS tokens: the o and down outputs may
+    // arrive as split partials, which the add_parts_rms_norm after them sums.
     let mut parts = ws.split.as_mut().filter(|_| !fused && (SPLIT_MIN_ROWS..=SPLIT_MAX_ROWS).contains(&t));
     for (li, l) in w.layers.iter().enumerate() {
         let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
@@ -967,9 +967,9 @@ fn project(
         Sublayer::Attention => &s.attn,
         Sublayer::Ffn => &s.act,
     };
-    match parts.filter(|p| p.of(which).is_some()) {
-        Some(p) => Ok(dev.matmul_parts(&mut p.buf, p.splits, input, t, w, h, cols)?),
-        None => {
+    match parts {
+        Some(p) if p.splits(which) => Ok(dev.matmul_parts(&mut p.buf, p.splits, input, t, w, h, cols)?),
+        _ => {
             dev.matmul(&mut s.out, input, t, w, h, cols)?;
             all_reduce(core, &mut s.out)
         }
@@ -986,9 +986,9 @@ fn add_norm(
     gamma: &Buf<bf16>,
 ) -> Result<(), WorkerError> {
     let (dev, eps, t) = (&core.dev, core.config.rms_norm_eps, s.t);
-    match parts.and_then(|p| p.of(after)) {
-        Some(p) => dev.add_parts_rms_norm(&mut s.xn, &mut s.x, &p.buf, p.splits, gamma, t, eps)?,
-        None => dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, gamma, t, eps)?,
+    match parts {
+        Some(p) if p.splits(after) => dev.add_parts_rms_norm(&mut s.xn, &mut s.x, &p.buf, p.splits, gamma, t, eps)?,
+        _ => dev.add_rms_norm(&mut s.xn, &mut s.x, &s.out, gamma, t, eps)?,
     }
     Ok(())
 }
