@@ -113,17 +113,22 @@ try:
                                                      "max_tokens": 8, "temperature": 0})
     check("request after a cancelled stream", r.status_code == 200 and len(r.json()["choices"][0]["text"]) > 0)
 
-    # 64 concurrent greedy requests: each equals the same prompt run alone.
+    # 64 concurrent greedy requests: each equals the same prompt run alone, or parts from it
+    # only at a near-tie. A batch of 64 runs other kernels than a batch of 1 (cuBLASLt GEMMs
+    # instead of the fused GEMVs), whose bf16 rounding differs, so a sequence may pick the
+    # other of two almost equal tokens; corruption would pick a token far below the top.
     prompts = [f"Item {i}: the best thing about the number {i} is" for i in range(64)]
-    alone = {}
-    for p in prompts[:4]:
-        alone[p] = requests.post(f"{url}/v1/completions", json={"model": name, "prompt": p, "max_tokens": 24,
-                                                               "temperature": 0, "ignore_eos": True}).json()["choices"][0]["text"]
+
+    def greedy(p):
+        lp = requests.post(f"{url}/v1/completions", json={"model": name, "prompt": p, "max_tokens": 24, "logprobs": 3,
+                                                          "temperature": 0, "ignore_eos": True}).json()["choices"][0]["logprobs"]
+        return lp["tokens"], lp["top_logprobs"]
+
+    alone = {p: greedy(p) for p in prompts[:4]}
     results = {}
 
     def worker(p):
-        results[p] = requests.post(f"{url}/v1/completions", json={"model": name, "prompt": p, "max_tokens": 24,
-                                                                 "temperature": 0, "ignore_eos": True}).json()["choices"][0]["text"]
+        results[p] = greedy(p)
 
     threads = [threading.Thread(target=worker, args=(p,)) for p in prompts]
     t0 = time.time()
@@ -132,14 +137,20 @@ try:
     for t in threads:
         t.join()
     dt = time.time() - t0
-    # bf16 GEMMs round differently at another batch size, so a batched sequence may part
-    # from its solo run at a near-tie; corruption would show at once. Require a common
-    # start of 16 characters (a few tokens) and report exact equality.
-    same = sum(results[p] == alone[p] for p in alone)
-    prefix = [len(os.path.commonprefix([results[p], alone[p]])) for p in alone]
-    print(f"RESULT batched vs alone: {same}/4 identical, common prefixes {prefix} characters")
-    check("batched greedy starts as alone", all(n >= 16 for n in prefix), str(prefix))
-    check("all 64 concurrent requests answered", len(results) == 64 and all(len(v) > 0 for v in results.values()),
+    same, partings = 0, []
+    for p, (tokens, tops) in alone.items():
+        btokens = results[p][0]
+        k = next((i for i, (a, b) in enumerate(zip(tokens, btokens)) if a != b), None)
+        if k is None:
+            same += 1
+            continue
+        # The alone run's logprobs at the parting: the batched run's token must be among its
+        # top 4 and within 0.5 nats of the alone run's choice.
+        gap = tops[k][tokens[k]] - tops[k][btokens[k]] if btokens[k] in tops[k] else float("inf")
+        partings.append((k, round(gap, 3)))
+    print(f"RESULT batched vs alone: {same}/4 identical; partings (token index, logprob gap): {partings}")
+    check("batched greedy equals alone up to near-ties", all(gap <= 0.5 for _, gap in partings), str(partings))
+    check("all 64 concurrent requests answered", len(results) == 64 and all(len(v[0]) > 0 for v in results.values()),
           f"{64 * 24 / dt:.0f} tok/s aggregate")
 finally:
     proc.terminate()

@@ -19,11 +19,15 @@
 //! consumes the output sums them (`add_parts_rms_norm`). At 16-256 tokens the o and down
 //! projections of an 8B model have too few output tiles to keep every SM streaming W, and
 //! cuBLASLt's own split-K for down adds a reduction kernel; two chunks stream W 4-19% faster
-//! on an H200 (bench/gpu/split_gemm.cu, RESULTS 2026-12-03).
+//! on an H200 (bench/gpu/split_gemm.cu, RESULTS 2026-12-03). A split plan of a weight
+//! larger than L2 times the heuristic's first 8 candidates on its first call outside a graph
+//! capture and keeps the fastest (`TESSERA_GEMM_TUNE=0`: the first, as every other plan):
+//! +1.3% at 64 sequences of an 8B model (RESULTS 2026-12-03). The choice is by timing, so two
+//! processes may keep different candidates, whose sums may round differently in the last bit.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -36,6 +40,16 @@ use half::bf16;
 
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
+/// Heuristic candidates a split plan times on its first call. H200, the split down GEMM
+/// (4096 x 14336) at 64 tokens: the first candidate 32.6 µs, the second 30.9
+/// (bench/gpu/split_gemm.cu).
+const TUNE_CANDIDATES: usize = 8;
+/// Only weights larger than this are timed: a smaller one stays in the 50 MB L2 from one
+/// timed call to the next, which would time L2 reads, not the stream from memory that a
+/// model's step sees.
+const TUNE_MIN_WEIGHT_BYTES: usize = 64 << 20;
+/// Timed calls per candidate (after one untimed).
+const TUNE_REPS: usize = 5;
 
 /// Descriptors and chosen algorithm of one GEMM shape.
 struct Plan {
@@ -43,7 +57,10 @@ struct Plan {
     a: sys::cublasLtMatrixLayout_t,
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's candidates, best first (one unless the plan may be tuned).
+    algos: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// The candidate timed fastest ([`Device::matmul_parts`]); unset: the first.
+    tuned: OnceLock<usize>,
 }
 
 // SAFETY: the descriptors are immutable after creation and only read by cublasLtMatmul,
@@ -91,6 +108,7 @@ impl Plan {
         cols: u64,
         out_f32: bool,
         splits: u64,
+        candidates: usize,
     ) -> Result<Self, result::CublasError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
@@ -142,8 +160,13 @@ impl Plan {
         }
         let pref = result::create_matmul_pref()?;
         let ws = WORKSPACE_BYTES;
-        // SAFETY: pref is live; the value is a usize of the size given.
-        let heuristic = unsafe {
+        // SAFETY: sys::cublasLtMatmulHeuristicResult_t is plain data (zeroes are a valid value).
+        let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; candidates.max(1)];
+        let mut found: std::ffi::c_int = 0;
+        // SAFETY: pref is live; the value is a usize of the size given; `results` holds the
+        // number of results asked for and `found` receives how many were written.
+        let status = unsafe {
             let r = result::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -151,7 +174,7 @@ impl Plan {
                 std::mem::size_of::<usize>(),
             )
             .and_then(|()| {
-                result::get_matmul_algo_heuristic(
+                sys::cublasLtMatmulAlgoGetHeuristic(
                     handle,
                     desc,
                     p.layouts[0],
@@ -159,15 +182,25 @@ impl Plan {
                     p.layouts[2],
                     p.layouts[2],
                     pref,
+                    std::ffi::c_int::try_from(results.len()).unwrap_or(1),
+                    results.as_mut_ptr(),
+                    &mut found,
                 )
+                .result()
             });
             let _ = result::destroy_matmul_pref(pref);
-            r?
+            r
         };
+        status?;
+        results.truncate(usize::try_from(found).unwrap_or(0));
+        let algos: Vec<_> = results.iter().filter(|r| r.state.result().is_ok()).map(|r| r.algo).collect();
+        if algos.is_empty() {
+            return Err(result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED));
+        }
         let (a, b, d) = (p.layouts[0], p.layouts[1], p.layouts[2]);
         p.layouts.clear();
         p.desc = None;
-        Ok(Plan { desc, a, b, d, algo: heuristic.algo })
+        Ok(Plan { desc, a, b, d, algos, tuned: OnceLock::new() })
     }
 }
 
@@ -176,6 +209,8 @@ pub(crate) struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// Whether split plans time the heuristic's candidates (`TESSERA_GEMM_TUNE=0`: never).
+    tune: bool,
 }
 
 /// A GEMM plan's key: (m, rows, cols, f32 output, splits of cols).
@@ -207,7 +242,8 @@ impl Gemm {
                 return Err(dev_err("cublaslt_init")(e));
             }
         };
-        Ok(Gemm { handle, workspace, plans: Mutex::new(HashMap::new()) })
+        let tune = std::env::var("TESSERA_GEMM_TUNE").as_deref() != Ok("0");
+        Ok(Gemm { handle, workspace, plans: Mutex::new(HashMap::new()), tune })
     }
 
     fn plan(&self, m: usize, rows: usize, cols: usize, out_f32: bool, splits: usize) -> Result<Arc<Plan>, KernelError> {
@@ -219,7 +255,8 @@ impl Gemm {
         if let Some(p) = plans.get(&key) {
             return Ok(p.clone());
         }
-        let plan = Plan::new(self.handle, m as u64, rows as u64, cols as u64, out_f32, splits as u64);
+        let candidates = if splits > 1 && self.tune { TUNE_CANDIDATES } else { 1 };
+        let plan = Plan::new(self.handle, m as u64, rows as u64, cols as u64, out_f32, splits as u64, candidates);
         let p = Arc::new(plan.map_err(|e| KernelError::Device {
             op: "cuda_matmul",
             detail: format!("no cuBLASLt plan for m={m} {rows}x{cols} in {splits} splits: {e:?}"),
@@ -345,7 +382,38 @@ impl Device {
             return Ok(());
         }
         let plan = self.gemm.plan(m, rows, cols, true, splits)?;
-        self.run_plan(OP, &plan, &mut parts.inner, x, w)
+        let algo = self.tuned_algo(OP, &plan, &mut parts.inner, x, w)?;
+        self.run_plan(OP, &plan, algo, &mut parts.inner, x, w)
+    }
+
+    /// The candidate of `plan` to run: on its first call outside a graph capture, with a
+    /// weight larger than [`TUNE_MIN_WEIGHT_BYTES`], each candidate is run on these operands
+    /// and the fastest kept (`out` is overwritten by the caller's run after); else the first.
+    fn tuned_algo<T>(
+        &self,
+        op_name: &'static str,
+        plan: &Plan,
+        out: &mut CudaSlice<T>,
+        x: &Buf<bf16>,
+        w: &Buf<bf16>,
+    ) -> Result<usize, KernelError> {
+        if let Some(&i) = plan.tuned.get() {
+            return Ok(i);
+        }
+        let capturing = self.stream.capture_status().map_err(dev_err(op_name))?
+            != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if plan.algos.len() < 2 || capturing || w.len() * 2 <= TUNE_MIN_WEIGHT_BYTES {
+            return Ok(0);
+        }
+        let mut best = (0, f64::INFINITY);
+        for i in 0..plan.algos.len() {
+            self.run_plan(op_name, plan, i, out, x, w)?;
+            let ms = self.time_ms(TUNE_REPS, || self.run_plan(op_name, plan, i, out, x, w))?;
+            if ms < best.1 {
+                best = (i, ms);
+            }
+        }
+        Ok(*plan.tuned.get_or_init(|| best.0))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -370,14 +438,16 @@ impl Device {
             return self.gemv_into(out, out_f32, x, m, w, rows, cols);
         }
         let plan = self.gemm.plan(m, rows, cols, out_f32, 1)?;
-        self.run_plan(OP, &plan, out, x, w)
+        self.run_plan(OP, &plan, 0, out, x, w)
     }
 
-    /// Runs `plan` (made for these operands' shapes and `out`'s type) on the stream.
+    /// Runs `plan`'s candidate `algo` (the plan made for these operands' shapes and `out`'s
+    /// type) on the stream.
     fn run_plan<T>(
         &self,
         op_name: &'static str,
         plan: &Plan,
+        algo: usize,
         out: &mut CudaSlice<T>,
         x: &Buf<bf16>,
         w: &Buf<bf16>,
@@ -405,7 +475,7 @@ impl Device {
                 plan.d,
                 op as *mut c_void,
                 plan.d,
-                &plan.algo,
+                &plan.algos[algo.min(plan.algos.len() - 1)],
                 ws as *mut c_void,
                 WORKSPACE_BYTES,
                 s.cu_stream() as sys::cudaStream_t,
