@@ -56,8 +56,18 @@ __device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* resid
     float ss = 0.f;
     const int nv = dim >> 3;
     if ((dim & 7) == 0 && nv <= NORM_MAX_VEC * n_lanes) {
-        // Register-resident path: all loads issued before any use, one read of the row.
-        uint4 reg[NORM_MAX_VEC];
+        // Register-resident path: one read of the row, and every load (the residual's and
+        // gamma's too) issued before any use, so the kernel waits for memory once, not three
+        // times (at 64 tokens of an 8B model the three waits were most of its ~4.5 µs).
+        uint4 reg[NORM_MAX_VEC], res[NORM_MAX_VEC], gam[NORM_MAX_VEC];
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_VEC; ++j) {
+            const int i = lane + j * n_lanes;
+            if (i < nv) {
+                if (ADD) res[j] = reinterpret_cast<const uint4*>(residual)[i];
+                gam[j] = reinterpret_cast<const uint4*>(w)[i];
+            }
+        }
 #pragma unroll
         for (int j = 0; j < NORM_MAX_VEC; ++j) {
             const int i = lane + j * n_lanes;
@@ -71,7 +81,7 @@ __device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* resid
                 unpack8(reg[j], v);
                 if (ADD) {
                     float r[8];
-                    unpack8(reinterpret_cast<const uint4*>(residual)[i], r);
+                    unpack8(res[j], r);
 #pragma unroll
                     for (int k = 0; k < 8; ++k) v[k] = bf16_to_f32(f32_to_bf16(v[k] + r[k]));
                     reg[j] = pack8(v);  // exact: the values are bf16 already
@@ -89,7 +99,7 @@ __device__ __forceinline__ void rms_norm_row(bf16* __restrict__ out, bf16* resid
             if (i < nv) {
                 float v[8], g[8];
                 unpack8(reg[j], v);
-                unpack8(reinterpret_cast<const uint4*>(w)[i], g);
+                unpack8(gam[j], g);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) v[k] = (v[k] * s) * g[k];
                 reinterpret_cast<uint4*>(out)[i] = pack8(v);

@@ -156,6 +156,16 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
         }
     }
 
+    // Every load is issued up front, before the first use of any: the norm weight, the
+    // position and then its (cos, sin) pairs (a lane rotates at most 4 pairs: qkv_shape on
+    // the host checks half_rot <= head_dim / 2 = 4 lanes), so the kernel waits for memory
+    // twice (the slot, position and row, then the pairs), not five times in a row.
+    const bf16* nw = is_v ? nullptr : (is_q ? q_norm : k_norm);
+    const bool rot = active && !is_v;
+    float w[8];
+    if (active && nw) load8(nw + 8 * li, w);
+    u32 pos = 0;
+    if (rot) pos = positions[t];
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (active) {
         load8(qkv + ((u64)t * heads + h) * head_dim + 8 * li, v);
@@ -166,6 +176,14 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
             for (int k = 0; k < 8; ++k) v[k] += b[k];
         }
     }
+    const bool ok = pos < max_pos;
+    float2 c[4];
+    if (rot && ok) {
+        const float2* cs = cos_sin + (u64)pos * half_rot;
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k)
+            if (li + k * lanes < half_rot) c[k] = cs[li + k * lanes];
+    }
 
     // Per-head RMSNorm of q and k: the sum over the head's lanes (xor offsets below `lanes`
     // stay inside the group, which is lanes-aligned).
@@ -173,17 +191,13 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
 #pragma unroll
     for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
     for (u32 o = lanes >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const bf16* nw = is_v ? nullptr : (is_q ? q_norm : k_norm);
     if (active && nw) {
         const float s = rsqrtf(ss / (float)head_dim + eps);
-        float w[8];
-        load8(nw + 8 * li, w);
 #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = (v[k] * s) * w[k];
     }
 
     // RoPE of q and k through shared memory: pair i is handled by lane i % lanes of the group.
-    const bool rot = active && !is_v;
     float* sh = qkv_smem + (u64)gi * head_dim;
     float4* sh4 = reinterpret_cast<float4*>(sh + 8 * li);
     if (rot) {
@@ -192,19 +206,19 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
     }
     __syncwarp();
     if (rot) {
-        const u32 pos = positions[t];
-        const bool ok = pos < max_pos;
-        const float2* cs = cos_sin + (u64)(ok ? pos : 0) * half_rot;
-        for (u32 i = li; i < half_rot; i += lanes) {
-            const u32 ia = neox ? i : 2 * i, ib = neox ? i + half_rot : 2 * i + 1;
-            float ra = __int_as_float(0x7fc00000), rb = ra;
-            if (ok) {
-                const float2 c = cs[i];
-                const float a = sh[ia], bb = sh[ib];
-                rope_rotate(a, bb, c, ra, rb);
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k) {
+            const u32 i = li + k * lanes;
+            if (i < half_rot) {
+                const u32 ia = neox ? i : 2 * i, ib = neox ? i + half_rot : 2 * i + 1;
+                float ra = __int_as_float(0x7fc00000), rb = ra;
+                if (ok) {
+                    const float a = sh[ia], bb = sh[ib];
+                    rope_rotate(a, bb, c[k], ra, rb);
+                }
+                sh[ia] = ra;
+                sh[ib] = rb;
             }
-            sh[ia] = ra;
-            sh[ib] = rb;
         }
     }
     __syncwarp();
