@@ -405,12 +405,17 @@ impl Device {
         if plan.algos.len() < 2 || capturing || w.len() * 2 <= TUNE_MIN_WEIGHT_BYTES {
             return Ok(0);
         }
+        // A candidate that fails to run is passed over (the first one is what an untuned plan
+        // runs, so the caller's own run reports its failure).
         let mut best = (0, f64::INFINITY);
         for i in 0..plan.algos.len() {
-            self.run_plan(op_name, plan, i, out, x, w)?;
-            let ms = self.time_ms(TUNE_REPS, || self.run_plan(op_name, plan, i, out, x, w))?;
-            if ms < best.1 {
-                best = (i, ms);
+            let timed = self
+                .run_plan(op_name, plan, i, out, x, w)
+                .and_then(|()| self.time_ms(TUNE_REPS, || self.run_plan(op_name, plan, i, out, x, w)));
+            if let Ok(ms) = timed {
+                if ms < best.1 {
+                    best = (i, ms);
+                }
             }
         }
         Ok(*plan.tuned.get_or_init(|| best.0))
