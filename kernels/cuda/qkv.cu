@@ -125,6 +125,10 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
 // h - blockIdx.y * slots. Lanes of absent heads and of skipped K/V still take part in the
 // group reduction and the __syncwarp calls (full-warp masks), with their memory accesses off.
 
+// RoPE pairs a lane of the vec8 kernel rotates at most: half_rot <= head_dim / 2 = 4 x
+// (head_dim / 8) lanes.
+#define QKV_VEC8_PAIRS 4
+
 __device__ __forceinline__ void load8(const bf16* p, float f[8]) { unpack8(*reinterpret_cast<const uint4*>(p), f); }
 
 extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* __restrict__ k_cache,
@@ -157,9 +161,9 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
     }
 
     // Every load is issued up front, before the first use of any: the norm weight, the
-    // position and then its (cos, sin) pairs (a lane rotates at most 4 pairs: qkv_shape on
-    // the host checks half_rot <= head_dim / 2 = 4 lanes), so the kernel waits for memory
-    // twice (the slot, position and row, then the pairs), not five times in a row.
+    // position and then its (cos, sin) pairs (a lane rotates at most QKV_VEC8_PAIRS of them:
+    // qkv_shape on the host checks half_rot <= head_dim / 2 = 4 lanes), so the kernel waits
+    // for memory twice (the slot, position and row, then the pairs), not five times in a row.
     const bf16* nw = is_v ? nullptr : (is_q ? q_norm : k_norm);
     const bool rot = active && !is_v;
     float w[8];
@@ -177,11 +181,11 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
         }
     }
     const bool ok = pos < max_pos;
-    float2 c[4];
+    float2 c[QKV_VEC8_PAIRS];
     if (rot && ok) {
         const float2* cs = cos_sin + (u64)pos * half_rot;
 #pragma unroll
-        for (u32 k = 0; k < 4; ++k)
+        for (u32 k = 0; k < QKV_VEC8_PAIRS; ++k)
             if (li + k * lanes < half_rot) c[k] = cs[li + k * lanes];
     }
 
@@ -207,7 +211,7 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
     __syncwarp();
     if (rot) {
 #pragma unroll
-        for (u32 k = 0; k < 4; ++k) {
+        for (u32 k = 0; k < QKV_VEC8_PAIRS; ++k) {
             const u32 i = li + k * lanes;
             if (i < half_rot) {
                 const u32 ia = neox ? i : 2 * i, ib = neox ? i + half_rot : 2 * i + 1;

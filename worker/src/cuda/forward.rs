@@ -571,7 +571,7 @@ impl CudaModel {
         if !self.graphs.is_empty() {
             return Err(WorkerError::InvalidBatch("the split GEMMs are set before the decode graphs".into()));
         }
-        self.ws.split = None;
+        self.ws.split = None; // the old partials' buffer is freed before the new one is made
         self.ws.split = SplitParts::new(&self.core.dev, &self.core.config, &self.core.comms, split_k(), min_weight)?;
         Ok(())
     }
