@@ -514,6 +514,109 @@ __device__ __forceinline__ float4 dec_ld_cluster4(u32 addr) {
 #define DEC_CL_PROTO 0
 #endif
 
+// A warp's copies of one K/V tile into a ring stage (K at kd, V at kd + the tile's bytes):
+// lane l has looked up `slot`, the cache slot of tile row l % 16 (or a marker: positions past
+// the end load zeros, unmapped ones K = NaN, V = 0); kbase / vbase point at this lane's
+// 16-byte chunk (l % CPR) of the kv head's row in slot 0. Each warp-wide copy moves RPI
+// whole rows (lane l: row l / CPR, chunk l % CPR), so every 256- (128-) byte K or V row is
+// asked of memory by one instruction, whole lines rather than scattered sectors (with each
+// row copied as two lanes' alternate chunks, a warp instruction touched 16 rows a sector
+// each, and decode at batch 256 read 2.3 TB/s on an H200 instead of 3.9). Warp-uniform.
+template <int HD>
+__device__ __forceinline__ void dec_issue_tile(u32 kd, u32 slot, const bf16* kbase, const bf16* vbase, u64 slot_stride,
+                                               u32 lane) {
+    constexpr u32 ROW_B = HD * 2, TILE_B = DEC_TILE * ROW_B;
+    constexpr u32 CPR = HD / 8;    // 16-byte chunks per row
+    constexpr u32 RPI = 32 / CPR;  // rows per warp-wide copy
+    const u32 lc = lane % CPR, lrow = lane / CPR, vd = kd + TILE_B;
+#pragma unroll
+    for (u32 i = 0; i < DEC_TILE / RPI; ++i) {
+        const u32 r = i * RPI + lrow;
+        const u32 rs = __shfl_sync(0xffffffffu, slot, r);
+        const u32 at = r * ROW_B + pf_chunk(r, lc) * 16;
+        if (rs < SLOT_PAST) {
+            cp_async16(kd + at, kbase + (u64)rs * slot_stride);
+            cp_async16(vd + at, vbase + (u64)rs * slot_stride);
+        } else {
+            const u32 kw = rs == SLOT_UNMAPPED ? 0x7fc07fc0u : 0u;
+            st_shared16(kd + at, make_uint4(kw, kw, kw, kw));
+            st_shared16(vd + at, make_uint4(0, 0, 0, 0));
+        }
+    }
+}
+
+// One tile of DEC_TILE positions from p0 into a warp's online softmax state: K and V rows
+// at kb / vb in shared memory (pf_chunk order), query fragments qa (row g = head g), the
+// running max m (log2 domain), this lane's part of the sum l and the O accumulators o (rows
+// g: the bf16 weights, rows g + 8: their low halves). Positions >= end are masked.
+template <int HD>
+__device__ __forceinline__ void dec_tile(u32 kb, u32 vb, const u32 (&qa)[HD / 16][2], float (&o)[HD / 8][4], float& m,
+                                         float& l, u32 p0, u32 end, float scale_log2, u32 lane) {
+    constexpr u32 ROW_B = HD * 2;
+    constexpr int NKS = HD / 16, NDT = HD / 8;
+    const u32 t4 = lane & 3;
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < NKS; ++kk) {
+        // Keys 0..15, dims 16 kk ..+16: B fragments of n tiles 0 and 1.
+        const u32 key = (lane & 7) + (lane >> 4) * 8;
+        u32 b[4];
+        ldsm_x4(kb + key * ROW_B + pf_chunk(key, 2 * kk + ((lane >> 3) & 1)) * 16, b);
+        const u32 a[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
+        mma_bf16(s[0], a, b[0], b[1]);
+        mma_bf16(s[1], a, b[2], b[3]);
+    }
+
+    // Row g's scores at positions p0 + 8 n + 2 t4 + e (e = 0, 1); [2], [3] are rows g + 8.
+    float mx = ATT_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float v = s[n][e] * scale_log2;
+            s[n][e] = p0 + 8 * n + 2 * t4 + e < end ? v : ATT_NEG_INF;
+            mx = fmaxf(mx, s[n][e]);  // fmaxf drops NaN scores: they reach the row through exp2
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    if (__any_sync(0xffffffffu, m_new != m)) {
+        const float alpha = pf_exp2(m - (m_new == ATT_NEG_INF ? 0.f : m_new));
+        l *= alpha;
+#pragma unroll
+        for (int d = 0; d < NDT; ++d) {
+            o[d][0] *= alpha;
+            o[d][1] *= alpha;
+            o[d][2] *= alpha;
+            o[d][3] *= alpha;
+        }
+    }
+    m = m_new;
+    const float m_use = m == ATT_NEG_INF ? 0.f : m;  // no -inf - -inf
+
+    // P as the A fragment: rows g = hi, rows g + 8 = lo, keys 2 t4 ..+1 (n tile 0) and +8 (1).
+    u32 a[4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        const float p0f = pf_exp2(s[n][0] - m_use), p1f = pf_exp2(s[n][1] - m_use);
+        l += p0f + p1f;
+        const u32 hi = pack_bf16x2(p0f, p1f);
+        a[2 * n] = hi;
+        a[2 * n + 1] = pack_bf16x2(p0f - __uint_as_float(hi << 16), p1f - __uint_as_float(hi & 0xffff0000u));
+    }
+#pragma unroll
+    for (int dp = 0; dp < NDT / 2; ++dp) {
+        // Keys 0..15, dims 16 dp ..+16: B fragments of n tiles 2 dp, 2 dp + 1.
+        const u32 key = (lane & 7) + ((lane >> 3) & 1) * 8;
+        u32 b[4];
+        ldsm_x4_t(vb + key * ROW_B + pf_chunk(key, 2 * dp + (lane >> 4)) * 16, b);
+        mma_bf16(o[2 * dp], a, b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+    }
+}
+
 template <int HD, u32 ST, u32 CL = 0>
 __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
                                             float* __restrict__ part_lse, u32* __restrict__ counters,
@@ -569,14 +672,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     const u32 n_tiles = (end - start - 1) / DEC_TILE + 1;
     const u32 my_tiles = n_tiles > warp ? (n_tiles - warp - 1) / DEC_WARPS + 1 : 0;
     const u32 wbase = sbase + warp * WARP_B;
-    // Copies: lane l looks up the slot of tile row l % 16; each warp-wide copy then moves
-    // RPI whole rows (lane l: row l / CPR, chunk l % CPR), so every 256- (128-) byte K or V
-    // row is asked of memory by one instruction, whole lines rather than scattered sectors
-    // (with each row copied as two lanes' alternate chunks, a warp instruction touched 16
-    // rows a sector each, and decode at batch 256 read 2.3 TB/s on an H200 instead of 3.9).
-    constexpr u32 CPR = HD / 8;    // 16-byte chunks per row
-    constexpr u32 RPI = 32 / CPR;  // rows per warp-wide copy
-    const u32 lc = lane % CPR, lrow = lane / CPR;
+    const u32 lc = lane % (HD / 8);
     const u32* table = block_tables + (u64)seq * max_blocks;
     const u64 slot_stride = (u64)n_kv * HD;
     const bf16* kbase = k_cache + (u64)kvh * HD + lc * 8;
@@ -588,21 +684,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     };
     // Warp-uniform call: `slot` is this lane's row_slot of the tile going into `stage`.
     auto issue = [&](u32 slot, u32 stage) {
-        const u32 kd = wbase + stage * STAGE_B, vd = kd + TILE_B;
-#pragma unroll
-        for (u32 i = 0; i < DEC_TILE / RPI; ++i) {
-            const u32 r = i * RPI + lrow;
-            const u32 rs = __shfl_sync(0xffffffffu, slot, r);
-            const u32 at = r * ROW_B + pf_chunk(r, lc) * 16;
-            if (rs < SLOT_PAST) {
-                cp_async16(kd + at, kbase + (u64)rs * slot_stride);
-                cp_async16(vd + at, vbase + (u64)rs * slot_stride);
-            } else {
-                const u32 kw = rs == SLOT_UNMAPPED ? 0x7fc07fc0u : 0u;
-                st_shared16(kd + at, make_uint4(kw, kw, kw, kw));
-                st_shared16(vd + at, make_uint4(0, 0, 0, 0));
-            }
-        }
+        dec_issue_tile<HD>(wbase + stage * STAGE_B, slot, kbase, vbase, slot_stride, lane);
     };
 
     float o[NDT][4];
@@ -658,67 +740,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         const u32 kb = wbase + stage * STAGE_B, vb = kb + TILE_B;
         stage = stage + 1 == ST ? 0 : stage + 1;
 
-        float s[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < NKS; ++kk) {
-            // Keys 0..15, dims 16 kk ..+16: B fragments of n tiles 0 and 1.
-            const u32 key = (lane & 7) + (lane >> 4) * 8;
-            u32 b[4];
-            ldsm_x4(kb + key * ROW_B + pf_chunk(key, 2 * kk + ((lane >> 3) & 1)) * 16, b);
-            const u32 a[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
-            mma_bf16(s[0], a, b[0], b[1]);
-            mma_bf16(s[1], a, b[2], b[3]);
-        }
-
-        // Row g's scores at positions p0 + 8 n + 2 t4 + e (e = 0, 1); [2], [3] are rows g + 8.
-        const u32 p0 = tile_pos(j);
-        float mx = ATT_NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float v = s[n][e] * scale_log2;
-                s[n][e] = p0 + 8 * n + 2 * t4 + e < end ? v : ATT_NEG_INF;
-                mx = fmaxf(mx, s[n][e]);  // fmaxf drops NaN scores: they reach the row through exp2
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);
-        if (__any_sync(0xffffffffu, m_new != m)) {
-            const float alpha = pf_exp2(m - (m_new == ATT_NEG_INF ? 0.f : m_new));
-            l *= alpha;
-#pragma unroll
-            for (int d = 0; d < NDT; ++d) {
-                o[d][0] *= alpha;
-                o[d][1] *= alpha;
-                o[d][2] *= alpha;
-                o[d][3] *= alpha;
-            }
-        }
-        m = m_new;
-        const float m_use = m == ATT_NEG_INF ? 0.f : m;  // no -inf - -inf
-
-        // P as the A fragment: rows g = hi, rows g + 8 = lo, keys 2 t4 ..+1 (n tile 0) and +8 (1).
-        u32 a[4];
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-            const float p0f = pf_exp2(s[n][0] - m_use), p1f = pf_exp2(s[n][1] - m_use);
-            l += p0f + p1f;
-            const u32 hi = pack_bf16x2(p0f, p1f);
-            a[2 * n] = hi;
-            a[2 * n + 1] = pack_bf16x2(p0f - __uint_as_float(hi << 16), p1f - __uint_as_float(hi & 0xffff0000u));
-        }
-#pragma unroll
-        for (int dp = 0; dp < NDT / 2; ++dp) {
-            // Keys 0..15, dims 16 dp ..+16: B fragments of n tiles 2 dp, 2 dp + 1.
-            const u32 key = (lane & 7) + ((lane >> 3) & 1) * 8;
-            u32 b[4];
-            ldsm_x4_t(vb + key * ROW_B + pf_chunk(key, 2 * dp + (lane >> 4)) * 16, b);
-            mma_bf16(o[2 * dp], a, b[0], b[1]);
-            mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
-        }
+        dec_tile<HD>(kb, vb, qa, o, m, l, tile_pos(j), end, scale_log2, lane);
     }
     cp_async_wait<0>();  // only empty groups can be left, but the ring is reused below
     __syncwarp();

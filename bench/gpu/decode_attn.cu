@@ -1,0 +1,562 @@
+// Where does many-sequence decode attention lose its bandwidth? In the 64-sequence decode
+// step of an 8B model (RESULTS 2026-12-03) paged_decode_hd128 reads 64 x ~600 positions of
+// K/V at ~3.0-3.1 TB/s, against ~4.0-4.3 TB/s for the GEMVs' weight streams. This program
+// times the repository's decode kernel (kernels/cuda/attention.cu, or the copy named by
+// ATTN_SRC: bench/gpu/decode_attn.sh builds variants) alone on one H200:
+//   - Llama-3.1-8B heads (32 q, 8 kv, head dim 128), 16-slot blocks, each sequence's blocks
+//     taken from the pool in order (a fresh server) or shuffled (a server after churn);
+//   - DA_LAYERS separate caches (default 8) rotated call by call, so every call reads its
+//     K/V from DRAM, not from L2;
+//   - the worker's plan (paged.rs plan_splits: splits only where the CTAs do not fill two
+//     per SM), mean of 50 back-to-back launches, median of 5 rounds; GB/s counts K and V of
+//     every position once.
+//   - a stream-K decode kernel (below, a prototype not in the worker: one wave of CTAs, each
+//     warp an even share of all the batch's tiles across item boundaries), timed the same
+//     way and compared once with the CTA-per-item kernel's output (max |difference|; they
+//     split the sums differently, so not the same bits).
+// The variants' outputs are not checked (some compute wrong results on purpose): the kernel
+// tests check attention.cu.
+// DA_STREAMK=1 adds a stream-K copy kernel's ceiling (streamk_copies below) to each case,
+// its warps taking contiguous runs of tiles, then interleaved as decode_body's warps are.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/decode_attn bench/gpu/decode_attn.cu
+//   /tmp/decode_attn [batch:ctx ...]      (default 64:600 256:600 64:4096 16:600)
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+#include <cuda_runtime.h>
+
+#include "../../kernels/cuda/common.cuh"
+#ifndef ATTN_SRC
+#define ATTN_SRC "../../kernels/cuda/attention.cu"
+#endif
+#include ATTN_SRC
+
+#include "gemv_bench.cuh"
+
+// ------------------------------------------------------------------ stream-K decode (prototype)
+// Not in the worker: slower than the CTA-per-item kernel at 600 positions (RESULTS 2026-12-03).
+// Decode of many sequences (more (sequence, kv head chunk) items than resident CTAs) in one
+// wave. The grid is the resident CTAs; the batch's K/V tiles, items in order (sequence, then
+// kv head chunk) and DEC_TILE positions each, are divided evenly among all their warps: warp
+// gw of W takes tiles [gw T / W, (gw + 1) T / W) of T. A warp walks its tiles through its
+// cp.async ring across item boundaries, each tile through dec_tile as in decode_body, and
+// ends each run of one item's tiles (a segment) with its (m, l, O): into `out` when the
+// segment is the whole item; otherwise as a partial (o / l, log2 of the mass) in slot 2 gw
+// (the warp's first segment) or 2 gw + 1 (its last); the warp that counts an item's last
+// segment merges them (dec_merge_splits) and resets the item's counter. After the start no
+// warp waits for another. Why: the CTA-per-item grid pays each CTA's start and end once per
+// wave and ends on its slowest CTAs; at 64 sequences x 600 positions its copies alone stream
+// 3.3 TB/s on an H200 where these stream 4.0 (RESULTS 2026-12-03).
+//
+// Shared memory: the warps' rings, then the sequences' tile offsets (num_seqs + 1 u32).
+// part_o / part_lse hold 2 W gt rows, counters num_seqs x (n_kv x hchunks) values, zero
+// between launches. Padding rows (context 0) get zeros. Launched programmatically, a warp
+// copies its first tiles that lie wholly below ctx - 1 before griddepcontrol.wait, as
+// decode_body does; it writes nothing before it.
+
+// A warp's place in the tile order: sequence s, item y (kv head chunk) of it, tile k of the
+// item's ts = tiles of s.
+struct DecCursor {
+    u32 s, y, k, ts;
+};
+
+template <int HD, u32 ST>
+__device__ __forceinline__ void decode_streamk_body(bf16* __restrict__ out, float* __restrict__ part_o,
+                                                    float* __restrict__ part_lse, u32* __restrict__ counters,
+                                                    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                                                    const bf16* __restrict__ v_cache,
+                                                    const u32* __restrict__ block_tables, u32 max_blocks,
+                                                    const u32* __restrict__ ctx_lens, u32 num_seqs, u32 num_blocks,
+                                                    u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt,
+                                                    float scale_log2) {
+    constexpr u32 ROW_B = HD * 2, TILE_B = DEC_TILE * ROW_B, STAGE_B = 2 * TILE_B, WARP_B = ST * STAGE_B;
+    constexpr int NKS = HD / 16, NDT = HD / 8;
+    extern __shared__ uint4 dec_smem[];
+    u32* prefix = reinterpret_cast<u32*>(reinterpret_cast<char*>(dec_smem) + DEC_WARPS * WARP_B);
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 g = lane >> 2, t4 = lane & 3, lc = lane % (HD / 8);
+    const u32 hchunks = (group + gt - 1) / gt, ykv = n_kv * hchunks;
+    const u32 wbase = (u32)__cvta_generic_to_shared(dec_smem) + warp * WARP_B;
+    const u64 slot_stride = (u64)n_kv * HD;
+
+    // prefix[s] = tiles of sequences 0..s (a context of c has ceil(c / DEC_TILE) tiles).
+    if (warp == 0) {
+        u32 carry = 0;
+        if (lane == 0) prefix[0] = 0;
+        for (u32 b = 0; b < num_seqs; b += 32) {
+            const u32 sq = b + lane;
+            const u32 c = sq < num_seqs ? ctx_lens[sq] : 0;
+            u32 v = c == 0 ? 0 : (c - 1) / DEC_TILE + 1;
+            for (u32 d = 1; d < 32; d <<= 1) {
+                const u32 n = __shfl_up_sync(0xffffffffu, v, d);
+                if (lane >= d) v += n;
+            }
+            if (sq < num_seqs) prefix[sq + 1] = carry + v;
+            carry += __shfl_sync(0xffffffffu, v, 31);
+        }
+    }
+    __syncthreads();
+    // At most one warp per tile, so that every warp in [0, warps) has a tile.
+    const u64 total = (u64)ykv * prefix[num_seqs], warps = min((u64)gridDim.x * DEC_WARPS, total);
+    const u64 gw = (u64)blockIdx.x * DEC_WARPS + warp;
+    const u64 t0 = gw < warps ? gw * total / warps : 0, t1 = gw < warps ? (gw + 1) * total / warps : 0;
+    // The warp whose tiles include global tile t, and the first tile of warp w.
+    auto warp_of = [&](u64 t) { return ((t + 1) * warps + total - 1) / total - 1; };
+    auto start_of = [&](u64 w) { return w * total / warps; };
+    // The cursor of global tile t < total: the first sequence whose tiles end past t.
+    auto locate = [&](u64 t) {
+        u32 lo = 0, hi = num_seqs - 1;
+        while (lo < hi) {
+            const u32 mid = (lo + hi) / 2;
+            if ((u64)ykv * prefix[mid + 1] > t) hi = mid;
+            else lo = mid + 1;
+        }
+        const u32 ts = prefix[lo + 1] - prefix[lo];
+        const u64 local = t - (u64)ykv * prefix[lo];
+        return DecCursor{lo, (u32)(local / ts), (u32)(local % ts), ts};
+    };
+    auto advance = [&](DecCursor& c) {
+        if (++c.k < c.ts) return;
+        c.k = 0;
+        if (++c.y < ykv) return;
+        c.y = 0;
+        do {
+            ++c.s;
+        } while (c.s < num_seqs && prefix[c.s + 1] == prefix[c.s]);
+        c.ts = c.s < num_seqs ? prefix[c.s + 1] - prefix[c.s] : 1;
+    };
+    // Lane l's slot of row l % 16 of the cursor's tile, and the tile's kv head.
+    auto slot_of = [&](const DecCursor& c, u32& kvh) {
+        kvh = c.y / hchunks;
+        return dec_slot(block_tables + (u64)c.s * max_blocks, max_blocks, c.k * DEC_TILE + (lane & 15),
+                        ctx_lens[c.s], block_size, num_blocks);
+    };
+    auto issue = [&](u32 slot, u32 kvh, u32 stage) {
+        dec_issue_tile<HD>(wbase + stage * STAGE_B, slot, k_cache + (u64)kvh * HD + lc * 8,
+                           v_cache + (u64)kvh * HD + lc * 8, slot_stride, lane);
+    };
+
+    const u64 n = t1 - t0;  // this warp's tiles
+    DecCursor cc = n > 0 ? locate(t0) : DecCursor{0, 0, 0, 1}, ci = cc;
+    // The ring's first tiles: those wholly below their sequence's ctx - 1 before the wait,
+    // the rest after it, committed in tile order either way.
+    {
+        u32 first[ST - 1], fkvh[ST - 1];
+        u32 early = 0;
+#pragma unroll
+        for (u32 j = 0; j < ST - 1; ++j) {
+            if (j < n) {
+                if (j > 0) advance(ci);
+                first[j] = slot_of(ci, fkvh[j]);
+                if (early == j && ci.k * DEC_TILE + DEC_TILE < ctx_lens[ci.s]) early = j + 1;
+            }
+        }
+#pragma unroll
+        for (u32 j = 0; j < ST - 1; ++j)
+            if (j < early) {
+                issue(first[j], fkvh[j], j);
+                cp_async_commit();
+            }
+        PDL_WAIT();
+#pragma unroll
+        for (u32 j = 0; j < ST - 1; ++j)
+            if (j >= early) {
+                if (j < n) issue(first[j], fkvh[j], j);
+                cp_async_commit();
+            }
+    }
+    // Padding rows (no tiles): zeros, each written by one CTA.
+    for (u32 sq = blockIdx.x; sq < num_seqs; sq += gridDim.x)
+        if (prefix[sq + 1] == prefix[sq])
+            for (u32 i = tid; i < n_heads * HD; i += DEC_THREADS) out[(u64)sq * n_heads * HD + i] = 0;
+    if (n == 0) return;
+
+    u32 next = SLOT_PAST, next_kvh = 0;
+    if (ST - 1 < n) {
+        advance(ci);
+        next = slot_of(ci, next_kvh);
+    }
+    float o[NDT][4];
+    float m, l;
+    u32 qa[NKS][2], qn[NKS][2];
+    // Q's A fragments of the item at cursor c into qn, coherent loads (see decode_body).
+    auto load_q = [&](const DecCursor& c) {
+        const u32 g0 = (c.y % hchunks) * gt;
+        const bool ok = g < min(gt, group - g0);
+        const u32* qrow =
+            reinterpret_cast<const u32*>(q + ((u64)c.s * n_heads + (c.y / hchunks) * group + g0 + (ok ? g : 0)) * HD);
+#pragma unroll
+        for (int kk = 0; kk < NKS; ++kk) {
+            qn[kk][0] = ok ? __ldcg(qrow + 8 * kk + t4) : 0u;
+            qn[kk][1] = ok ? __ldcg(qrow + 8 * kk + 4 + t4) : 0u;
+        }
+    };
+    u32 head0 = 0, gcount = 0, ctx = 0, k0 = 0;  // the segment's heads, context and first tile
+    auto begin_segment = [&]() {
+        const u32 kvh = cc.y / hchunks, g0 = (cc.y % hchunks) * gt;
+        head0 = kvh * group + g0;
+        gcount = min(gt, group - g0);
+        ctx = ctx_lens[cc.s];
+        k0 = cc.k;
+#pragma unroll
+        for (int kk = 0; kk < NKS; ++kk) {
+            qa[kk][0] = qn[kk][0];
+            qa[kk][1] = qn[kk][1];
+        }
+#pragma unroll
+        for (int d = 0; d < NDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+        m = ATT_NEG_INF;
+        l = 0.f;
+    };
+    load_q(cc);
+    begin_segment();
+    bool first_seg = true;
+    u32 counted[2], n_counted = 0;  // the items of this warp's partial segments
+    u64 merge_item = ~0ull, merge_segs = 0, merge_wlo = 0;  // the partial item this warp merges at its end
+    u32 merge_lo_last = 0, merge_s = 0, merge_head0 = 0, merge_gcount = 0;
+    u32 stage = 0;
+    for (u64 j = 0; j < n; ++j) {
+        if (cc.k + 1 == cc.ts && j + 1 < n) {  // the next segment's q, loaded during this tile
+            DecCursor nc = cc;
+            advance(nc);
+            load_q(nc);
+        }
+        cp_async_wait<ST - 2>();
+        __syncwarp();  // tile j is visible to the warp; tile j - 1's stage is free
+        if (j + ST - 1 < n) issue(next, next_kvh, stage == 0 ? ST - 1 : stage - 1);
+        cp_async_commit();
+        if (j + ST < n) {
+            advance(ci);
+            next = slot_of(ci, next_kvh);
+        }
+        const u32 kb = wbase + stage * STAGE_B, vb = kb + TILE_B;
+        stage = stage + 1 == ST ? 0 : stage + 1;
+        dec_tile<HD>(kb, vb, qa, o, m, l, cc.k * DEC_TILE, ctx, scale_log2, lane);
+
+        const bool item_end = cc.k + 1 == cc.ts;
+        if (!item_end && j + 1 < n) {
+            advance(cc);
+            continue;
+        }
+        // The segment ends: as decode_body's warp merge with this warp alone.
+        float lt = l;
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const float wt = m == ATT_NEG_INF ? 0.f : 1.f;  // 0 x NaN keeps an unmapped row NaN
+        const float lsum = wt * lt;
+        const u32 item = cc.s * ykv + cc.y;
+        if (k0 == 0 && item_end) {  // the whole item
+            if (g < gcount) {
+                u32* dst = reinterpret_cast<u32*>(out + ((u64)cc.s * n_heads + head0 + g) * HD);
+#pragma unroll
+                for (int d = 0; d < NDT; ++d)
+                    dst[4 * d + t4] = (u32)f32_to_bf16(wt * (o[d][0] + o[d][2]) / lsum) |
+                                      ((u32)f32_to_bf16(wt * (o[d][1] + o[d][3]) / lsum) << 16);
+            }
+        } else {
+            const u64 slot = 2 * gw + (first_seg ? 0 : 1);
+            if (g < gcount) {
+                const u64 row = slot * gt + g;
+#pragma unroll
+                for (int d = 0; d < NDT; ++d)
+                    *reinterpret_cast<float2*>(part_o + row * HD + 8 * d + 2 * t4) =
+                        make_float2(wt * (o[d][0] + o[d][2]) / lsum, wt * (o[d][1] + o[d][3]) / lsum);
+                if (t4 == 0) part_lse[row] = m + log2f(lsum);
+            }
+            // The item's segments: warps w_lo..w_hi; w_lo's is its last (slot + 1) unless
+            // its tiles start at the item's first.
+            const u64 a = (u64)ykv * prefix[cc.s] + (u64)cc.y * cc.ts, b = a + cc.ts - 1;
+            const u64 w_lo = warp_of(a), segs = warp_of(b) - w_lo + 1;
+            // Counted after the warp's last tile (a fence here would also wait for the ring's
+            // copies in flight); at most two segments of a warp are partial, its first and last.
+            counted[n_counted++] = item;
+            // The warp holding the item's last tile merges it after its own last tile.
+            if (item_end) {
+                merge_item = item;
+                merge_segs = segs;
+                merge_wlo = w_lo;
+                merge_lo_last = start_of(w_lo) == a ? 0 : 1;
+                merge_s = cc.s;
+                merge_head0 = head0;
+                merge_gcount = gcount;
+            }
+        }
+        first_seg = false;
+        if (j + 1 < n) {
+            advance(cc);
+            begin_segment();
+        }
+    }
+    cp_async_wait<0>();
+    if (n_counted > 0) {
+        __threadfence();  // this warp's partials are visible before they are counted
+        __syncwarp();
+        if (lane == 0)
+            for (u32 i = 0; i < n_counted; ++i) atomicAdd(counters + counted[i], 1u);
+    }
+    if (merge_item == ~0ull) return;
+    // Wait for the item's other segments (every CTA of the grid is resident: one wave), then
+    // merge them and leave the counter at 0 for the next launch.
+    if (lane == 0) {
+        u32 c;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(counters + merge_item) : "memory");
+        } while (c < merge_segs);
+        counters[merge_item] = 0;
+    }
+    __syncwarp();
+    auto row_of = [&](u32 sg, u32 hg) {
+        return (2 * (merge_wlo + sg) + (sg == 0 ? merge_lo_last : 0)) * gt + hg;
+    };
+    for (u32 e = lane; e < merge_gcount * (HD / 4); e += 32) {
+        const u32 hg = e / (HD / 4), d4 = e % (HD / 4);
+        dec_merge_splits(
+            out + ((u64)merge_s * n_heads + merge_head0 + hg) * HD + 4 * d4, (u32)merge_segs,
+            [&](u32 sg) { return __ldcg(part_lse + row_of(sg, hg)); },
+            [&](u32 sg) { return __ldcg(reinterpret_cast<const float4*>(part_o) + row_of(sg, hg) * (HD / 4) + d4); });
+    }
+}
+
+#define DECODE_STREAMK_KERNEL(NAME, HD, MINB)                                                                      \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) NAME(                                           \
+        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters, \
+        const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,             \
+        const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_seqs,       \
+        u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, float scale_log2) {              \
+        decode_streamk_body<HD, DEC_STAGES>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,      \
+                                            max_blocks, ctx_lens, num_seqs, num_blocks, block_size, n_heads, n_kv,  \
+                                            group, gt, scale_log2);                                                 \
+    }
+DECODE_STREAMK_KERNEL(paged_decode_streamk_hd64, 64, 4)
+DECODE_STREAMK_KERNEL(paged_decode_streamk_hd128, 128, 2)
+
+static const int HEADS = 32, KV = 8, HD = 128, BLOCK = 16, MIN_SPLIT = 64;
+static const size_t SMEM = (size_t)DEC_WARPS * DEC_STAGES * 2 * DEC_TILE * HD * 2;
+
+// With DA_STREAMK=1, also the copies alone as a stream-K kernel would make them: one wave of
+// CTAs (as many per SM as the decode kernel), each warp copying an even share of all the
+// batch's K/V tiles (items (sequence, kv head) in order, DEC_TILE positions each) through
+// the same 3-stage ring, across item boundaries, with no per-CTA start and no merge: the
+// ceiling of a decode kernel without the per-wave fixed cost. Same copies (dec_issue_tile)
+// and shared-memory layout as decode_body. Every sequence has `ctx` positions here. (The
+// numbers in RESULTS 2026-12-03 came from an inline copy loop that skipped rows past the
+// end instead of zero-filling them: one partial tile per item.)
+__global__ void __launch_bounds__(DEC_THREADS, 2)
+    streamk_copies(const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                   const u32* __restrict__ block_tables, u32 max_blocks, u32 n_seqs, u32 ctx, u32 n_kv,
+                   u32 interleave) {
+    constexpr u32 ROW_B = HD * 2, TILE_B = DEC_TILE * ROW_B, STAGE_B = 2 * TILE_B, ST = DEC_STAGES;
+    extern __shared__ uint4 dec_smem[];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 wbase = (u32)__cvta_generic_to_shared(dec_smem) + warp * ST * STAGE_B;
+    const u32 lc = lane % (HD / 8);
+    const u32 per_item = (ctx + DEC_TILE - 1) / DEC_TILE;
+    const u64 total = (u64)n_seqs * n_kv * per_item, warps = (u64)gridDim.x * DEC_WARPS;
+    // A warp's tiles t0, t0 + step, ... below t1: its own contiguous share, or with
+    // `interleave` every DEC_WARPS-th tile of its CTA's share (decode_body's order).
+    const u64 gw = (u64)blockIdx.x * DEC_WARPS + warp;
+    u64 t0 = gw * total / warps, t1 = (gw + 1) * total / warps, step = 1;
+    if (interleave) {
+        t0 = (u64)blockIdx.x * total / gridDim.x + warp;
+        t1 = ((u64)blockIdx.x + 1) * total / gridDim.x;
+        step = DEC_WARPS;
+    }
+    const u64 slot_stride = (u64)n_kv * HD;
+    // Lane l's slot of row l % 16 of global tile t, or SLOT_PAST.
+    auto slot_of = [&](u64 t, u32& kvh) {
+        const u64 item = t / per_item;
+        const u32 seq = (u32)(item / n_kv), tile = (u32)(t % per_item);
+        kvh = (u32)(item % n_kv);
+        const u32 p = tile * DEC_TILE + (lane & 15);
+        return p < ctx ? block_tables[(u64)seq * max_blocks + p / BLOCK] * BLOCK + p % BLOCK : SLOT_PAST;
+    };
+    // Warp-uniform: `slot`, `kvh` are this lane's slot_of the tile going into `stage`.
+    auto issue = [&](u32 slot, u32 kvh, u32 stage) {
+        dec_issue_tile<HD>(wbase + stage * STAGE_B, slot, k_cache + (u64)kvh * HD + lc * 8,
+                           v_cache + (u64)kvh * HD + lc * 8, slot_stride, lane);
+    };
+    u32 kvh;
+    for (u32 j = 0; j < ST - 1; ++j) {
+        if (t0 + j * step < t1) {
+            const u32 slot = slot_of(t0 + j * step, kvh);
+            issue(slot, kvh, j);
+        }
+        cp_async_commit();
+    }
+    // The table lookup runs a tile ahead of the copies that need it, as in decode_body.
+    u32 next = t0 + (ST - 1) * step < t1 ? slot_of(t0 + (ST - 1) * step, kvh) : SLOT_PAST, next_kvh = kvh;
+    u32 stage = 0;
+    for (u64 t = t0; t < t1; t += step) {
+        cp_async_wait<ST - 2>();
+        __syncwarp();
+        if (t + (ST - 1) * step < t1) issue(next, next_kvh, stage == 0 ? ST - 1 : stage - 1);
+        cp_async_commit();
+        if (t + ST * step < t1) next = slot_of(t + ST * step, next_kvh);
+        stage = stage + 1 == ST ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+}
+
+struct Case {
+    int batch, ctx;
+};
+
+// One timing of `batch` sequences of `ctx` positions; `shuffle` scatters the blocks.
+static void run_case(Case c, bool shuffle, int layers, int sms, int ctas_per_sm) {
+    const int per_seq = (c.ctx + BLOCK - 1) / BLOCK, blocks = c.batch * per_seq;
+    const size_t cache_elems = (size_t)blocks * BLOCK * KV * HD;
+    std::vector<bf16*> kc(layers), vc(layers);
+    for (int l = 0; l < layers; ++l) {
+        CK(cudaMalloc(&kc[l], cache_elems * 2));
+        CK(cudaMalloc(&vc[l], cache_elems * 2));
+        fill_random<<<1024, 256>>>(kc[l], cache_elems, 11 + l, 2.f, 0.f);
+        fill_random<<<1024, 256>>>(vc[l], cache_elems, 97 + l, 2.f, 0.f);
+    }
+    std::vector<u32> table(blocks);
+    for (int i = 0; i < blocks; ++i) table[i] = i;
+    if (shuffle) std::shuffle(table.begin(), table.end(), std::mt19937(7));
+    std::vector<u32> ctx(c.batch, c.ctx);
+    u32 *d_table, *d_ctx, *counters;
+    bf16 *q, *out;
+    float *part_o, *part_lse;
+    // The worker's plan: as many splits as keep two CTAs per SM busy, at least MIN_SPLIT
+    // positions each, capped by a workspace of 512 sequence-splits per head.
+    const int ctas = c.batch * KV, slots = sms * ctas_per_sm;
+    const int cap = std::max(1, 512 / c.batch);
+    const int n_splits = std::clamp(std::min(slots / ctas, (c.ctx + MIN_SPLIT - 1) / MIN_SPLIT), 1, cap);
+    CK(cudaMalloc(&d_table, blocks * 4));
+    CK(cudaMalloc(&d_ctx, c.batch * 4));
+    CK(cudaMalloc(&counters, (size_t)c.batch * KV * 4));
+    CK(cudaMemset(counters, 0, (size_t)c.batch * KV * 4));
+    CK(cudaMalloc(&q, (size_t)c.batch * HEADS * HD * 2));
+    CK(cudaMalloc(&out, (size_t)c.batch * HEADS * HD * 2));
+    CK(cudaMalloc(&part_o, (size_t)c.batch * HEADS * n_splits * HD * 4));
+    CK(cudaMalloc(&part_lse, (size_t)c.batch * HEADS * n_splits * 4));
+    CK(cudaMemcpy(d_table, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_ctx, ctx.data(), c.batch * 4, cudaMemcpyHostToDevice));
+    fill_random<<<256, 256>>>(q, (size_t)c.batch * HEADS * HD, 5, 2.f, 0.f);
+    CK(cudaDeviceSynchronize());
+
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    u32 max_blocks = per_seq, num_blocks = blocks, bs = BLOCK, nh = HEADS, nkv = KV, group = HEADS / KV, gt = group,
+        split_len = 0, ns = n_splits, min_split = MIN_SPLIT;
+    float scale_log2 = 0.0884f * 1.4427f;
+    bf16 *k_p, *v_p;
+    float *po = n_splits > 1 ? part_o : nullptr, *pl = n_splits > 1 ? part_lse : nullptr;
+    u32* cnt = n_splits > 1 ? counters : nullptr;
+    void* args[] = {&out, &po, &pl, &cnt, &q, &k_p, &v_p, &d_table, &max_blocks, &d_ctx, &num_blocks,
+                    &bs, &nh, &nkv, &group, &gt, &split_len, &ns, &min_split, &scale_log2};
+    int layer = 0;
+    const int calls = 50;
+    // Median of 5 rounds of `calls` launches of `fn`, each on the next cache.
+    auto median_us = [&](const void* fn, dim3 grid, void** a, size_t smem) {
+        std::vector<float> t;
+        for (int r = 0; r < 5; ++r) t.push_back(elapsed_us(s, calls, [&] {
+            for (int i = 0; i < calls; ++i) {
+                k_p = kc[layer];
+                v_p = vc[layer];
+                layer = (layer + 1) % layers;
+                CK(cudaLaunchKernel(fn, grid, dim3(DEC_THREADS), a, smem, s));
+            }
+        }));
+        CK(cudaGetLastError());
+        std::sort(t.begin(), t.end());
+        return t[2];
+    };
+    auto launch = [&]() {
+        k_p = kc[layer];
+        v_p = vc[layer];
+        layer = (layer + 1) % layers;
+        CK(cudaLaunchKernel((const void*)paged_decode_hd128, dim3(c.batch, KV, n_splits), dim3(DEC_THREADS), args, SMEM, s));
+    };
+    for (int i = 0; i < 10; ++i) launch();
+    const dim3 dec_grid(c.batch, KV, n_splits);
+    const float us = median_us((const void*)paged_decode_hd128, dec_grid, args, SMEM);
+    const double bytes = 2.0 * c.batch * (double)c.ctx * KV * HD * 2;
+    printf("| %d | %d | %s | %d | %.1f | %.0f |\n", c.batch, c.ctx, shuffle ? "shuffled" : "in order", n_splits, us,
+           bytes / (us * 1e-6) / 1e9);
+    {
+        // The stream-K decode kernel (attention.cu), one wave of resident CTAs.
+        const int grid = sms * ctas_per_sm;
+        float *sk_o, *sk_lse;
+        u32* sk_cnt;
+        CK(cudaMalloc(&sk_o, (size_t)2 * grid * DEC_WARPS * group * HD * 4));
+        CK(cudaMalloc(&sk_lse, (size_t)2 * grid * DEC_WARPS * group * 4));
+        CK(cudaMalloc(&sk_cnt, (size_t)c.batch * KV * 4));
+        CK(cudaMemset(sk_cnt, 0, (size_t)c.batch * KV * 4));
+        u32 n_seqs = c.batch;
+        const size_t sk_smem = SMEM + 4 * (c.batch + 1);
+        CK(cudaFuncSetAttribute((const void*)paged_decode_streamk_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)sk_smem));
+        void* kargs[] = {&out, &sk_o, &sk_lse, &sk_cnt, &q, &k_p, &v_p, &d_table, &max_blocks, &d_ctx, &n_seqs,
+                         &num_blocks, &bs, &nh, &nkv, &group, &gt, &scale_log2};
+        const float sk = median_us((const void*)paged_decode_streamk_hd128, dim3(grid), kargs, sk_smem);
+        printf("| %d | %d | %s | stream-K kernel | %.1f | %.0f |\n", c.batch, c.ctx, shuffle ? "shuffled" : "in order",
+               sk, bytes / (sk * 1e-6) / 1e9);
+        // Both kernels once on cache 0: how far apart (different split points, so not the same
+        // bits; each is checked against the CPU reference by the kernel tests).
+        const size_t n_out = (size_t)c.batch * HEADS * HD;
+        std::vector<bf16> a(n_out), b(n_out);
+        k_p = kc[0];
+        v_p = vc[0];
+        CK(cudaLaunchKernel((const void*)paged_decode_hd128, dec_grid, dim3(DEC_THREADS), args, SMEM, s));
+        CK(cudaMemcpyAsync(a.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
+        CK(cudaMemsetAsync(out, 0xff, n_out * 2, s));
+        CK(cudaLaunchKernel((const void*)paged_decode_streamk_hd128, dim3(grid), dim3(DEC_THREADS), kargs, sk_smem, s));
+        CK(cudaMemcpyAsync(b.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        auto f = [](bf16 v) { u32 w = (u32)v << 16; float r; memcpy(&r, &w, 4); return r; };
+        double worst = 0, top = 0;
+        size_t bad = 0;
+        for (size_t i = 0; i < n_out; ++i) {
+            const double d = fabs((double)f(a[i]) - f(b[i]));
+            if (!(d <= 1e30)) ++bad;
+            else worst = std::max(worst, d);
+            top = std::max(top, (double)fabs(f(a[i])));
+        }
+        printf("|   | stream-K vs CTA-per-item: max |diff| %.3g (max |out| %.3g), %zu NaN or inf |\n", worst, top, bad);
+        CK(cudaFree(sk_o));
+        CK(cudaFree(sk_lse));
+        CK(cudaFree(sk_cnt));
+    }
+    for (u32 inter = 0; inter < 2 && getenv("DA_STREAMK") && atoi(getenv("DA_STREAMK")) == 1; ++inter) {
+        u32 n_seqs = c.batch, ctx_u = c.ctx;
+        void* sargs[] = {&k_p, &v_p, &d_table, &max_blocks, &n_seqs, &ctx_u, &nkv, &inter};
+        const float cu = median_us((const void*)streamk_copies, dim3(sms * ctas_per_sm), sargs, SMEM);
+        printf("| %d | %d | %s | stream-K copies%s | %.1f | %.0f |\n", c.batch, c.ctx, shuffle ? "shuffled" : "in order",
+               inter ? ", warps interleaved" : "", cu, bytes / (cu * 1e-6) / 1e9);
+    }
+    CK(cudaStreamDestroy(s));
+    for (int l = 0; l < layers; ++l) {
+        CK(cudaFree(kc[l]));
+        CK(cudaFree(vc[l]));
+    }
+    for (void* p : {(void*)d_table, (void*)d_ctx, (void*)counters, (void*)q, (void*)out, (void*)part_o, (void*)part_lse})
+        CK(cudaFree(p));
+}
+
+int main(int argc, char** argv) {
+    int sms = 0, per_sm = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaFuncSetAttribute((const void*)paged_decode_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    CK(cudaFuncSetAttribute((const void*)streamk_copies, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void*)paged_decode_hd128, DEC_THREADS, SMEM));
+    const int layers = getenv("DA_LAYERS") ? std::max(1, atoi(getenv("DA_LAYERS"))) : 8;
+    std::vector<Case> cases;
+    for (int i = 1; i < argc; ++i) {
+        Case c{};
+        if (sscanf(argv[i], "%d:%d", &c.batch, &c.ctx) == 2 && c.batch > 0 && c.ctx > 0) cases.push_back(c);
+    }
+    if (cases.empty()) cases = {{64, 600}, {256, 600}, {64, 4096}, {16, 600}};
+    printf("# %s: %d CTAs per SM (%zu B of shared memory), %d SMs, %d caches\n", ATTN_SRC, per_sm, SMEM, sms, layers);
+    printf("| batch | context | blocks | splits | us | GB/s |\n|---:|---:|---|---:|---:|---:|\n");
+    for (const Case& c : cases)
+        for (bool shuffle : {false, true}) run_case(c, shuffle, layers, sms, per_sm);
+    return 0;
+}
