@@ -10,10 +10,12 @@
 //   - the worker's plan (paged.rs plan_splits: splits only where the CTAs do not fill two
 //     per SM), mean of 50 back-to-back launches, median of 5 rounds; GB/s counts K and V of
 //     every position once.
-//   - a stream-K decode kernel (below, a prototype not in the worker: one wave of CTAs, each
-//     warp an even share of all the batch's tiles across item boundaries), timed the same
-//     way and compared once with the CTA-per-item kernel's output (max |difference|; they
-//     split the sums differently, so not the same bits).
+//   - two stream-K decode kernels (below, prototypes not in the worker; one wave of CTAs):
+//     each warp an even share of all the batch's tiles across item boundaries, and each warp
+//     taking chunks of SK_CHUNK tiles from a counter as it goes; timed the same way and
+//     compared once with the CTA-per-item kernel's output (max |difference|; they split the
+//     sums differently, so not the same bits). -DSK_TIMING adds percentiles of their warps'
+//     start, last-tile and end times (%globaltimer) in the last launch.
 // The variants' outputs are not checked (some compute wrong results on purpose): the kernel
 // tests check attention.cu.
 // DA_STREAMK=1 adds a stream-K copy kernel's ceiling (streamk_copies below) to each case,
@@ -58,6 +60,21 @@
 // between launches. Padding rows (context 0) get zeros. Launched programmatically, a warp
 // copies its first tiles that lie wholly below ctx - 1 before griddepcontrol.wait, as
 // decode_body does; it writes nothing before it.
+
+// With -DSK_TIMING: each warp's lane 0 records %globaltimer at its start, after its last
+// tile and at its end into sk_times (4 u64 per warp), for the harness's percentiles.
+#ifdef SK_TIMING
+__device__ unsigned long long sk_times[4 * 2048];
+__device__ __forceinline__ unsigned long long sk_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+#define SK_MARK(i) \
+    if (lane == 0 && gw < 2048) sk_times[4 * gw + (i)] = sk_now()
+#else
+#define SK_MARK(i)
+#endif
 
 // A warp's place in the tile order: sequence s, item y (kv head chunk) of it, tile k of the
 // item's ts = tiles of s.
@@ -105,6 +122,7 @@ __device__ __forceinline__ void decode_streamk_body(bf16* __restrict__ out, floa
     const u64 total = (u64)ykv * prefix[num_seqs], warps = min((u64)gridDim.x * DEC_WARPS, total);
     const u64 gw = (u64)blockIdx.x * DEC_WARPS + warp;
     const u64 t0 = gw < warps ? gw * total / warps : 0, t1 = gw < warps ? (gw + 1) * total / warps : 0;
+    SK_MARK(0);
     // The warp whose tiles include global tile t, and the first tile of warp w.
     auto warp_of = [&](u64 t) { return ((t + 1) * warps + total - 1) / total - 1; };
     auto start_of = [&](u64 w) { return w * total / warps; };
@@ -293,13 +311,20 @@ __device__ __forceinline__ void decode_streamk_body(bf16* __restrict__ out, floa
         }
     }
     cp_async_wait<0>();
+    SK_MARK(1);
     if (n_counted > 0) {
         __threadfence();  // this warp's partials are visible before they are counted
         __syncwarp();
         if (lane == 0)
             for (u32 i = 0; i < n_counted; ++i) atomicAdd(counters + counted[i], 1u);
     }
-    if (merge_item == ~0ull) return;
+#ifdef SK_NOMERGE
+    merge_item = ~0ull;  // timing only: the partial items are never merged
+#endif
+    if (merge_item == ~0ull) {
+        SK_MARK(2);
+        return;
+    }
     // Wait for the item's other segments (every CTA of the grid is resident: one wave), then
     // merge them and leave the counter at 0 for the next launch.
     if (lane == 0) {
@@ -320,6 +345,7 @@ __device__ __forceinline__ void decode_streamk_body(bf16* __restrict__ out, floa
             [&](u32 sg) { return __ldcg(part_lse + row_of(sg, hg)); },
             [&](u32 sg) { return __ldcg(reinterpret_cast<const float4*>(part_o) + row_of(sg, hg) * (HD / 4) + d4); });
     }
+    SK_MARK(2);
 }
 
 #define DECODE_STREAMK_KERNEL(NAME, HD, MINB)                                                                      \
@@ -334,6 +360,312 @@ __device__ __forceinline__ void decode_streamk_body(bf16* __restrict__ out, floa
     }
 DECODE_STREAMK_KERNEL(paged_decode_streamk_hd64, 64, 4)
 DECODE_STREAMK_KERNEL(paged_decode_streamk_hd128, 128, 2)
+
+// ------------------------------------------------------- stream-K with chunks taken at run time
+// The stream-K kernel above gives each warp a fixed share; on an H200 warps with equal shares
+// finish 32-47 µs apart at 64 x 600 (SK_TIMING). Here the tiles are cut into chunks of
+// SK_CHUNK tiles, and warps take chunks from a counter as they go (each holds the next
+// chunk's number one chunk ahead, so its ring runs on across chunks): a slow warp takes fewer.
+// Segments are the runs of one item inside one chunk, so where they are is fixed by the
+// chunking, not by who takes which chunk: a split item's partial goes to slot 2 c (the first
+// segment of chunk c) or 2 c + 1 (its last), and the segment that brings the item's count to
+// its number of chunks merges it at once. counters: one per item, then the chunk counter and
+// the count of warps done (the last warp out sets both back to 0).
+#ifndef SK_CHUNK
+#define SK_CHUNK 8
+#endif
+// Partial segments a warp keeps to count after its last tile.
+#ifndef SK_PARTS
+#define SK_PARTS 8
+#endif
+struct PartialItem {
+    u32 s, y, ts, head0, gcount;
+};
+template <int HD, u32 ST>
+__device__ __forceinline__ void decode_sk2_body(bf16* __restrict__ out, float* __restrict__ part_o,
+                                                float* __restrict__ part_lse, u32* __restrict__ counters,
+                                                const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                                                const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables,
+                                                u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_seqs,
+                                                u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt,
+                                                float scale_log2) {
+    constexpr u32 ROW_B = HD * 2, TILE_B = DEC_TILE * ROW_B, STAGE_B = 2 * TILE_B, WARP_B = ST * STAGE_B;
+    constexpr int NKS = HD / 16, NDT = HD / 8;
+    constexpr u32 C = SK_CHUNK;
+    extern __shared__ uint4 dec_smem[];
+    u32* prefix = reinterpret_cast<u32*>(reinterpret_cast<char*>(dec_smem) + DEC_WARPS * WARP_B);
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 g = lane >> 2, t4 = lane & 3, lc = lane % (HD / 8);
+    const u32 hchunks = (group + gt - 1) / gt, ykv = n_kv * hchunks;
+    const u32 wbase = (u32)__cvta_generic_to_shared(dec_smem) + warp * WARP_B;
+    const u64 slot_stride = (u64)n_kv * HD;
+    const u64 gw = (u64)blockIdx.x * DEC_WARPS + warp;
+    (void)gw;  // SK_TIMING's
+    SK_MARK(0);
+    if (warp == 0) {
+        u32 carry = 0;
+        if (lane == 0) prefix[0] = 0;
+        for (u32 b = 0; b < num_seqs; b += 32) {
+            const u32 sq = b + lane;
+            const u32 c = sq < num_seqs ? ctx_lens[sq] : 0;
+            u32 v = c == 0 ? 0 : (c - 1) / DEC_TILE + 1;
+            for (u32 d = 1; d < 32; d <<= 1) {
+                const u32 n = __shfl_up_sync(0xffffffffu, v, d);
+                if (lane >= d) v += n;
+            }
+            if (sq < num_seqs) prefix[sq + 1] = carry + v;
+            carry += __shfl_sync(0xffffffffu, v, 31);
+        }
+    }
+    __syncthreads();
+    PDL_WAIT();
+    for (u32 sq = blockIdx.x; sq < num_seqs; sq += gridDim.x)
+        if (prefix[sq + 1] == prefix[sq])
+            for (u32 i = tid; i < n_heads * HD; i += DEC_THREADS) out[(u64)sq * n_heads * HD + i] = 0;
+    const u64 total = (u64)ykv * prefix[num_seqs];
+    const u32 n_chunks = (u32)((total + C - 1) / C), items = num_seqs * ykv;
+    u32* work = counters + items;
+    u32* done = work + 1;
+    auto locate = [&](u64 t) {
+        u32 lo = 0, hi = num_seqs - 1;
+        while (lo < hi) {
+            const u32 mid = (lo + hi) / 2;
+            if ((u64)ykv * prefix[mid + 1] > t) hi = mid;
+            else lo = mid + 1;
+        }
+        const u32 ts = prefix[lo + 1] - prefix[lo];
+        const u64 local = t - (u64)ykv * prefix[lo];
+        return DecCursor{lo, (u32)(local / ts), (u32)(local % ts), ts};
+    };
+    auto advance = [&](DecCursor& c) {
+        if (++c.k < c.ts) return;
+        c.k = 0;
+        if (++c.y < ykv) return;
+        c.y = 0;
+        do {
+            ++c.s;
+        } while (c.s < num_seqs && prefix[c.s + 1] == prefix[c.s]);
+        c.ts = c.s < num_seqs ? prefix[c.s + 1] - prefix[c.s] : 1;
+    };
+    auto slot_of = [&](const DecCursor& c, u32& kvh) {
+        kvh = c.y / hchunks;
+        return dec_slot(block_tables + (u64)c.s * max_blocks, max_blocks, c.k * DEC_TILE + (lane & 15),
+                        ctx_lens[c.s], block_size, num_blocks);
+    };
+    auto issue = [&](u32 slot, u32 kvh, u32 stage) {
+        dec_issue_tile<HD>(wbase + stage * STAGE_B, slot, k_cache + (u64)kvh * HD + lc * 8,
+                           v_cache + (u64)kvh * HD + lc * 8, slot_stride, lane);
+    };
+    // Chunk numbers: lane 0 takes the next one; the value is read (shuffled) only when needed.
+    u32 taken = 0;
+    auto take = [&]() {
+        if (lane == 0) taken = atomicAdd(work, 1u);
+    };
+    auto taken_chunk = [&]() { return __shfl_sync(0xffffffffu, taken, 0); };
+    auto chunk_end = [&](u32 c) { return min((u64)(c + 1) * C, total); };
+    // Chunks the issue side has entered and the compute side not yet (at most 2).
+    u32 q0 = 0, q1 = 0, qn = 0;
+    auto push = [&](u32 c) {
+        if (qn == 0) q0 = c;
+        else q1 = c;
+        ++qn;
+    };
+    auto pop = [&]() {
+        const u32 c = q0;
+        q0 = q1;
+        --qn;
+        return c;
+    };
+
+    // Issue side: chunk ichunk, global tile it, cursor ci; the chunk after it is `taken`.
+    take();
+    u32 ichunk = taken_chunk();
+    bool issuing = ichunk < n_chunks;
+    u64 it = (u64)ichunk * C;
+    DecCursor ci = issuing ? locate(it) : DecCursor{0, 0, 0, 1};
+    if (issuing) {
+        push(ichunk);
+        take();
+    }
+    // Moves the issue side one tile on; false once there are no tiles left.
+    auto issue_step = [&]() {
+        if (!issuing) return false;
+        if (++it < chunk_end(ichunk)) {
+            advance(ci);
+            return true;
+        }
+        ichunk = taken_chunk();
+        if (ichunk >= n_chunks) {
+            issuing = false;
+            return false;
+        }
+        take();
+        push(ichunk);
+        it = (u64)ichunk * C;
+        ci = locate(it);
+        return true;
+    };
+    u32 next = SLOT_PAST, next_kvh = 0;
+    bool have_next = issuing;
+    if (have_next) next = slot_of(ci, next_kvh);
+#pragma unroll
+    for (u32 j = 0; j < ST - 1; ++j) {
+        if (have_next) {
+            issue(next, next_kvh, j);
+            have_next = issue_step();
+            if (have_next) next = slot_of(ci, next_kvh);
+        }
+        cp_async_commit();
+    }
+
+    // Compute side: the same tiles in the same order.
+    float o[NDT][4];
+    float m = ATT_NEG_INF, l = 0.f;
+    u32 qa[NKS][2];
+    DecCursor cc{0, 0, 0, 1};
+    u32 head0 = 0, gcount = 0, ctx = 0, k0 = 0;
+    auto begin_segment = [&]() {
+        const u32 kvh = cc.y / hchunks, g0 = (cc.y % hchunks) * gt;
+        head0 = kvh * group + g0;
+        gcount = min(gt, group - g0);
+        ctx = ctx_lens[cc.s];
+        k0 = cc.k;
+        const bool ok = g < gcount;
+        const u32* qrow = reinterpret_cast<const u32*>(q + ((u64)cc.s * n_heads + head0 + (ok ? g : 0)) * HD);
+#pragma unroll
+        for (int kk = 0; kk < NKS; ++kk) {
+            qa[kk][0] = ok ? __ldcg(qrow + 8 * kk + t4) : 0u;
+            qa[kk][1] = ok ? __ldcg(qrow + 8 * kk + 4 + t4) : 0u;
+        }
+#pragma unroll
+        for (int d = 0; d < NDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+        m = ATT_NEG_INF;
+        l = 0.f;
+    };
+    // Counts a partial segment of an item (its sequence, item and tile count, heads) and,
+    // when it is the item's last to count, merges the item's segments. The item's chunks are
+    // c_lo..c_hi; in c_lo its segment is the chunk's last unless the item starts the chunk.
+    auto count_and_merge = [&](const PartialItem& p, bool fence) {
+        const u64 a = (u64)ykv * prefix[p.s] + (u64)p.y * p.ts, b = a + p.ts - 1;
+        const u32 c_lo = (u32)(a / C), segs = (u32)(b / C) - c_lo + 1;
+        const u32 lo_last = (u64)c_lo * C == a ? 0 : 1;
+        const u32 item = p.s * ykv + p.y;
+        if (fence) {
+            __threadfence();
+            __syncwarp();
+        }
+        u32 cnt = 0;
+        if (lane == 0) cnt = atomicAdd(counters + item, 1u) + 1;
+        cnt = __shfl_sync(0xffffffffu, cnt, 0);
+        if (cnt != segs) return;
+        if (lane == 0) atomicExch(counters + item, 0u);  // every segment has counted
+        __threadfence();
+        auto row_of = [&](u32 sg, u32 hg) { return (2 * (c_lo + sg) + (sg == 0 ? lo_last : 0)) * gt + hg; };
+        for (u32 e = lane; e < p.gcount * (HD / 4); e += 32) {
+            const u32 hg = e / (HD / 4), d4 = e % (HD / 4);
+            dec_merge_splits(
+                out + ((u64)p.s * n_heads + p.head0 + hg) * HD + 4 * d4, segs,
+                [&](u32 sg) { return __ldcg(part_lse + row_of(sg, hg)); },
+                [&](u32 sg) { return __ldcg(reinterpret_cast<const float4*>(part_o) + row_of(sg, hg) * (HD / 4) + d4); });
+        }
+    };
+    PartialItem parts[SK_PARTS];
+    u32 n_parts = 0;
+    u32 cchunk = 0;
+    u64 ct = 0, cend = 0;
+    bool first_in_chunk = true;
+    auto enter_chunk = [&]() {
+        cchunk = pop();
+        ct = (u64)cchunk * C;
+        cend = chunk_end(cchunk);
+        cc = locate(ct);
+        first_in_chunk = true;
+        begin_segment();
+    };
+    bool computing = qn > 0;
+    if (computing) enter_chunk();
+    u32 stage = 0;
+    while (computing) {
+        cp_async_wait<ST - 2>();
+        __syncwarp();  // this tile is visible to the warp; the previous one's stage is free
+        if (have_next) {
+            issue(next, next_kvh, stage == 0 ? ST - 1 : stage - 1);
+            have_next = issue_step();
+            if (have_next) next = slot_of(ci, next_kvh);
+        }
+        cp_async_commit();
+        const u32 kb = wbase + stage * STAGE_B, vb = kb + TILE_B;
+        stage = stage + 1 == ST ? 0 : stage + 1;
+        dec_tile<HD>(kb, vb, qa, o, m, l, cc.k * DEC_TILE, ctx, scale_log2, lane);
+
+        const bool item_end = cc.k + 1 == cc.ts, chunk_done = ct + 1 == cend;
+        if (item_end || chunk_done) {  // the segment ends
+            float lt = l;
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const float wt = m == ATT_NEG_INF ? 0.f : 1.f;  // 0 x NaN keeps an unmapped row NaN
+            const float lsum = wt * lt;
+            if (k0 == 0 && item_end) {  // the whole item
+                if (g < gcount) {
+                    u32* dst = reinterpret_cast<u32*>(out + ((u64)cc.s * n_heads + head0 + g) * HD);
+#pragma unroll
+                    for (int d = 0; d < NDT; ++d)
+                        dst[4 * d + t4] = (u32)f32_to_bf16(wt * (o[d][0] + o[d][2]) / lsum) |
+                                          ((u32)f32_to_bf16(wt * (o[d][1] + o[d][3]) / lsum) << 16);
+                }
+            } else {
+                const u64 slot = 2 * (u64)cchunk + (first_in_chunk ? 0 : 1);
+                if (g < gcount) {
+                    const u64 row = slot * gt + g;
+#pragma unroll
+                    for (int d = 0; d < NDT; ++d)
+                        *reinterpret_cast<float2*>(part_o + row * HD + 8 * d + 2 * t4) =
+                            make_float2(wt * (o[d][0] + o[d][2]) / lsum, wt * (o[d][1] + o[d][3]) / lsum);
+                    if (t4 == 0) part_lse[row] = m + log2f(lsum);
+                }
+                // Counted after the warp's last tile (a fence here also waits for the ring's
+                // copies in flight), or now when the list is full.
+                const PartialItem p{cc.s, cc.y, cc.ts, head0, gcount};
+                if (n_parts < SK_PARTS) parts[n_parts++] = p;
+                else count_and_merge(p, true);
+            }
+        }
+        if (chunk_done) {
+            computing = qn > 0;  // the issue side has entered every chunk this warp will take
+            if (computing) enter_chunk();
+        } else {
+            ++ct;
+            advance(cc);
+            if (item_end) {
+                first_in_chunk = false;
+                begin_segment();
+            }
+        }
+    }
+    cp_async_wait<0>();
+    SK_MARK(1);
+    if (n_parts > 0) {
+        __threadfence();  // this warp's partials are visible before they are counted
+        __syncwarp();
+        for (u32 i = 0; i < n_parts; ++i) count_and_merge(parts[i], false);
+    }
+    // The last warp out leaves the chunk counter and itself at 0 for the next launch.
+    __threadfence();
+    if (lane == 0 && atomicAdd(done, 1u) + 1 == gridDim.x * DEC_WARPS) {
+        atomicExch(work, 0u);
+        atomicExch(done, 0u);
+    }
+    SK_MARK(2);
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_decode_sk2_hd128(
+    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters,
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_seqs, u32 num_blocks,
+    u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, float scale_log2) {
+    decode_sk2_body<128, DEC_STAGES>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables, max_blocks,
+                                     ctx_lens, num_seqs, num_blocks, block_size, n_heads, n_kv, group, gt, scale_log2);
+}
 
 static const int HEADS = 32, KV = 8, HD = 128, BLOCK = 16, MIN_SPLIT = 64;
 static const size_t SMEM = (size_t)DEC_WARPS * DEC_STAGES * 2 * DEC_TILE * HD * 2;
@@ -401,6 +733,44 @@ __global__ void __launch_bounds__(DEC_THREADS, 2)
     }
     cp_async_wait<0>();
 }
+
+// Largest |a - b| over two kernels' bf16 outputs, with the largest |a| and the count of
+// non-finite differences.
+static void report_agreement(const std::vector<bf16>& a, const std::vector<bf16>& b, const char* what) {
+    auto f = [](bf16 v) {
+        u32 w = (u32)v << 16;
+        float r;
+        memcpy(&r, &w, 4);
+        return r;
+    };
+    double worst = 0, top = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double d = fabs((double)f(a[i]) - f(b[i]));
+        if (!(d <= 1e30)) ++bad;
+        else worst = std::max(worst, d);
+        top = std::max(top, (double)fabs(f(a[i])));
+    }
+    printf("|   | %s vs CTA-per-item: max |diff| %.3g (max |out| %.3g), %zu NaN or inf |\n", what, worst, top, bad);
+}
+
+#ifdef SK_TIMING
+// Percentiles of the last launch's per-warp marks (sk_times), from the first warp's start.
+static void report_timing(int nw) {
+    std::vector<unsigned long long> tm(4 * 2048);
+    CK(cudaMemcpyFromSymbol(tm.data(), sk_times, tm.size() * 8));
+    unsigned long long t0 = ~0ull;
+    for (int w = 0; w < nw; ++w) t0 = std::min(t0, tm[4 * w]);
+    for (int k = 0; k < 3; ++k) {
+        std::vector<double> v;
+        for (int w = 0; w < nw; ++w) v.push_back((tm[4 * w + k] - t0) * 1e-3);
+        std::sort(v.begin(), v.end());
+        printf("|   | warps' %s (us from the first start): min %.1f, p10 %.1f, median %.1f, p90 %.1f, max %.1f |\n",
+               k == 0 ? "start" : k == 1 ? "last tile done" : "end", v[0], v[nw / 10], v[nw / 2], v[nw * 9 / 10],
+               v[nw - 1]);
+    }
+}
+#endif
 
 struct Case {
     int batch, ctx;
@@ -511,16 +881,48 @@ static void run_case(Case c, bool shuffle, int layers, int sms, int ctas_per_sm)
         CK(cudaLaunchKernel((const void*)paged_decode_streamk_hd128, dim3(grid), dim3(DEC_THREADS), kargs, sk_smem, s));
         CK(cudaMemcpyAsync(b.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
         CK(cudaStreamSynchronize(s));
-        auto f = [](bf16 v) { u32 w = (u32)v << 16; float r; memcpy(&r, &w, 4); return r; };
-        double worst = 0, top = 0;
-        size_t bad = 0;
-        for (size_t i = 0; i < n_out; ++i) {
-            const double d = fabs((double)f(a[i]) - f(b[i]));
-            if (!(d <= 1e30)) ++bad;
-            else worst = std::max(worst, d);
-            top = std::max(top, (double)fabs(f(a[i])));
-        }
-        printf("|   | stream-K vs CTA-per-item: max |diff| %.3g (max |out| %.3g), %zu NaN or inf |\n", worst, top, bad);
+        report_agreement(a, b, "stream-K");
+#ifdef SK_TIMING
+        report_timing(std::min(grid * DEC_WARPS, 2048));
+#endif
+        CK(cudaFree(sk_o));
+        CK(cudaFree(sk_lse));
+        CK(cudaFree(sk_cnt));
+    }
+    {
+        // The chunked stream-K kernel: partial slots 2 per chunk, counters per item + 2.
+        const int grid = sms * ctas_per_sm;
+        const size_t tiles = (size_t)c.batch * KV * ((c.ctx + DEC_TILE - 1) / DEC_TILE);
+        const size_t chunks = (tiles + SK_CHUNK - 1) / SK_CHUNK;
+        float *sk_o, *sk_lse;
+        u32* sk_cnt;
+        CK(cudaMalloc(&sk_o, 2 * chunks * group * HD * 4));
+        CK(cudaMalloc(&sk_lse, 2 * chunks * group * 4));
+        CK(cudaMalloc(&sk_cnt, ((size_t)c.batch * KV + 2) * 4));
+        CK(cudaMemset(sk_cnt, 0, ((size_t)c.batch * KV + 2) * 4));
+        u32 n_seqs = c.batch;
+        const size_t sk_smem = SMEM + 4 * (c.batch + 1);
+        CK(cudaFuncSetAttribute((const void*)paged_decode_sk2_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)sk_smem));
+        void* kargs[] = {&out, &sk_o, &sk_lse, &sk_cnt, &q, &k_p, &v_p, &d_table, &max_blocks, &d_ctx, &n_seqs,
+                         &num_blocks, &bs, &nh, &nkv, &group, &gt, &scale_log2};
+        const float sk = median_us((const void*)paged_decode_sk2_hd128, dim3(grid), kargs, sk_smem);
+        printf("| %d | %d | %s | chunked stream-K kernel (%d-tile chunks) | %.1f | %.0f |\n", c.batch, c.ctx,
+               shuffle ? "shuffled" : "in order", SK_CHUNK, sk, bytes / (sk * 1e-6) / 1e9);
+        const size_t n_out = (size_t)c.batch * HEADS * HD;
+        std::vector<bf16> a(n_out), b(n_out);
+        k_p = kc[0];
+        v_p = vc[0];
+        CK(cudaLaunchKernel((const void*)paged_decode_hd128, dec_grid, dim3(DEC_THREADS), args, SMEM, s));
+        CK(cudaMemcpyAsync(a.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
+        CK(cudaMemsetAsync(out, 0xff, n_out * 2, s));
+        CK(cudaLaunchKernel((const void*)paged_decode_sk2_hd128, dim3(grid), dim3(DEC_THREADS), kargs, sk_smem, s));
+        CK(cudaMemcpyAsync(b.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        report_agreement(a, b, "chunked stream-K");
+#ifdef SK_TIMING
+        report_timing(std::min(grid * DEC_WARPS, 2048));
+#endif
         CK(cudaFree(sk_o));
         CK(cudaFree(sk_lse));
         CK(cudaFree(sk_cnt));
