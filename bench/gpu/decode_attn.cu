@@ -10,11 +10,10 @@
 //   - the worker's plan (paged.rs plan_splits: splits only where the CTAs do not fill two
 //     per SM), mean of 50 back-to-back launches, median of 5 rounds; GB/s counts K and V of
 //     every position once.
-//   - two stream-K decode kernels (below, prototypes not in the worker; one wave of CTAs):
-//     each warp an even share of all the batch's tiles across item boundaries, and each warp
-//     taking chunks of SK_CHUNK tiles from a counter as it goes; timed the same way and
+//   - a stream-K decode kernel (below, a prototype not in the worker; one wave of CTAs whose
+//     warps take chunks of SK_CHUNK tiles from a counter as they go), timed the same way and
 //     compared once with the CTA-per-item kernel's output (max |difference|; they split the
-//     sums differently, so not the same bits). -DSK_TIMING adds percentiles of their warps'
+//     sums differently, so not the same bits). -DSK_TIMING adds percentiles of its warps'
 //     start, last-tile and end times (%globaltimer) in the last launch.
 // The variants' outputs are not checked (some compute wrong results on purpose): the kernel
 // tests check attention.cu.
@@ -41,28 +40,28 @@
 #include "gemv_bench.cuh"
 
 // ------------------------------------------------------------------ stream-K decode (prototype)
-// Not in the worker: slower than the CTA-per-item kernel at 600 positions (RESULTS 2026-12-03).
-// Decode of many sequences (more (sequence, kv head chunk) items than resident CTAs) in one
-// wave. The grid is the resident CTAs; the batch's K/V tiles, items in order (sequence, then
-// kv head chunk) and DEC_TILE positions each, are divided evenly among all their warps: warp
-// gw of W takes tiles [gw T / W, (gw + 1) T / W) of T. A warp walks its tiles through its
-// cp.async ring across item boundaries, each tile through dec_tile as in decode_body, and
-// ends each run of one item's tiles (a segment) with its (m, l, O): into `out` when the
-// segment is the whole item; otherwise as a partial (o / l, log2 of the mass) in slot 2 gw
-// (the warp's first segment) or 2 gw + 1 (its last); the warp that counts an item's last
-// segment merges them (dec_merge_splits) and resets the item's counter. After the start no
-// warp waits for another. Why: the CTA-per-item grid pays each CTA's start and end once per
-// wave and ends on its slowest CTAs; at 64 sequences x 600 positions its copies alone stream
-// 3.3 TB/s on an H200 where these stream 4.0 (RESULTS 2026-12-03).
+// Not in the worker: slower than the CTA-per-item kernel (RESULTS 2026-12-03). Decode of many
+// sequences in one wave of resident CTAs: the batch's K/V tiles, items in order (sequence,
+// then kv head chunk) and DEC_TILE positions each, cut into chunks of SK_CHUNK tiles that the
+// warps take from a counter as they go. A warp walks its tiles through its cp.async ring
+// across item and chunk boundaries, each tile through dec_tile as in decode_body, and ends
+// each run of one item's tiles inside one chunk (a segment) with its (m, l, O): into `out`
+// when the segment is the whole item; otherwise as a partial (o / l, log2 of the mass) in
+// slot 2 c (chunk c's first segment) or 2 c + 1 (its last), so where partials go is fixed by
+// the chunking, not by which warp took the chunk. The segment that brings an item's count to
+// its number of chunks merges it (dec_merge_splits) and resets the count. The first version,
+// each warp an even fixed share of the tiles (slots 2 w and 2 w + 1 of warp w), is in git at
+// 67d40c9 (with -DSK_NOMERGE, a build that skips the merges).
 //
 // Shared memory: the warps' rings, then the sequences' tile offsets (num_seqs + 1 u32).
-// part_o / part_lse hold 2 W gt rows, counters num_seqs x (n_kv x hchunks) values, zero
-// between launches. Padding rows (context 0) get zeros. Launched programmatically, a warp
-// copies its first tiles that lie wholly below ctx - 1 before griddepcontrol.wait, as
-// decode_body does; it writes nothing before it.
+// part_o / part_lse hold 2 x chunks x gt rows; counters: one per item, then the chunk counter
+// and the count of warps done (the last warp out sets both back to 0), zero between launches.
+// Padding rows (context 0) get zeros.
 
 // With -DSK_TIMING: each warp's lane 0 records %globaltimer at its start, after its last
 // tile and at its end into sk_times (4 u64 per warp), for the harness's percentiles.
+// (At 64 x 600 the fixed-share version's warps, each with the same 18-19 tiles, finished
+// their tiles 32-47 µs after the first start.)
 #ifdef SK_TIMING
 __device__ unsigned long long sk_times[4 * 2048];
 __device__ __forceinline__ unsigned long long sk_now() {
@@ -82,295 +81,7 @@ struct DecCursor {
     u32 s, y, k, ts;
 };
 
-template <int HD, u32 ST>
-__device__ __forceinline__ void decode_streamk_body(bf16* __restrict__ out, float* __restrict__ part_o,
-                                                    float* __restrict__ part_lse, u32* __restrict__ counters,
-                                                    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-                                                    const bf16* __restrict__ v_cache,
-                                                    const u32* __restrict__ block_tables, u32 max_blocks,
-                                                    const u32* __restrict__ ctx_lens, u32 num_seqs, u32 num_blocks,
-                                                    u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt,
-                                                    float scale_log2) {
-    constexpr u32 ROW_B = HD * 2, TILE_B = DEC_TILE * ROW_B, STAGE_B = 2 * TILE_B, WARP_B = ST * STAGE_B;
-    constexpr int NKS = HD / 16, NDT = HD / 8;
-    extern __shared__ uint4 dec_smem[];
-    u32* prefix = reinterpret_cast<u32*>(reinterpret_cast<char*>(dec_smem) + DEC_WARPS * WARP_B);
-    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const u32 g = lane >> 2, t4 = lane & 3, lc = lane % (HD / 8);
-    const u32 hchunks = (group + gt - 1) / gt, ykv = n_kv * hchunks;
-    const u32 wbase = (u32)__cvta_generic_to_shared(dec_smem) + warp * WARP_B;
-    const u64 slot_stride = (u64)n_kv * HD;
 
-    // prefix[s] = tiles of sequences 0..s (a context of c has ceil(c / DEC_TILE) tiles).
-    if (warp == 0) {
-        u32 carry = 0;
-        if (lane == 0) prefix[0] = 0;
-        for (u32 b = 0; b < num_seqs; b += 32) {
-            const u32 sq = b + lane;
-            const u32 c = sq < num_seqs ? ctx_lens[sq] : 0;
-            u32 v = c == 0 ? 0 : (c - 1) / DEC_TILE + 1;
-            for (u32 d = 1; d < 32; d <<= 1) {
-                const u32 n = __shfl_up_sync(0xffffffffu, v, d);
-                if (lane >= d) v += n;
-            }
-            if (sq < num_seqs) prefix[sq + 1] = carry + v;
-            carry += __shfl_sync(0xffffffffu, v, 31);
-        }
-    }
-    __syncthreads();
-    // At most one warp per tile, so that every warp in [0, warps) has a tile.
-    const u64 total = (u64)ykv * prefix[num_seqs], warps = min((u64)gridDim.x * DEC_WARPS, total);
-    const u64 gw = (u64)blockIdx.x * DEC_WARPS + warp;
-    const u64 t0 = gw < warps ? gw * total / warps : 0, t1 = gw < warps ? (gw + 1) * total / warps : 0;
-    SK_MARK(0);
-    // The warp whose tiles include global tile t, and the first tile of warp w.
-    auto warp_of = [&](u64 t) { return ((t + 1) * warps + total - 1) / total - 1; };
-    auto start_of = [&](u64 w) { return w * total / warps; };
-    // The cursor of global tile t < total: the first sequence whose tiles end past t.
-    auto locate = [&](u64 t) {
-        u32 lo = 0, hi = num_seqs - 1;
-        while (lo < hi) {
-            const u32 mid = (lo + hi) / 2;
-            if ((u64)ykv * prefix[mid + 1] > t) hi = mid;
-            else lo = mid + 1;
-        }
-        const u32 ts = prefix[lo + 1] - prefix[lo];
-        const u64 local = t - (u64)ykv * prefix[lo];
-        return DecCursor{lo, (u32)(local / ts), (u32)(local % ts), ts};
-    };
-    auto advance = [&](DecCursor& c) {
-        if (++c.k < c.ts) return;
-        c.k = 0;
-        if (++c.y < ykv) return;
-        c.y = 0;
-        do {
-            ++c.s;
-        } while (c.s < num_seqs && prefix[c.s + 1] == prefix[c.s]);
-        c.ts = c.s < num_seqs ? prefix[c.s + 1] - prefix[c.s] : 1;
-    };
-    // Lane l's slot of row l % 16 of the cursor's tile, and the tile's kv head.
-    auto slot_of = [&](const DecCursor& c, u32& kvh) {
-        kvh = c.y / hchunks;
-        return dec_slot(block_tables + (u64)c.s * max_blocks, max_blocks, c.k * DEC_TILE + (lane & 15),
-                        ctx_lens[c.s], block_size, num_blocks);
-    };
-    auto issue = [&](u32 slot, u32 kvh, u32 stage) {
-        dec_issue_tile<HD>(wbase + stage * STAGE_B, slot, k_cache + (u64)kvh * HD + lc * 8,
-                           v_cache + (u64)kvh * HD + lc * 8, slot_stride, lane);
-    };
-
-    const u64 n = t1 - t0;  // this warp's tiles
-    DecCursor cc = n > 0 ? locate(t0) : DecCursor{0, 0, 0, 1}, ci = cc;
-    // The ring's first tiles: those wholly below their sequence's ctx - 1 before the wait,
-    // the rest after it, committed in tile order either way.
-    {
-        u32 first[ST - 1], fkvh[ST - 1];
-        u32 early = 0;
-#pragma unroll
-        for (u32 j = 0; j < ST - 1; ++j) {
-            if (j < n) {
-                if (j > 0) advance(ci);
-                first[j] = slot_of(ci, fkvh[j]);
-                if (early == j && ci.k * DEC_TILE + DEC_TILE < ctx_lens[ci.s]) early = j + 1;
-            }
-        }
-#pragma unroll
-        for (u32 j = 0; j < ST - 1; ++j)
-            if (j < early) {
-                issue(first[j], fkvh[j], j);
-                cp_async_commit();
-            }
-        PDL_WAIT();
-#pragma unroll
-        for (u32 j = 0; j < ST - 1; ++j)
-            if (j >= early) {
-                if (j < n) issue(first[j], fkvh[j], j);
-                cp_async_commit();
-            }
-    }
-    // Padding rows (no tiles): zeros, each written by one CTA.
-    for (u32 sq = blockIdx.x; sq < num_seqs; sq += gridDim.x)
-        if (prefix[sq + 1] == prefix[sq])
-            for (u32 i = tid; i < n_heads * HD; i += DEC_THREADS) out[(u64)sq * n_heads * HD + i] = 0;
-    if (n == 0) return;
-
-    u32 next = SLOT_PAST, next_kvh = 0;
-    if (ST - 1 < n) {
-        advance(ci);
-        next = slot_of(ci, next_kvh);
-    }
-    float o[NDT][4];
-    float m, l;
-    u32 qa[NKS][2], qn[NKS][2];
-    // Q's A fragments of the item at cursor c into qn, coherent loads (see decode_body).
-    auto load_q = [&](const DecCursor& c) {
-        const u32 g0 = (c.y % hchunks) * gt;
-        const bool ok = g < min(gt, group - g0);
-        const u32* qrow =
-            reinterpret_cast<const u32*>(q + ((u64)c.s * n_heads + (c.y / hchunks) * group + g0 + (ok ? g : 0)) * HD);
-#pragma unroll
-        for (int kk = 0; kk < NKS; ++kk) {
-            qn[kk][0] = ok ? __ldcg(qrow + 8 * kk + t4) : 0u;
-            qn[kk][1] = ok ? __ldcg(qrow + 8 * kk + 4 + t4) : 0u;
-        }
-    };
-    u32 head0 = 0, gcount = 0, ctx = 0, k0 = 0;  // the segment's heads, context and first tile
-    auto begin_segment = [&]() {
-        const u32 kvh = cc.y / hchunks, g0 = (cc.y % hchunks) * gt;
-        head0 = kvh * group + g0;
-        gcount = min(gt, group - g0);
-        ctx = ctx_lens[cc.s];
-        k0 = cc.k;
-#pragma unroll
-        for (int kk = 0; kk < NKS; ++kk) {
-            qa[kk][0] = qn[kk][0];
-            qa[kk][1] = qn[kk][1];
-        }
-#pragma unroll
-        for (int d = 0; d < NDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-        m = ATT_NEG_INF;
-        l = 0.f;
-    };
-    load_q(cc);
-    begin_segment();
-    bool first_seg = true;
-    u32 counted[2], n_counted = 0;  // the items of this warp's partial segments
-    u64 merge_item = ~0ull, merge_segs = 0, merge_wlo = 0;  // the partial item this warp merges at its end
-    u32 merge_lo_last = 0, merge_s = 0, merge_head0 = 0, merge_gcount = 0;
-    u32 stage = 0;
-    for (u64 j = 0; j < n; ++j) {
-        if (cc.k + 1 == cc.ts && j + 1 < n) {  // the next segment's q, loaded during this tile
-            DecCursor nc = cc;
-            advance(nc);
-            load_q(nc);
-        }
-        cp_async_wait<ST - 2>();
-        __syncwarp();  // tile j is visible to the warp; tile j - 1's stage is free
-        if (j + ST - 1 < n) issue(next, next_kvh, stage == 0 ? ST - 1 : stage - 1);
-        cp_async_commit();
-        if (j + ST < n) {
-            advance(ci);
-            next = slot_of(ci, next_kvh);
-        }
-        const u32 kb = wbase + stage * STAGE_B, vb = kb + TILE_B;
-        stage = stage + 1 == ST ? 0 : stage + 1;
-        dec_tile<HD>(kb, vb, qa, o, m, l, cc.k * DEC_TILE, ctx, scale_log2, lane);
-
-        const bool item_end = cc.k + 1 == cc.ts;
-        if (!item_end && j + 1 < n) {
-            advance(cc);
-            continue;
-        }
-        // The segment ends: as decode_body's warp merge with this warp alone.
-        float lt = l;
-        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-        const float wt = m == ATT_NEG_INF ? 0.f : 1.f;  // 0 x NaN keeps an unmapped row NaN
-        const float lsum = wt * lt;
-        const u32 item = cc.s * ykv + cc.y;
-        if (k0 == 0 && item_end) {  // the whole item
-            if (g < gcount) {
-                u32* dst = reinterpret_cast<u32*>(out + ((u64)cc.s * n_heads + head0 + g) * HD);
-#pragma unroll
-                for (int d = 0; d < NDT; ++d)
-                    dst[4 * d + t4] = (u32)f32_to_bf16(wt * (o[d][0] + o[d][2]) / lsum) |
-                                      ((u32)f32_to_bf16(wt * (o[d][1] + o[d][3]) / lsum) << 16);
-            }
-        } else {
-            const u64 slot = 2 * gw + (first_seg ? 0 : 1);
-            if (g < gcount) {
-                const u64 row = slot * gt + g;
-#pragma unroll
-                for (int d = 0; d < NDT; ++d)
-                    *reinterpret_cast<float2*>(part_o + row * HD + 8 * d + 2 * t4) =
-                        make_float2(wt * (o[d][0] + o[d][2]) / lsum, wt * (o[d][1] + o[d][3]) / lsum);
-                if (t4 == 0) part_lse[row] = m + log2f(lsum);
-            }
-            // The item's segments: warps w_lo..w_hi; w_lo's is its last (slot + 1) unless
-            // its tiles start at the item's first.
-            const u64 a = (u64)ykv * prefix[cc.s] + (u64)cc.y * cc.ts, b = a + cc.ts - 1;
-            const u64 w_lo = warp_of(a), segs = warp_of(b) - w_lo + 1;
-            // Counted after the warp's last tile (a fence here would also wait for the ring's
-            // copies in flight); at most two segments of a warp are partial, its first and last.
-            counted[n_counted++] = item;
-            // The warp holding the item's last tile merges it after its own last tile.
-            if (item_end) {
-                merge_item = item;
-                merge_segs = segs;
-                merge_wlo = w_lo;
-                merge_lo_last = start_of(w_lo) == a ? 0 : 1;
-                merge_s = cc.s;
-                merge_head0 = head0;
-                merge_gcount = gcount;
-            }
-        }
-        first_seg = false;
-        if (j + 1 < n) {
-            advance(cc);
-            begin_segment();
-        }
-    }
-    cp_async_wait<0>();
-    SK_MARK(1);
-    if (n_counted > 0) {
-        __threadfence();  // this warp's partials are visible before they are counted
-        __syncwarp();
-        if (lane == 0)
-            for (u32 i = 0; i < n_counted; ++i) atomicAdd(counters + counted[i], 1u);
-    }
-#ifdef SK_NOMERGE
-    merge_item = ~0ull;  // timing only: the partial items are never merged
-#endif
-    if (merge_item == ~0ull) {
-        SK_MARK(2);
-        return;
-    }
-    // Wait for the item's other segments (every CTA of the grid is resident: one wave), then
-    // merge them and leave the counter at 0 for the next launch.
-    if (lane == 0) {
-        u32 c;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(counters + merge_item) : "memory");
-        } while (c < merge_segs);
-        counters[merge_item] = 0;
-    }
-    __syncwarp();
-    auto row_of = [&](u32 sg, u32 hg) {
-        return (2 * (merge_wlo + sg) + (sg == 0 ? merge_lo_last : 0)) * gt + hg;
-    };
-    for (u32 e = lane; e < merge_gcount * (HD / 4); e += 32) {
-        const u32 hg = e / (HD / 4), d4 = e % (HD / 4);
-        dec_merge_splits(
-            out + ((u64)merge_s * n_heads + merge_head0 + hg) * HD + 4 * d4, (u32)merge_segs,
-            [&](u32 sg) { return __ldcg(part_lse + row_of(sg, hg)); },
-            [&](u32 sg) { return __ldcg(reinterpret_cast<const float4*>(part_o) + row_of(sg, hg) * (HD / 4) + d4); });
-    }
-    SK_MARK(2);
-}
-
-#define DECODE_STREAMK_KERNEL(NAME, HD, MINB)                                                                      \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) NAME(                                           \
-        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters, \
-        const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,             \
-        const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_seqs,       \
-        u32 num_blocks, u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, float scale_log2) {              \
-        decode_streamk_body<HD, DEC_STAGES>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,      \
-                                            max_blocks, ctx_lens, num_seqs, num_blocks, block_size, n_heads, n_kv,  \
-                                            group, gt, scale_log2);                                                 \
-    }
-DECODE_STREAMK_KERNEL(paged_decode_streamk_hd64, 64, 4)
-DECODE_STREAMK_KERNEL(paged_decode_streamk_hd128, 128, 2)
-
-// ------------------------------------------------------- stream-K with chunks taken at run time
-// The stream-K kernel above gives each warp a fixed share; on an H200 warps with equal shares
-// finish 32-47 µs apart at 64 x 600 (SK_TIMING). Here the tiles are cut into chunks of
-// SK_CHUNK tiles, and warps take chunks from a counter as they go (each holds the next
-// chunk's number one chunk ahead, so its ring runs on across chunks): a slow warp takes fewer.
-// Segments are the runs of one item inside one chunk, so where they are is fixed by the
-// chunking, not by who takes which chunk: a split item's partial goes to slot 2 c (the first
-// segment of chunk c) or 2 c + 1 (its last), and the segment that brings the item's count to
-// its number of chunks merges it at once. counters: one per item, then the chunk counter and
-// the count of warps done (the last warp out sets both back to 0).
 #ifndef SK_CHUNK
 #define SK_CHUNK 8
 #endif
@@ -851,44 +562,6 @@ static void run_case(Case c, bool shuffle, int layers, int sms, int ctas_per_sm)
     const double bytes = 2.0 * c.batch * (double)c.ctx * KV * HD * 2;
     printf("| %d | %d | %s | %d | %.1f | %.0f |\n", c.batch, c.ctx, shuffle ? "shuffled" : "in order", n_splits, us,
            bytes / (us * 1e-6) / 1e9);
-    {
-        // The stream-K decode kernel (attention.cu), one wave of resident CTAs.
-        const int grid = sms * ctas_per_sm;
-        float *sk_o, *sk_lse;
-        u32* sk_cnt;
-        CK(cudaMalloc(&sk_o, (size_t)2 * grid * DEC_WARPS * group * HD * 4));
-        CK(cudaMalloc(&sk_lse, (size_t)2 * grid * DEC_WARPS * group * 4));
-        CK(cudaMalloc(&sk_cnt, (size_t)c.batch * KV * 4));
-        CK(cudaMemset(sk_cnt, 0, (size_t)c.batch * KV * 4));
-        u32 n_seqs = c.batch;
-        const size_t sk_smem = SMEM + 4 * (c.batch + 1);
-        CK(cudaFuncSetAttribute((const void*)paged_decode_streamk_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)sk_smem));
-        void* kargs[] = {&out, &sk_o, &sk_lse, &sk_cnt, &q, &k_p, &v_p, &d_table, &max_blocks, &d_ctx, &n_seqs,
-                         &num_blocks, &bs, &nh, &nkv, &group, &gt, &scale_log2};
-        const float sk = median_us((const void*)paged_decode_streamk_hd128, dim3(grid), kargs, sk_smem);
-        printf("| %d | %d | %s | stream-K kernel | %.1f | %.0f |\n", c.batch, c.ctx, shuffle ? "shuffled" : "in order",
-               sk, bytes / (sk * 1e-6) / 1e9);
-        // Both kernels once on cache 0: how far apart (different split points, so not the same
-        // bits; each is checked against the CPU reference by the kernel tests).
-        const size_t n_out = (size_t)c.batch * HEADS * HD;
-        std::vector<bf16> a(n_out), b(n_out);
-        k_p = kc[0];
-        v_p = vc[0];
-        CK(cudaLaunchKernel((const void*)paged_decode_hd128, dec_grid, dim3(DEC_THREADS), args, SMEM, s));
-        CK(cudaMemcpyAsync(a.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
-        CK(cudaMemsetAsync(out, 0xff, n_out * 2, s));
-        CK(cudaLaunchKernel((const void*)paged_decode_streamk_hd128, dim3(grid), dim3(DEC_THREADS), kargs, sk_smem, s));
-        CK(cudaMemcpyAsync(b.data(), out, n_out * 2, cudaMemcpyDeviceToHost, s));
-        CK(cudaStreamSynchronize(s));
-        report_agreement(a, b, "stream-K");
-#ifdef SK_TIMING
-        report_timing(std::min(grid * DEC_WARPS, 2048));
-#endif
-        CK(cudaFree(sk_o));
-        CK(cudaFree(sk_lse));
-        CK(cudaFree(sk_cnt));
-    }
     {
         // The chunked stream-K kernel: partial slots 2 per chunk, counters per item + 2.
         const int grid = sms * ctas_per_sm;
