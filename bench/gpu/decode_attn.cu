@@ -1,12 +1,12 @@
 // Where does many-sequence decode attention lose its bandwidth? In the 64-sequence decode
-// step of an 8B model (RESULTS 2026-12-03) paged_decode_hd128 reads 64 x ~600 positions of
-// K/V at ~3.0-3.1 TB/s, against ~4.0-4.3 TB/s for the GEMVs' weight streams. This program
+// step of an 8B model (RESULTS 2026-12-03) paged_decode_hd128 reads 64 x ~530 positions of
+// K/V at ~3.0 TB/s, against 3.6-3.9 TB/s for the same step's cuBLASLt weight GEMMs. This program
 // times the repository's decode kernel (kernels/cuda/attention.cu, or the copy named by
 // ATTN_SRC: bench/gpu/decode_attn.sh builds variants) alone on one H200:
 //   - Llama-3.1-8B heads (32 q, 8 kv, head dim 128), 16-slot blocks, each sequence's blocks
 //     taken from the pool in order (a fresh server) or shuffled (a server after churn);
 //   - DA_LAYERS separate caches (default 8) rotated call by call, so every call reads its
-//     K/V from DRAM, not from L2;
+//     K/V from DRAM, not from L2 (except for tiny cases: 5 x 33 positions fit in L2);
 //   - the worker's plan (paged.rs plan_splits: splits only where the CTAs do not fill two
 //     per SM), mean of 50 back-to-back launches, median of 5 rounds; GB/s counts K and V of
 //     every position once.
@@ -85,10 +85,14 @@ struct DecCursor {
 #ifndef SK_CHUNK
 #define SK_CHUNK 8
 #endif
-// Partial segments a warp keeps to count after its last tile.
+// Partial segments a warp keeps to count after its last tile (-DSK_PARTS=0: each is counted
+// as it ends, behind a fence; that was faster in RESULTS 2026-12-03).
 #ifndef SK_PARTS
 #define SK_PARTS 8
 #endif
+// The copy side runs DEC_STAGES - 1 tiles ahead and so can enter at most two chunks the
+// compute side has not: the chunk queue below holds two.
+static_assert(SK_CHUNK >= 2, "the chunk queue needs chunks of at least 2 tiles");
 struct PartialItem {
     u32 s, y, ts, head0, gcount;
 };
@@ -280,7 +284,7 @@ __device__ __forceinline__ void decode_sk2_body(bf16* __restrict__ out, float* _
                 [&](u32 sg) { return __ldcg(reinterpret_cast<const float4*>(part_o) + row_of(sg, hg) * (HD / 4) + d4); });
         }
     };
-    PartialItem parts[SK_PARTS];
+    PartialItem parts[SK_PARTS > 0 ? SK_PARTS : 1];
     u32 n_parts = 0;
     u32 cchunk = 0;
     u64 ct = 0, cend = 0;
@@ -337,7 +341,7 @@ __device__ __forceinline__ void decode_sk2_body(bf16* __restrict__ out, float* _
                 // Counted after the warp's last tile (a fence here also waits for the ring's
                 // copies in flight), or now when the list is full.
                 const PartialItem p{cc.s, cc.y, cc.ts, head0, gcount};
-                if (n_parts < SK_PARTS) parts[n_parts++] = p;
+                if (n_parts + 1 <= SK_PARTS) parts[n_parts++] = p;
                 else count_and_merge(p, true);
             }
         }
@@ -423,7 +427,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 2)
         dec_issue_tile<HD>(wbase + stage * STAGE_B, slot, k_cache + (u64)kvh * HD + lc * 8,
                            v_cache + (u64)kvh * HD + lc * 8, slot_stride, lane);
     };
-    u32 kvh;
+    u32 kvh = 0;
     for (u32 j = 0; j < ST - 1; ++j) {
         if (t0 + j * step < t1) {
             const u32 slot = slot_of(t0 + j * step, kvh);
