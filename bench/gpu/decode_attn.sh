@@ -15,6 +15,8 @@
 # 64:4096 16:600). DA_STREAMK=1 in the environment adds the stream-K copy ceilings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/gpu/variants.sh
+source bench/gpu/variants.sh
 VARIANTS="base copies"
 if [[ $# -gt 0 && "$1" != -- ]]; then VARIANTS=$1; shift; fi
 [[ "${1:-}" == -- ]] && shift
@@ -68,16 +70,4 @@ elif v not in ("base", "copies"):
 open(sys.argv[2], "w").write(s)
 PY
 }
-pids=()
-for v in $VARIANTS; do
-    # A variant whose edit no longer applies is reported (its build log) and skipped.
-    make_variant "$v" > "$D/$v.make.log" 2>&1 || { mkdir -p "$D/$v" && mv "$D/$v.make.log" "$D/$v/build.log"; continue; }
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$PWD/kernels/cuda" -DATTN_SRC="\"$D/$v/attention.cu\"" \
-        -o "$D/$v/decode_attn" bench/gpu/decode_attn.cu > "$D/$v/build.log" 2>&1 &
-    pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p" || true; done
-for v in $VARIANTS; do
-    echo "=== $v"
-    if [[ -x "$D/$v/decode_attn" ]]; then "$D/$v/decode_attn" "$@"; else cat "$D/$v/build.log"; fi
-done
+variants_build_run decode_attn ATTN_SRC attention.cu "$@"

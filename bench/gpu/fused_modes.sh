@@ -10,6 +10,8 @@
 # Extra variants: EXTRA="name=/path/to/gemv.cu ..." times other copies the same way.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/gpu/variants.sh
+source bench/gpu/variants.sh
 VARIANTS=${1:-"base no_scale no_norm res_noread"}
 D=${FM_DIR:-/tmp/fused_modes}
 mkdir -p "$D"
@@ -36,22 +38,4 @@ elif v != "base":
 open(sys.argv[2], "w").write(s)
 PY
 }
-pids=()
-for v in $VARIANTS; do
-    # A variant whose edit no longer applies is reported (its build log) and skipped.
-    make_variant "$v" > "$D/$v.make.log" 2>&1 || { mkdir -p "$D/$v" && mv "$D/$v.make.log" "$D/$v/build.log"; continue; }
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DGEMV_SRC="\"$D/$v/gemv.cu\"" \
-        -o "$D/$v/fused_modes" bench/gpu/fused_modes.cu > "$D/$v/build.log" 2>&1 &
-    pids+=($!)
-done
-for e in ${EXTRA:-}; do
-    v=${e%%=*}; mkdir -p "$D/$v"; VARIANTS="$VARIANTS $v"
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DGEMV_SRC="\"${e#*=}\"" \
-        -o "$D/$v/fused_modes" bench/gpu/fused_modes.cu > "$D/$v/build.log" 2>&1 &
-    pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p" || true; done
-for v in $VARIANTS; do
-    echo "=== $v"
-    if [[ -x "$D/$v/fused_modes" ]]; then "$D/$v/fused_modes"; else cat "$D/$v/build.log"; fi
-done
+variants_build_run fused_modes GEMV_SRC gemv.cu
