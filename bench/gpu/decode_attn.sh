@@ -23,15 +23,7 @@ if [[ $# -gt 0 && "$1" != -- ]]; then VARIANTS=$1; shift; fi
 D=${DA_DIR:-/tmp/decode_attn}
 mkdir -p "$D"
 make_variant() { # name -> $D/name/attention.cu
-    mkdir -p "$D/$1"
-    V=$1 python3 - kernels/cuda/attention.cu "$D/$1/attention.cu" <<'PY'
-import os, sys
-s = open(sys.argv[1]).read()
-v = os.environ["V"]
-def sub(old, new):
-    global s
-    assert s.count(old) == 1, f"{v}: {old!r} found {s.count(old)} times"
-    s = s.replace(old, new)
+    variant_copy "$1" kernels/cuda/attention.cu "$D/$1/attention.cu" <<'PY'
 if v.endswith("wrange"):
     # Each warp takes a contiguous run of the split's tiles instead of every DEC_WARPS-th.
     sub("    const u32 my_tiles = n_tiles > warp ? (n_tiles - warp - 1) / DEC_WARPS + 1 : 0;\n",
@@ -67,7 +59,6 @@ if v == "qk4":
         "#pragma unroll\n    for (int n = 0; n < 2; ++n)\n#pragma unroll\n        for (int e = 0; e < 4; ++e) s[n][e] += s2[n][e];\n")
 elif v not in ("base", "copies"):
     sys.exit(f"unknown variant {v}")
-open(sys.argv[2], "w").write(s)
 PY
 }
 variants_build_run decode_attn ATTN_SRC attention.cu "$@"

@@ -1,5 +1,26 @@
-# Shared by bench/gpu/fused_modes.sh and decode_attn.sh (sourced, not run): builds a
-# benchmark program against edited copies of one kernel source and runs each build.
+# Shared by bench/gpu/fused_modes.sh and decode_attn.sh (sourced, not run): edited copies of
+# one kernel source, a benchmark program built against each, and its runs.
+#
+#   variant_copy NAME SRC DST <<'PY' ... PY
+#
+# Runs the Python edits on stdin against SRC's text `s`, with `v` = NAME and sub(old, new)
+# replacing `old`, which must occur exactly once (else the edit no longer applies: an
+# AssertionError naming it), and writes the result to DST.
+variant_copy() {
+    local edits prelude
+    edits=$(cat)
+    prelude='import os, sys
+s = open(sys.argv[1]).read()
+v = os.environ["V"]
+def sub(old, new):
+    global s
+    assert s.count(old) == 1, f"{v}: {old!r} found {s.count(old)} times"
+    s = s.replace(old, new)'
+    mkdir -p "$(dirname "$3")"
+    V=$1 python3 -c "$prelude
+$edits
+open(sys.argv[2], 'w').write(s)" "$2" "$3"
+}
 #
 #   variants_build_run PROG MACRO FILE [ARGS...]
 #
