@@ -59,7 +59,8 @@ struct Plan {
     d: sys::cublasLtMatrixLayout_t,
     /// The heuristic's candidates, best first (one unless the plan may be tuned).
     algos: Vec<sys::cublasLtMatmulAlgo_t>,
-    /// The candidate timed fastest ([`Device::matmul_parts`]); unset: the first.
+    /// The candidate to run once settled ([`Device::matmul_parts`]): the one timed fastest,
+    /// or the first for a plan that is never timed; unset: not settled yet (the first runs).
     tuned: OnceLock<usize>,
 }
 
@@ -400,9 +401,14 @@ impl Device {
         if let Some(&i) = plan.tuned.get() {
             return Ok(i);
         }
+        // A plan's weight size is fixed by its shape: one that cannot be tuned is settled at
+        // once, so later calls skip the capture query too.
+        if plan.algos.len() < 2 || w.len() * 2 <= TUNE_MIN_WEIGHT_BYTES {
+            return Ok(*plan.tuned.get_or_init(|| 0));
+        }
         let capturing = self.stream.capture_status().map_err(dev_err(op_name))?
             != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        if plan.algos.len() < 2 || capturing || w.len() * 2 <= TUNE_MIN_WEIGHT_BYTES {
+        if capturing {
             return Ok(0);
         }
         // A candidate that fails to run is passed over (the first one is what an untuned plan
