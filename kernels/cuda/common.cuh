@@ -78,30 +78,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
-// RMSNorm's row scale without its weight, over the whole block: rsqrt(mean(row^2) + eps) of a
-// row of `dim` bf16 values (16-byte loads when dim % 8 == 0; rows then start 16-byte aligned).
-// Every thread of the block must call it (block_sum) and all get the same value, so blocks of
-// one size agree on a row. The weight-folded path (worker forward.rs: the norm's weight
-// folded into the next GEMM's) applies it to that GEMM's output, in qkv.cu and activation.cu.
-__device__ __forceinline__ float block_rms_scale(const bf16* __restrict__ row, u32 dim, float eps, float* scratch) {
-    float ss = 0.f;
-    if ((dim & 7) == 0) {
-        const uint4* r8 = reinterpret_cast<const uint4*>(row);
-        for (u32 i = threadIdx.x; i < dim >> 3; i += blockDim.x) {
-            float f[8];
-            unpack8(r8[i], f);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
-        }
-    } else {
-        for (u32 i = threadIdx.x; i < dim; i += blockDim.x) {
-            const float v = bf16_to_f32(row[i]);
-            ss += v * v;
-        }
-    }
-    return rsqrtf(block_sum(ss, scratch) / (float)dim + eps);
-}
-
 // RoPE of one pair (a, b) by the angle whose (cos, sin) is c: the one expression every
 // kernel that rotates q or k uses (qkv.cu, gemv.cu's NORM_ROPE epilogue), so they round
 // alike (the compiler contracts the same expression the same way).

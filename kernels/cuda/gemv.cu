@@ -34,8 +34,7 @@
 //
 // Fused decode modes (one kernel where a layer had two or three; gemv.rs launches them):
 // - NORM: out = rms_norm(x; gamma, eps) · Wᵀ, computed as s · ((x ⊙ gamma) · Wᵀ) with row
-//   n's scalar s = rsqrt(mean(x[n]²) + eps) (gamma null: ones, for a W that already holds
-//   gamma, as the worker's weight-folded path stores it): each warp writes bf16(x * gamma) of only the
+//   n's scalar s = rsqrt(mean(x[n]²) + eps): each warp writes bf16(x * gamma) of only the
 //   columns it reads into shared memory (x is the residual stream, a few KB, read from L2)
 //   and sums their squares, with no CTA barrier before its first mma; the epilogue adds the
 //   warps' sums and scales the f32 sum before rounding it (gemv_norm_own). The fragments'
@@ -169,7 +168,7 @@ __device__ __forceinline__ int gemv_warp_vec(int e, int c0, int c_step) { return
 // across the norm they made the fused kernels spill.
 __device__ __forceinline__ void gemv_gamma_prefetch(const bf16* __restrict__ gamma, int cols, int c0, int c_step,
                                                     int per_tile) {
-    for (int j = threadIdx.x % 32; gamma && j < per_tile; j += 32) {
+    for (int j = threadIdx.x % 32; j < per_tile; j += 32) {
         const int k = (c0 + j * c_step) * GEMV_CHUNK;
         if (k < cols) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gamma + k));
     }
@@ -210,9 +209,9 @@ __device__ __forceinline__ void gemv_norm_own(bf16* xn, const bf16* __restrict__
         for (int u = 0; u < 4; ++u) {
             int n, i;
             if (item(q0 + u, n, i)) {
-                float f[8], g[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+                float f[8], g[8];
                 unpack8(v[u], f);
-                if (gamma) unpack8(__ldg(reinterpret_cast<const uint4*>(gamma) + i), g);
+                unpack8(__ldg(reinterpret_cast<const uint4*>(gamma) + i), g);
                 float part = 0.f;
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {

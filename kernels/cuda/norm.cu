@@ -195,12 +195,3 @@ extern "C" __global__ void add_residual_vec8(bf16* residual, const bf16* __restr
         reinterpret_cast<uint4*>(residual)[i] = pack8(a);
     }
 }
-
-// An RMSNorm's weight folded into the GEMM after it (the worker's weight-folded path, run
-// once at load): rms_norm(x) · Wᵀ = s · (x · (W diag(gamma))ᵀ) with the row's scale s applied
-// after the GEMM, so W's columns are scaled here: w[r, c] = bf16(w[r, c] * gamma[c]) for w
-// [n / cols, cols], gamma [cols]. Grid-stride.
-extern "C" __global__ void fold_norm_weight(bf16* w, const bf16* __restrict__ gamma, u64 n, u32 cols) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-        w[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(gamma[i % cols]));
-}

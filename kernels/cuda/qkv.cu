@@ -16,12 +16,6 @@
 // (2i, 2i+1) interleaved or (i, i + half_rot) neox; dims >= 2 * half_rot pass through. A
 // position >= max_pos turns the rotated dims of q and k into NaN, as rope.cu does.
 //
-// With `xs` (the weight-folded path, worker forward.rs: the layer norm's weight folded into the
-// q|k|v weight, the GEMM fed the raw residual rows), each token's row is first scaled by that
-// norm's s = rsqrt(mean(xs[t]^2) + xs_eps) of its residual row xs[t] (`xs_dim` values),
-// computed by every block of the token alike (block_rms_scale, after the head slots in shared
-// memory): v = s * qkv + bias. Without it s = 1 (the same bits as before).
-//
 // Two launch shapes, both with grid (n_tokens, head blocks) and the head staged in f32 in
 // dynamic shared memory (head_dim floats per head, sized by the host) so one thread can read
 // both dims of a neox pair:
@@ -40,18 +34,13 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
                                           const bf16* __restrict__ k_norm, const u32* __restrict__ positions,
                                           const u32* __restrict__ slots, const float2* __restrict__ cos_sin,
                                           u32 n_tokens, u32 n_heads, u32 n_kv, u32 head_dim, u32 half_rot,
-                                          u32 max_pos, u64 n_slots, float eps, int neox,
-                                          const bf16* __restrict__ xs, u32 xs_dim, float xs_eps) {
+                                          u32 max_pos, u64 n_slots, float eps, int neox) {
     extern __shared__ float qkv_smem[];
     PDL_TRIGGER();  // the decode attention after it copies older K/V meanwhile
     const u32 t = blockIdx.x;
     const u32 lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const u32 h = blockIdx.y * QKV_WARPS + warp;
     const u32 heads = n_heads + 2 * n_kv;
-    // The whole block, before any thread leaves (t is the block's).
-    const float rs =
-        xs && t < n_tokens ? block_rms_scale(xs + (u64)t * xs_dim, xs_dim, xs_eps, qkv_smem + QKV_WARPS * head_dim)
-                           : 1.f;
     // Whole warps leave together: below, only __syncwarp and shuffles synchronise.
     if (t >= n_tokens || h >= heads) return;
 
@@ -76,7 +65,7 @@ extern "C" __global__ void qkv_rope_write(bf16* __restrict__ q_out, bf16* __rest
     float ss = 0.f;
     for (u32 j = lane; j < pairs; j += WARP_SIZE) {
         const u32 w = src[j];
-        float x0 = __uint_as_float(w << 16) * rs, x1 = __uint_as_float(w & 0xffff0000u) * rs;
+        float x0 = __uint_as_float(w << 16), x1 = __uint_as_float(w & 0xffff0000u);
         if (b) {
             const u32 bw = b[j];
             x0 += __uint_as_float(bw << 16);
@@ -148,9 +137,7 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
                                                const bf16* __restrict__ k_norm, const u32* __restrict__ positions,
                                                const u32* __restrict__ slots, const float2* __restrict__ cos_sin,
                                                u32 n_tokens, u32 n_heads, u32 n_kv, u32 head_dim, u32 half_rot,
-                                               u32 max_pos, u64 n_slots, float eps, int neox,
-                                               const bf16* __restrict__ xs, u32 xs_dim, float xs_eps,
-                                               u32 lanes_log2) {
+                                               u32 max_pos, u64 n_slots, float eps, int neox, u32 lanes_log2) {
     extern __shared__ float qkv_smem[];
     PDL_TRIGGER();  // the decode attention after it copies older K/V meanwhile
     const u32 t = blockIdx.x;
@@ -183,10 +170,15 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
     if (active && nw) load8(nw + 8 * li, w);
     u32 pos = 0;
     if (rot) pos = positions[t];
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, b[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (active) {
         load8(qkv + ((u64)t * heads + h) * head_dim + 8 * li, v);
-        if (bias) load8(bias + (u64)h * head_dim + 8 * li, b);
+        if (bias) {
+            float b[8];
+            load8(bias + (u64)h * head_dim + 8 * li, b);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] += b[k];
+        }
     }
     const bool ok = pos < max_pos;
     float2 c[QKV_VEC8_PAIRS];
@@ -196,13 +188,6 @@ extern "C" __global__ void qkv_rope_write_vec8(bf16* __restrict__ q_out, bf16* _
         for (u32 k = 0; k < QKV_VEC8_PAIRS; ++k)
             if (li + k * lanes < half_rot) c[k] = cs[li + k * lanes];
     }
-
-    // The token's row scale (weight-folded path; the whole block), then the bias.
-    const float rs = xs && t < n_tokens ? block_rms_scale(xs + (u64)t * xs_dim, xs_dim, xs_eps,
-                                                           qkv_smem + (blockDim.x >> lanes_log2) * head_dim)
-                                        : 1.f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = bias ? v[k] * rs + b[k] : v[k] * rs;
 
     // Per-head RMSNorm of q and k: the sum over the head's lanes (xor offsets below `lanes`
     // stay inside the group, which is lanes-aligned).

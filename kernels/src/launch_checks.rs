@@ -114,17 +114,6 @@ pub(crate) fn silu_packed_shape(
     Ok(ffn)
 }
 
-/// The row width of `x_len` values of `n_rows` residual rows whose norm scale a weight-folded
-/// kernel computes (`silu_mul_packed_rowscale`, `qkv_rope_write_rowscale`), and a usable eps.
-pub(crate) fn row_scale_dim(op: &'static str, x_len: usize, n_rows: usize, eps: f32) -> Result<usize, KernelError> {
-    check(n_rows > 0 && x_len > 0 && x_len.is_multiple_of(n_rows), op, || {
-        format!("x has {x_len} values, not {n_rows} rows")
-    })?;
-    check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} is not a finite non-negative number"))?;
-    to_u32(op, "row width", x_len / n_rows)?;
-    Ok(x_len / n_rows)
-}
-
 /// The buffer lengths and shape of one fused Q/K/V preparation (`qkv_rope_write`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QkvLens {

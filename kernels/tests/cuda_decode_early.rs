@@ -142,14 +142,14 @@ impl Step {
                 &cache,
                 &prep(&qkv),
                 &self.x,
-                Some(&self.gamma),
+                &self.gamma,
                 EPS,
                 &self.w,
                 cols,
             )
             .unwrap();
         } else {
-            dev.matmul_rms_norm(&mut qkv, &self.x, Some(&self.gamma), EPS, m, &self.w, rows, cols).unwrap();
+            dev.matmul_rms_norm(&mut qkv, &self.x, &self.gamma, EPS, m, &self.w, rows, cols).unwrap();
             dev.qkv_rope_write(&mut q, &mut k, &mut v, &cache, &prep(&qkv)).unwrap();
         }
         let batch = PagedBatch {

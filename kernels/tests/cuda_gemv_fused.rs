@@ -115,18 +115,11 @@ fn norm_case(dev: &Device, c: &Case) {
     let (m, rows, cols) = (c.m, c.rows, c.cols);
     let (x, gamma, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.gamma).unwrap(), dev.upload(&c.w).unwrap());
     let mut fused = poisoned(dev, m * rows);
-    dev.matmul_rms_norm(&mut fused, &x, Some(&gamma), EPS, m, &w, rows, cols).unwrap();
+    dev.matmul_rms_norm(&mut fused, &x, &gamma, EPS, m, &w, rows, cols).unwrap();
     let fused = dev.download(&fused).unwrap();
     let xr = normalised(&to_f32(&c.x), &to_f32(&c.gamma), m, cols);
     let (want, mag) = products(&xr, &to_f32(&c.w), m, rows, cols);
     within(&format!("norm {}", c.name()), &fused, &want, &mag);
-    // No gamma (a W that holds it, the weight-folded path) is gamma of ones, bit for bit.
-    let ones = dev.upload(&vec![bf16::ONE; cols]).unwrap();
-    let (mut plain, mut by_ones) = (poisoned(dev, m * rows), poisoned(dev, m * rows));
-    dev.matmul_rms_norm(&mut plain, &x, None, EPS, m, &w, rows, cols).unwrap();
-    dev.matmul_rms_norm(&mut by_ones, &x, Some(&ones), EPS, m, &w, rows, cols).unwrap();
-    let (plain, by_ones) = (dev.download(&plain).unwrap(), dev.download(&by_ones).unwrap());
-    agree(&format!("norm {} without gamma", c.name()), &plain, &by_ones);
 }
 
 fn swiglu_case(dev: &Device, c: &Case) {
@@ -134,10 +127,10 @@ fn swiglu_case(dev: &Device, c: &Case) {
     let ffn = c.rows / 2;
     let (x, gamma, w) = (dev.upload(&c.x).unwrap(), dev.upload(&c.gamma).unwrap(), dev.upload(&c.w).unwrap());
     let mut fused = poisoned(dev, m * ffn);
-    dev.matmul_rms_norm_swiglu(&mut fused, &x, Some(&gamma), EPS, m, &w, ffn, cols).unwrap();
+    dev.matmul_rms_norm_swiglu(&mut fused, &x, &gamma, EPS, m, &w, ffn, cols).unwrap();
     let mut gu = poisoned(dev, m * 2 * ffn);
     let mut unfused = poisoned(dev, m * ffn);
-    dev.matmul_rms_norm(&mut gu, &x, Some(&gamma), EPS, m, &w, 2 * ffn, cols).unwrap();
+    dev.matmul_rms_norm(&mut gu, &x, &gamma, EPS, m, &w, 2 * ffn, cols).unwrap();
     dev.silu_mul_packed(&mut unfused, &gu, m).unwrap();
     let (fused, unfused) = (dev.download(&fused).unwrap(), dev.download(&unfused).unwrap());
     // Reference: silu(g) * u from the exact products; g's and u's errors (bounded as in
@@ -280,12 +273,11 @@ fn rope_case(dev: &Device, c: &RopeCase, seed: u64) -> Option<[(Vec<bf16>, Vec<b
     // The fused kernel never reads `qkv` (only its length): a separate, poisoned one.
     let unread = poisoned(dev, m * rows);
     let (mut fq, mut fk, mut fv) = outs();
-    let fused =
-        dev.matmul_rms_norm_rope(&mut fq, &mut fk, &mut fv, &cache, &prep(&unread), &x, Some(&gamma), EPS, &w, cols);
+    let fused = dev.matmul_rms_norm_rope(&mut fq, &mut fk, &mut fv, &cache, &prep(&unread), &x, &gamma, EPS, &w, cols);
     assert_eq!(fused.is_ok(), dev.fused_rope_gemv_applies(&prep(&unread), cols), "applies <=> launches");
     fused.ok()?;
     let (mut uq, mut uk, mut uv) = outs();
-    dev.matmul_rms_norm(&mut qkv, &x, Some(&gamma), EPS, m, &w, rows, cols).unwrap();
+    dev.matmul_rms_norm(&mut qkv, &x, &gamma, EPS, m, &w, rows, cols).unwrap();
     dev.qkv_rope_write(&mut uq, &mut uk, &mut uv, &cache, &prep(&qkv)).unwrap();
     let d = |b: &Buf<bf16>| dev.download(b).unwrap();
     Some([(d(&fq), d(&uq)), (d(&fk), d(&uk)), (d(&fv), d(&uv))])
@@ -356,13 +348,13 @@ fn fused_gemvs_reject_bad_shapes() {
     let (x, g, w) =
         (dev.alloc::<bf16>(9 * 64).unwrap(), dev.alloc::<bf16>(64).unwrap(), dev.alloc::<bf16>(64 * 64).unwrap());
     let mut out = dev.alloc::<bf16>(9 * 64).unwrap();
-    assert!(dev.matmul_rms_norm(&mut out, &x, Some(&g), EPS, 9, &w, 64, 64).is_err());
+    assert!(dev.matmul_rms_norm(&mut out, &x, &g, EPS, 9, &w, 64, 64).is_err());
     let (x1, mut o1) = (dev.alloc::<bf16>(64).unwrap(), dev.alloc::<bf16>(63).unwrap());
     assert!(dev.matmul_add_residual(&mut o1, &x1, 1, &w, 64, 64).is_err());
     let w63 = dev.alloc::<bf16>(63 * 64).unwrap();
     let mut act = dev.alloc::<bf16>(32).unwrap();
-    assert!(dev.matmul_rms_norm_swiglu(&mut act, &x1, Some(&g), EPS, 1, &w63, 32, 64).is_err());
-    assert!(dev.matmul_rms_norm(&mut o1, &x1, Some(&g), f32::NAN, 1, &w, 63, 64).is_err());
+    assert!(dev.matmul_rms_norm_swiglu(&mut act, &x1, &g, EPS, 1, &w63, 32, 64).is_err());
+    assert!(dev.matmul_rms_norm(&mut o1, &x1, &g, f32::NAN, 1, &w, 63, 64).is_err());
 }
 
 /// Enough copies of a weight that a timing loop reads well over the 60 MB L2 from HBM.
@@ -421,9 +413,9 @@ fn bench_fused_layer() {
         let fused = dev
             .capture(|| {
                 for l in 0..LAYERS {
-                    dev.matmul_rms_norm(&mut q, &x, Some(&gamma), EPS, m, &wq[l], qkv, h)?;
+                    dev.matmul_rms_norm(&mut q, &x, &gamma, EPS, m, &wq[l], qkv, h)?;
                     dev.matmul_add_residual(&mut x, &attn, m, &wo[l], h, h)?;
-                    dev.matmul_rms_norm_swiglu(&mut act, &x, Some(&gamma), EPS, m, &wgu[l], ffn, h)?;
+                    dev.matmul_rms_norm_swiglu(&mut act, &x, &gamma, EPS, m, &wgu[l], ffn, h)?;
                     dev.matmul_add_residual(&mut x, &act, m, &wd[l], h, ffn)?;
                 }
                 Ok(())

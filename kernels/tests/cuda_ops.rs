@@ -257,67 +257,6 @@ fn silu_mul_matches_cpu() {
     }
 }
 
-/// The weight-folded path's SwiGLU: each row scaled by its residual row's norm scale first,
-/// against an f64 reference (silu(s g) * (s u)); rows of SmolLM2's and Llama-8B's widths,
-/// residual rows of 4096 and of a width that is no multiple of 8 (the scalar loads).
-#[test]
-fn silu_mul_packed_rowscale_matches_reference() {
-    let Some(dev) = gpu("silu_mul_packed_rowscale_matches_reference") else { return };
-    let mut r = rng(19);
-    let eps = 1e-5f32;
-    for (rows, ffn, dim) in [(9, 1536, 576), (64, 14336, 4096), (300, 1536, 576), (3, 64, 100)] {
-        let gu = rand_bf16(&mut r, rows * 2 * ffn, -40.0, 40.0);
-        let x = rand_bf16(&mut r, rows * dim, -6.0, 6.0);
-        let (gu32, x32) = (to_f32(&gu), to_f32(&x));
-        let mut want = Vec::with_capacity(rows * ffn);
-        for (row, xr) in gu32.chunks(2 * ffn).zip(x32.chunks(dim)) {
-            let ms = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / dim as f64;
-            let s = 1.0 / (ms + f64::from(eps)).sqrt();
-            let (g, u) = row.split_at(ffn);
-            want.extend(g.iter().zip(u).map(|(&g, &u)| {
-                let g = s * f64::from(g);
-                (g / (1.0 + (-g).exp()) * s * f64::from(u)) as f32
-            }));
-        }
-        let (gud, xd) = (dev.upload(&gu).unwrap(), dev.upload(&x).unwrap());
-        let mut out = poisoned(&dev, rows * ffn);
-        dev.silu_mul_packed_rowscale(&mut out, &gud, rows, &xd, eps).unwrap();
-        let what = format!("silu_mul_packed_rowscale {rows}x{ffn} (rows of {dim})");
-        assert_close(&what, &dev.download(&out).unwrap(), &want, ATOL, RTOL);
-    }
-    let (gu, x) = (dev.alloc::<bf16>(2 * 2 * 12).unwrap(), dev.alloc::<bf16>(2 * 8).unwrap());
-    let mut out = dev.alloc::<bf16>(2 * 12).unwrap();
-    // An FFN width that is no multiple of 8, residual rows that do not divide, a NaN eps.
-    assert!(dev.silu_mul_packed_rowscale(&mut out, &gu, 2, &x, 1e-5).is_err());
-    let (gu, x7) = (dev.alloc::<bf16>(2 * 2 * 16).unwrap(), dev.alloc::<bf16>(15).unwrap());
-    let mut out = dev.alloc::<bf16>(2 * 16).unwrap();
-    assert!(dev.silu_mul_packed_rowscale(&mut out, &gu, 2, &x7, 1e-5).is_err());
-    assert!(dev.silu_mul_packed_rowscale(&mut out, &gu, 2, &x, f32::NAN).is_err());
-    dev.silu_mul_packed_rowscale(&mut out, &gu, 2, &x, 1e-5).unwrap();
-}
-
-/// Folding a norm weight into a GEMM weight: every value is bf16(w * gamma[column]), bit
-/// for bit the host's rounding of the f32 product, on a shape whose rows are no multiple
-/// of 8 wide; a weight that is not whole rows of gamma is refused.
-#[test]
-fn fold_norm_weight_scales_columns_bit_for_bit() {
-    let Some(dev) = gpu("fold_norm_weight_scales_columns_bit_for_bit") else { return };
-    let mut r = rng(20);
-    for (rows, cols) in [(6144, 4096), (37, 100)] {
-        let w = rand_bf16(&mut r, rows * cols, -0.1, 0.1);
-        let gamma = rand_bf16(&mut r, cols, -3.0, 3.0);
-        let want: Vec<bf16> =
-            w.iter().enumerate().map(|(i, &v)| bf16::from_f32(v.to_f32() * gamma[i % cols].to_f32())).collect();
-        let mut wd = dev.upload(&w).unwrap();
-        dev.fold_norm_weight(&mut wd, &dev.upload(&gamma).unwrap()).unwrap();
-        let got = dev.download(&wd).unwrap();
-        let bad = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        assert_eq!(bad, 0, "fold_norm_weight {rows}x{cols}: {bad} values differ from bf16(w * gamma)");
-    }
-    let mut w = dev.alloc::<bf16>(10).unwrap();
-    assert!(dev.fold_norm_weight(&mut w, &dev.alloc::<bf16>(4).unwrap()).is_err());
-}
-
 // ---------------------------------------------------------------- embedding
 
 #[test]
@@ -617,41 +556,6 @@ fn matmul_parts_sum_matches_f64_reference() {
     let mut few = dev.alloc::<f32>(17).unwrap();
     assert!(matches!(dev.matmul_parts(&mut few, 3, &x, 2, &w, 3, 24), Err(KernelError::Shape { .. })));
     dev.matmul_parts(&mut parts, 3, &x, 2, &w, 3, 24).unwrap();
-}
-
-/// `out += x · Wᵀ` in place (the weight-folded path's residual adds): against `out0 + x ·
-/// Wᵀ` in f64, with the GEMM's bound plus the one bf16 rounding of the sum, at cuBLASLt
-/// shapes (the residual of 16-256 tokens) and at 1 and 8 rows (the GEMV's residual mode).
-#[test]
-fn matmul_accumulate_matches_f64_reference() {
-    let Some(dev) = gpu("matmul_accumulate_matches_f64_reference") else { return };
-    let mut r = rng(18);
-    for (m, rows, cols) in [(64, 4096, 4096), (16, 576, 1536), (256, 1024, 3072), (8, 4096, 14336), (1, 576, 576)] {
-        let x = rand_bf16(&mut r, m * cols, -1.0, 1.0);
-        let w = rand_bf16(&mut r, rows * cols, -0.05, 0.05);
-        let out0 = rand_bf16(&mut r, m * rows, -4.0, 4.0);
-        let (prod, mag) = matmul_ref(&to_f32(&x), &to_f32(&w), m, rows, cols);
-        let (xd, wd) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
-        let mut out = dev.upload(&out0).unwrap();
-        dev.matmul_accumulate(&mut out, &xd, m, &wd, rows, cols).unwrap();
-        let got = dev.download(&out).unwrap();
-        let what = format!("matmul_accumulate m={m} {rows}x{cols}");
-        let mut changed = 0;
-        for (i, ((g, o), (&p, &a))) in got.iter().zip(&out0).zip(prod.iter().zip(&mag)).enumerate() {
-            let (g, o) = (f64::from(g.to_f32()), f64::from(o.to_f32()));
-            let want = o + p;
-            let err = (g - want).abs();
-            let bound = want.abs() / 128.0 + p.abs() / 256.0 + a / 4096.0;
-            assert!(err <= bound, "{what}[{i}]: got {g}, want {want} (err {err:e}, out0 {o}, x·w {p})");
-            changed += usize::from(g != o);
-        }
-        // Not a no-op: the product moves most values.
-        assert!(changed * 2 > got.len(), "{what}: only {changed} of {} values changed", got.len());
-        eprintln!("{what}: ok, {changed} values changed");
-    }
-    let (x, w) = (dev.alloc::<bf16>(6).unwrap(), dev.alloc::<bf16>(6).unwrap());
-    let mut out = dev.alloc::<bf16>(4).unwrap();
-    assert!(matches!(dev.matmul_accumulate(&mut out, &x, 2, &w, 3, 3), Err(KernelError::Shape { .. })));
 }
 
 // ---------------------------------------------------------------- module cache

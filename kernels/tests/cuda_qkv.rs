@@ -125,9 +125,8 @@ impl Case {
         Inputs { qkv, bias, norm, positions, slots, num_blocks, eps: 1e-6 }
     }
 
-    /// (q_out, k_cache, v_cache) in f64, NaN where nothing is written; with `row_scale`, token
-    /// t's qkv row is scaled by `row_scale[t]` before the bias (the weight-folded path).
-    fn reference(&self, x: &Inputs, params: &RopeParams, row_scale: Option<&[f64]>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    /// (q_out, k_cache, v_cache) in f64, NaN where nothing is written.
+    fn reference(&self, x: &Inputs, params: &RopeParams) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let (hd, nh, nkv) = (self.hd, self.n_heads, self.n_kv);
         let row = self.heads() * hd;
         let n_slots = x.num_blocks * BLOCK_SIZE;
@@ -140,8 +139,7 @@ impl Case {
             let (pos, slot) = (x.positions[t] as usize, x.slots[t] as usize);
             for h in 0..self.heads() {
                 let base = h * hd;
-                let sc = row_scale.map_or(1.0, |s| s[t]);
-                let mut v: Vec<f64> = (0..hd).map(|d| f(x.qkv[t * row + base + d]) * sc).collect();
+                let mut v: Vec<f64> = (0..hd).map(|d| f(x.qkv[t * row + base + d])).collect();
                 if let Some(b) = &x.bias {
                     for (d, val) in v.iter_mut().enumerate() {
                         *val += f(b[base + d]);
@@ -185,18 +183,11 @@ impl Case {
         (q, kc, vc)
     }
 
-    /// Runs the case; with `row_dim`, through `qkv_rope_write_rowscale` with random residual
-    /// rows of that width.
-    fn run(&self, dev: &Device, r: &mut ChaCha8Rng, row_dim: Option<usize>) {
+    fn run(&self, dev: &Device, r: &mut ChaCha8Rng) {
         let params = RopeParams::new(self.rope_dim, self.theta, self.llama3, None).unwrap();
         let rope = dev.rope_cache(&params, MAX_POS).unwrap();
         let x = self.inputs(r);
-        let rows = row_dim.map(|dim| rand_bf16(r, self.n_tokens * dim, -6.0, 6.0));
-        let scales: Option<Vec<f64>> = rows.as_ref().zip(row_dim).map(|(rows, dim)| {
-            let ms = |row: &[bf16]| row.iter().map(|v| f64::from(v.to_f32()).powi(2)).sum::<f64>() / dim as f64;
-            rows.chunks(dim).map(|row| 1.0 / (ms(row) + f64::from(x.eps)).sqrt()).collect()
-        });
-        let (want_q, want_k, want_v) = self.reference(&x, &params, scales.as_deref());
+        let (want_q, want_k, want_v) = self.reference(&x, &params);
 
         let qkv = dev.upload(&x.qkv).unwrap();
         let bias = x.bias.as_ref().map(|b| dev.upload(b).unwrap());
@@ -220,16 +211,9 @@ impl Case {
             style: self.style,
             slots: &slots,
         };
-        match &rows {
-            Some(rows) => {
-                let xd = dev.upload(rows).unwrap();
-                dev.qkv_rope_write_rowscale(&mut q_out, &mut k_cache, &mut v_cache, &cache, &p, &xd, x.eps).unwrap()
-            }
-            None => dev.qkv_rope_write(&mut q_out, &mut k_cache, &mut v_cache, &cache, &p).unwrap(),
-        }
+        dev.qkv_rope_write(&mut q_out, &mut k_cache, &mut v_cache, &cache, &p).unwrap();
 
-        let scaled = row_dim.map_or(String::new(), |d| format!(", rows scaled by norms of {d}"));
-        let what = format!("{} ({} tokens{scaled})", self.name, self.n_tokens);
+        let what = format!("{} ({} tokens)", self.name, self.n_tokens);
         let got_q = dev.download(&q_out).unwrap();
         assert_close(&format!("{what} q"), &got_q, &want_q);
         assert_close(&format!("{what} k cache"), &dev.download(&k_cache).unwrap(), &want_k);
@@ -293,41 +277,7 @@ fn qkv_rope_write_matches_reference() {
         Case { slots: Slots::AllPadding, ..case("padding only", 4, (32, 8, 128, 128), 1e6, Neox, false, true) },
     ];
     for c in &cases {
-        c.run(&dev, &mut r, None);
-    }
-}
-
-/// The weight-folded path's variant: each token's row scaled by its residual row's norm
-/// scale before the bias, the rest as above; both kernels (vec8 and general), residual
-/// rows of 4096, 576 and 100 values (no multiple of 8: the scalar loads).
-#[test]
-fn qkv_rope_write_rowscale_matches_reference() {
-    let Some(dev) = gpu("qkv_rope_write_rowscale_matches_reference") else { return };
-    let mut r = rng(72);
-    use RopeStyle::{Interleaved, Neox};
-    let case = |name, n_tokens, (n_heads, n_kv, hd), style, bias, norm| Case {
-        name,
-        n_tokens,
-        n_heads,
-        n_kv,
-        hd,
-        rope_dim: hd,
-        theta: 500_000.0,
-        llama3: llama3(),
-        style,
-        bias,
-        norm,
-        slots: Slots::Scattered,
-    };
-    let cases = [
-        (case("llama 8b", 64, (32, 8, 128), Interleaved, false, false), 4096),
-        (case("qwen2", 17, (28, 4, 128), Neox, true, false), 4096),
-        (case("qwen3", 9, (32, 8, 128), Neox, false, true), 100),
-        (case("smollm2", 40, (9, 3, 64), Interleaved, false, false), 576),
-        (case("general hd 80", 6, (7, 1, 80), Neox, true, true), 576),
-    ];
-    for (c, dim) in &cases {
-        c.run(&dev, &mut r, Some(*dim));
+        c.run(&dev, &mut r);
     }
 }
 
@@ -376,14 +326,6 @@ fn qkv_rope_write_rejects_bad_shapes() {
     ];
     for (what, p) in &bad {
         let res = dev.qkv_rope_write(&mut q_out, &mut kc, &mut vc, &cache, p);
-        assert!(matches!(res, Err(KernelError::Shape { .. })), "{what}: {:?}", res.err());
-    }
-    // The weight-folded variant: residual rows that do not divide into the tokens, a NaN eps.
-    let (rows, rows_bad) =
-        (dev.upload(&vec![bf16::ONE; n * 10]).unwrap(), dev.upload(&vec![bf16::ONE; n * 10 - 1]).unwrap());
-    dev.qkv_rope_write_rowscale(&mut q_out, &mut kc, &mut vc, &cache, &good, &rows, 1e-6).unwrap();
-    for (what, xs, eps) in [("row length", &rows_bad, 1e-6), ("row eps", &rows, f32::NAN)] {
-        let res = dev.qkv_rope_write_rowscale(&mut q_out, &mut kc, &mut vc, &cache, &good, xs, eps);
         assert!(matches!(res, Err(KernelError::Shape { .. })), "{what}: {:?}", res.err());
     }
     // Output and cache shapes.

@@ -355,30 +355,6 @@ impl Device {
         self.gemm_into(&mut out.inner, true, x, m, w, rows, cols, false)
     }
 
-    /// `out += x · Wᵀ` in bf16 (`out` `[m, rows]`, one rounding of the f32 sum `out + x ·
-    /// Wᵀ`): the residual add of the weight-folded path. Up to 8 rows the GEMV's residual
-    /// mode (`matmul_add_residual`, which rounds `x · Wᵀ` first) where it applies.
-    pub fn matmul_accumulate(
-        &self,
-        out: &mut Buf<bf16>,
-        x: &Buf<bf16>,
-        m: usize,
-        w: &Buf<bf16>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda_matmul_accumulate";
-        check_gemm_operands(OP, x, m, w, rows, cols, out.len(), rows)?;
-        if m == 0 {
-            return Ok(());
-        }
-        if self.fused_gemv_applies(m, rows, cols) {
-            return self.matmul_add_residual(out, x, m, w, rows, cols);
-        }
-        let plan = self.gemm.plan(m, rows, cols, false, 1)?;
-        self.run_plan_beta(OP, &plan, 0, &mut out.inner, x, w, 1.0)
-    }
-
     /// `x · Wᵀ` with its inner dimension cut into `splits` equal chunks: `parts[i]` =
     /// `x[:, chunk i] · W[:, chunk i]ᵀ` in f32, `parts` `[splits, m, rows]` (its first values: a
     /// buffer for the largest step serves every smaller one). `cols` must split into chunks of
@@ -487,31 +463,15 @@ impl Device {
         x: &Buf<bf16>,
         w: &Buf<bf16>,
     ) -> Result<(), KernelError> {
-        self.run_plan_beta(op_name, plan, algo, out, x, w, 0.0)
-    }
-
-    /// [`Device::run_plan`] with `out = x · Wᵀ + beta · out` (cuBLASLt's C is `out` itself,
-    /// in place, which it allows for every algorithm: C and D share one layout).
-    #[allow(clippy::too_many_arguments)]
-    fn run_plan_beta<T>(
-        &self,
-        op_name: &'static str,
-        plan: &Plan,
-        algo: usize,
-        out: &mut CudaSlice<T>,
-        x: &Buf<bf16>,
-        w: &Buf<bf16>,
-        beta: f32,
-    ) -> Result<(), KernelError> {
         let s = &self.stream;
-        let alpha = 1.0f32;
+        let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _g1) = w.inner.device_ptr(s);
         let (xp, _g2) = x.inner.device_ptr(s);
         let (op, _g3) = out.device_ptr_mut(s);
         let (ws, _g4) = self.gemm.workspace.device_ptr(s);
         // SAFETY: the plan was made for exactly these shapes, splits and output type (the
         // callers pair `out_f32` with `T`); the buffers' lengths were checked against them;
-        // C is D (read only when beta != 0, then as the accumulated output).
+        // beta = 0 so C (aliased to D) is not read.
         unsafe {
             result::matmul(
                 self.gemm.handle,

@@ -336,10 +336,8 @@ impl Device {
         let s = &self.stream;
         let (xp, _g2) = x.inner.device_ptr(s);
         let (wp, _g3) = w.inner.device_ptr(s);
-        // The normalising modes read gamma, or take it as ones when it is null; the others
-        // never read it.
-        let gamma_ptr = gamma.map(|g| g.inner.device_ptr(s));
-        let gp = gamma_ptr.as_ref().map_or(0, |(p, _)| *p);
+        // The normalising modes read gamma; the others get x's pointer, never read.
+        let (gp, _g4) = gamma.unwrap_or(x).inner.device_ptr(s);
         let (mut op, mut xp, mut wp, mut gp) = (out, xp, wp, gp);
         let mut params: [*mut c_void; 10] = [
             (&mut op as *mut sys::CUdeviceptr).cast(),

@@ -17,8 +17,7 @@
 //! `x * gamma` rather than as the normalised `x * s * gamma`: the norm modes agree with
 //! `rms_norm` then `matmul` within bf16 rounding, not bit for bit, as the cuBLASLt GEMMs of
 //! larger steps already do; among themselves (norm, norm + SwiGLU, norm + RoPE) they agree
-//! bit for bit. With `gamma` `None` the norm modes take gamma as ones: for a W that already
-//! holds it (the worker's weight-folded path, `Device::fold_norm_weight`).
+//! bit for bit.
 //! They take at most [`MAX_M`] rows of x (decode batches); [`Device::fused_gemv_applies`]
 //! and [`Device::fused_norm_gemv_applies`] say whether a shape can go this way, callers keep
 //! the unfused path for the rest.
@@ -56,7 +55,7 @@ impl Device {
         &self,
         out: &mut Buf<bf16>,
         x: &Buf<bf16>,
-        gamma: Option<&Buf<bf16>>,
+        gamma: &Buf<bf16>,
         eps: f32,
         m: usize,
         w: &Buf<bf16>,
@@ -67,7 +66,8 @@ impl Device {
         check_norm(OP, gamma, eps, cols)?;
         check_operands(OP, x, m, w, rows, cols, out.len(), rows)?;
         let (op, _g) = out.inner.device_ptr_mut(&self.stream);
-        let call = GemvCall { mode: Mode::Norm, x, m, w, rows, cols, gamma, eps, rope: GemvRope::default() };
+        let call =
+            GemvCall { mode: Mode::Norm, x, m, w, rows, cols, gamma: Some(gamma), eps, rope: GemvRope::default() };
         self.gemv_launch(op, &call)
     }
 
@@ -79,7 +79,7 @@ impl Device {
         &self,
         act: &mut Buf<bf16>,
         x: &Buf<bf16>,
-        gamma: Option<&Buf<bf16>>,
+        gamma: &Buf<bf16>,
         eps: f32,
         m: usize,
         gate_up: &Buf<bf16>,
@@ -91,7 +91,8 @@ impl Device {
         check_operands(OP, x, m, gate_up, 2 * ffn, cols, act.len(), ffn)?;
         let (op, _g) = act.inner.device_ptr_mut(&self.stream);
         let rope = GemvRope::default();
-        let call = GemvCall { mode: Mode::NormSwiglu, x, m, w: gate_up, rows: 2 * ffn, cols, gamma, eps, rope };
+        let call =
+            GemvCall { mode: Mode::NormSwiglu, x, m, w: gate_up, rows: 2 * ffn, cols, gamma: Some(gamma), eps, rope };
         self.gemv_launch(op, &call)
     }
 
@@ -141,7 +142,7 @@ impl Device {
         cache: &PagedKv,
         p: &QkvPrep,
         x: &Buf<bf16>,
-        gamma: Option<&Buf<bf16>>,
+        gamma: &Buf<bf16>,
         eps: f32,
         w: &Buf<bf16>,
         cols: usize,
@@ -181,15 +182,13 @@ impl Device {
             pad: 0,
         };
         // `out` is not written in this mode: q_out's pointer stands in.
-        let call = GemvCall { mode: Mode::NormRope, x, m, w, rows: heads * hd, cols, gamma, eps, rope };
+        let call = GemvCall { mode: Mode::NormRope, x, m, w, rows: heads * hd, cols, gamma: Some(gamma), eps, rope };
         self.gemv_launch(rope.q_out, &call)
     }
 }
 
-fn check_norm(op: &'static str, gamma: Option<&Buf<bf16>>, eps: f32, cols: usize) -> Result<(), KernelError> {
-    if let Some(gamma) = gamma {
-        check(gamma.len() == cols, op, || format!("gamma has {} values, x rows {cols}", gamma.len()))?;
-    }
+fn check_norm(op: &'static str, gamma: &Buf<bf16>, eps: f32, cols: usize) -> Result<(), KernelError> {
+    check(gamma.len() == cols, op, || format!("gamma has {} values, x rows {cols}", gamma.len()))?;
     check(eps.is_finite() && eps >= 0.0, op, || format!("eps {eps} is not a finite non-negative number"))
 }
 

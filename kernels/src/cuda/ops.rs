@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use super::device::{dev_err, Buf, Device, RopeCache};
 use crate::cpu::rope::{RopeParams, RopeStyle};
 use crate::error::check;
-use crate::launch_checks::{embedding_shape, norm_args, rope_table, row_scale_dim, silu_packed_shape, to_i32, to_u32};
+use crate::launch_checks::{embedding_shape, norm_args, rope_table, silu_packed_shape, to_i32, to_u32};
 use crate::KernelError;
 use half::bf16;
 
@@ -163,62 +163,6 @@ impl Device {
         let ffn = silu_packed_shape(OP, out.len(), gate_up.len(), n_rows)?;
         let (gv, uv) = (gate_up.inner.slice(..), gate_up.inner.slice(ffn..));
         self.launch_silu_mul(OP, out, &gv, &uv, n_rows, ffn, 2 * ffn)
-    }
-
-    /// [`Device::silu_mul_packed`] for the weight-folded path, where `gate_up` = x · W'ᵀ came
-    /// from the raw residual rows `x` `[n_rows, dim]` and W' holds the FFN norm's weight: row
-    /// r is first scaled by the norm's `s = 1 / sqrt(mean(x[r]²) + eps)`, `out = silu(s g) *
-    /// (s u)`, rounded once. The FFN width must be a multiple of 8.
-    pub fn silu_mul_packed_rowscale(
-        &self,
-        out: &mut Buf<bf16>,
-        gate_up: &Buf<bf16>,
-        n_rows: usize,
-        x: &Buf<bf16>,
-        eps: f32,
-    ) -> Result<(), KernelError> {
-        const OP: &str = "cuda_silu_mul_packed_rowscale";
-        let ffn = silu_packed_shape(OP, out.len(), gate_up.len(), n_rows)?;
-        let dim = row_scale_dim(OP, x.len(), n_rows, eps)?;
-        check(ffn.is_multiple_of(8), OP, || format!("ffn {ffn} is not a multiple of 8"))?;
-        let rows = to_u32(OP, "n_rows", n_rows)?;
-        check(rows <= 65535, OP, || format!("{n_rows} rows exceed the grid"))?;
-        let (cols, dim) = (to_u32(OP, "ffn", ffn)?, to_u32(OP, "dim", dim)?);
-        let stride = 2 * ffn as u64;
-        let (gv, uv) = (gate_up.inner.slice(..), gate_up.inner.slice(ffn..));
-        let cfg = LaunchConfig {
-            grid_dim: (to_u32(OP, "blocks", (ffn / 8).div_ceil(BLOCK as usize))?, rows, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(&self.kernels.silu_mul_rowscale_vec8);
-        b.arg(&mut out.inner).arg(&gv).arg(&uv).arg(&cols).arg(&stride).arg(&x.inner).arg(&dim).arg(&eps);
-        // SAFETY: argument types and order match the kernel; gate_up holds n_rows rows of 2 ffn
-        // values, out n_rows of ffn and x n_rows of dim (checked above); ffn % 8 == 0 keeps the
-        // 16-byte accesses aligned.
-        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
-    }
-
-    /// Folds an RMSNorm's weight into the weight of the GEMM after it: `w[r, c] =
-    /// bf16(w[r, c] · gamma[c])` for `w` `[rows, gamma.len()]` (`rms_norm(x; gamma) · Wᵀ`
-    /// is then `s · (x · w'ᵀ)` with the row's scale `s`, which
-    /// [`Device::silu_mul_packed_rowscale`] and [`Device::qkv_rope_write_rowscale`] apply).
-    pub fn fold_norm_weight(&self, w: &mut Buf<bf16>, gamma: &Buf<bf16>) -> Result<(), KernelError> {
-        const OP: &str = "cuda_fold_norm_weight";
-        let cols = gamma.len();
-        check(cols > 0 && w.len().is_multiple_of(cols), OP, || {
-            format!("weight has {} values, not rows of gamma's {cols}", w.len())
-        })?;
-        let n = w.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let blocks = to_u32(OP, "blocks", n.div_ceil(BLOCK as usize).min(MAX_GRID))?;
-        let (n64, cols) = (n as u64, to_u32(OP, "cols", cols)?);
-        let mut b = self.stream.launch_builder(&self.kernels.fold_norm_weight);
-        b.arg(&mut w.inner).arg(&gamma.inner).arg(&n64).arg(&cols);
-        // SAFETY: argument types and order match the kernel; w holds n values, gamma cols.
-        unsafe { b.launch(grid(blocks, BLOCK)) }.map(drop).map_err(dev_err(OP))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -15,7 +15,7 @@ use super::qkv_args::{qkv_lens, QkvPrep};
 use crate::cpu::attention::PagedKv;
 use crate::cpu::rope::RopeStyle;
 use crate::error::check;
-use crate::launch_checks::{qkv_shape, row_scale_dim, to_u32, QkvDims};
+use crate::launch_checks::{qkv_shape, to_u32, QkvDims};
 use crate::KernelError;
 use half::bf16;
 
@@ -46,72 +46,35 @@ impl Device {
         cache: &PagedKv,
         p: &QkvPrep,
     ) -> Result<(), KernelError> {
-        self.qkv_rope_launch("cuda_qkv_rope_write", q_out, k_cache, v_cache, cache, p, None)
-    }
-
-    /// [`Device::qkv_rope_write`] for the weight-folded path, where `p.qkv` = x · W'ᵀ came
-    /// from the raw residual rows `x` `[n_tokens, dim]` and W' holds the layer norm's weight:
-    /// each token's row is first scaled by the norm's `s = 1 / sqrt(mean(x[t]²) + eps)`,
-    /// before the bias.
-    #[allow(clippy::too_many_arguments)]
-    pub fn qkv_rope_write_rowscale(
-        &self,
-        q_out: &mut Buf<bf16>,
-        k_cache: &mut Buf<bf16>,
-        v_cache: &mut Buf<bf16>,
-        cache: &PagedKv,
-        p: &QkvPrep,
-        x: &Buf<bf16>,
-        eps: f32,
-    ) -> Result<(), KernelError> {
-        self.qkv_rope_launch("cuda_qkv_rope_write_rowscale", q_out, k_cache, v_cache, cache, p, Some((x, eps)))
-    }
-
-    /// Both of the above: `row_scale` the residual rows and eps of the weight-folded path.
-    #[allow(clippy::too_many_arguments)]
-    fn qkv_rope_launch(
-        &self,
-        op: &'static str,
-        q_out: &mut Buf<bf16>,
-        k_cache: &mut Buf<bf16>,
-        v_cache: &mut Buf<bf16>,
-        cache: &PagedKv,
-        p: &QkvPrep,
-        row_scale: Option<(&Buf<bf16>, f32)>,
-    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_qkv_rope_write";
         let (n, nh, nkv, hd) = (p.n_tokens, p.n_heads, p.n_kv_heads, p.head_dim);
         let lens = qkv_lens(p, q_out.len(), k_cache.len(), v_cache.len());
-        let QkvDims { heads, n_slots } = qkv_shape(op, &lens, cache)?;
+        let QkvDims { heads, n_slots } = qkv_shape(OP, &lens, cache)?;
         if n == 0 {
             return Ok(());
         }
-        let (xs_dim, xs_eps) = match row_scale {
-            Some((x, eps)) => (to_u32(op, "row width", row_scale_dim(op, x.len(), n, eps)?)?, eps),
-            None => (0, 0.0),
-        };
 
         let n_slots = n_slots as u64;
         let (nt, nh32, nkv32, hd32) = (
-            to_u32(op, "n_tokens", n)?,
-            to_u32(op, "n_heads", nh)?,
-            to_u32(op, "n_kv_heads", nkv)?,
-            to_u32(op, "head_dim", hd)?,
+            to_u32(OP, "n_tokens", n)?,
+            to_u32(OP, "n_heads", nh)?,
+            to_u32(OP, "n_kv_heads", nkv)?,
+            to_u32(OP, "head_dim", hd)?,
         );
         let (half_rot, max_pos) =
-            (to_u32(op, "rope_dim/2", p.rope.rope_dim / 2)?, to_u32(op, "max_positions", p.rope.max_positions)?);
-        // (kernel, heads per block, threads per block); shared memory is head_dim f32 per head,
-        // then the row scale's 32 floats of block_sum scratch.
+            (to_u32(OP, "rope_dim/2", p.rope.rope_dim / 2)?, to_u32(OP, "max_positions", p.rope.max_positions)?);
+        // (kernel, heads per block, threads per block); shared memory is head_dim f32 per head.
         let lanes_log2 = vec8_lanes_log2(hd);
         let (func, per_block, threads) = match lanes_log2 {
             Some(l) => (&self.kernels.qkv_rope_write_vec8, VEC8_THREADS >> l, VEC8_THREADS),
             None => (&self.kernels.qkv_rope_write, WARPS, 32 * WARPS),
         };
         let head_blocks = heads.div_ceil(per_block);
-        check(head_blocks <= 65535, op, || format!("{heads} heads exceed the grid"))?;
+        check(head_blocks <= 65535, OP, || format!("{heads} heads exceed the grid"))?;
         let cfg = LaunchConfig {
             grid_dim: (nt, head_blocks as u32, 1),
             block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: to_u32(op, "shared memory", (per_block * hd + 32) * 4)?,
+            shared_mem_bytes: to_u32(OP, "shared memory", per_block * hd * 4)?,
         };
         let neox: i32 = matches!(p.style, RopeStyle::Neox).into();
         let null = 0u64;
@@ -137,21 +100,16 @@ impl Device {
             .arg(&n_slots)
             .arg(&p.eps)
             .arg(&neox);
-        match row_scale {
-            Some((x, _)) => b.arg(&x.inner),
-            None => b.arg(&null),
-        };
-        b.arg(&xs_dim).arg(&xs_eps);
         if let Some(l) = &lanes_log2 {
             b.arg(l);
         }
         // SAFETY: argument types and order match the kernel (the vec8 one takes lanes_log2
-        // last); qkv, q_out, bias, norm weights, positions, slots and the row-scale rows
-        // (n_tokens rows of xs_dim) lengths were checked against the shape; cache writes happen only for slots below n_slots (the caches'
+        // last); qkv, q_out, bias, norm weights, positions and slots lengths were checked
+        // against the shape; cache writes happen only for slots below n_slots (the caches'
         // slot count); table reads only for positions below max_pos; shared memory is
-        // head_dim f32 per head of the block and 32 more, as both kernels index it. Head offsets are
+        // head_dim f32 per head of the block, as both kernels index it. Head offsets are
         // multiples of head_dim elements, so 16-byte aligned on the vec8 path (head_dim % 8
         // == 0) and 4-byte aligned on the other (head_dim even).
-        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(op))
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
 }

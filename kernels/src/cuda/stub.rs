@@ -217,30 +217,6 @@ impl Device {
     pub fn silu_mul_packed(&self, out: &mut Buf<bf16>, gate_up: &Buf<bf16>, n_rows: usize) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn silu_mul_packed_rowscale(
-        &self,
-        out: &mut Buf<bf16>,
-        gate_up: &Buf<bf16>,
-        n_rows: usize,
-        x: &Buf<bf16>,
-        eps: f32,
-    ) -> Result<(), KernelError> {
-        match self.never {}
-    }
-    pub fn fold_norm_weight(&self, w: &mut Buf<bf16>, gamma: &Buf<bf16>) -> Result<(), KernelError> {
-        match self.never {}
-    }
-    pub fn matmul_accumulate(
-        &self,
-        out: &mut Buf<bf16>,
-        x: &Buf<bf16>,
-        m: usize,
-        w: &Buf<bf16>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), KernelError> {
-        match self.never {}
-    }
     pub fn embedding(
         &self,
         out: &mut Buf<bf16>,
@@ -339,7 +315,7 @@ impl Device {
         cache: &PagedKv,
         p: &QkvPrep,
         x: &Buf<bf16>,
-        gamma: Option<&Buf<bf16>>,
+        gamma: &Buf<bf16>,
         eps: f32,
         w: &Buf<bf16>,
         cols: usize,
@@ -351,7 +327,7 @@ impl Device {
         &self,
         out: &mut Buf<bf16>,
         x: &Buf<bf16>,
-        gamma: Option<&Buf<bf16>>,
+        gamma: &Buf<bf16>,
         eps: f32,
         m: usize,
         w: &Buf<bf16>,
@@ -365,7 +341,7 @@ impl Device {
         &self,
         act: &mut Buf<bf16>,
         x: &Buf<bf16>,
-        gamma: Option<&Buf<bf16>>,
+        gamma: &Buf<bf16>,
         eps: f32,
         m: usize,
         gate_up: &Buf<bf16>,
@@ -419,19 +395,6 @@ impl Device {
         v_cache: &mut Buf<bf16>,
         cache: &PagedKv,
         p: &super::QkvPrep,
-    ) -> Result<(), KernelError> {
-        match self.never {}
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub fn qkv_rope_write_rowscale(
-        &self,
-        q_out: &mut Buf<bf16>,
-        k_cache: &mut Buf<bf16>,
-        v_cache: &mut Buf<bf16>,
-        cache: &PagedKv,
-        p: &super::QkvPrep,
-        x: &Buf<bf16>,
-        eps: f32,
     ) -> Result<(), KernelError> {
         match self.never {}
     }

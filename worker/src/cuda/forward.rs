@@ -19,14 +19,6 @@
 //! norm + gate|up + SwiGLU, down + residual add; three or four kernels fewer per layer, the
 //! unfused path's values within bf16 rounding (the norms are factored out of the GEMV sums).
 //!
-//! With the norm weights folded into the qkv and gate|up weights at load
-//! ([`CudaModel::fold_norm_weights`], the default), unfused steps run no norm kernel inside
-//! the layers: the qkv and gate|up GEMMs read the residual stream itself,
-//! `qkv_rope_write_rowscale` and `silu_mul_packed_rowscale` scale each row by its norm's
-//! `1 / sqrt(mean(x²) + eps)` (computed there from the residual row), and the o and down
-//! GEMMs add into the residual stream in place; no split GEMMs. Per layer: qkv GEMM,
-//! qkv_rope_write, attention, o GEMM, gate|up GEMM, SwiGLU, down GEMM.
-//!
 //! Tensor parallel (see `tp.rs`): every shape here is this rank's (its heads, KV heads and
 //! FFN slice), and the o and down GEMMs' partial sums are all-reduced over NCCL before the
 //! `add_rms_norm` that consumes them (fused path: the all-reduce adds them into the residual
@@ -427,9 +419,6 @@ struct Core {
     /// Positions per split-KV chunk of decode attention (`TESSERA_DECODE_SPLIT_LEN`, for
     /// tuning runs); `None`: the kernel's automatic split.
     decode_split_len: Option<usize>,
-    /// The layer norms' weights are folded into the qkv and gate|up weights
-    /// ([`CudaModel::fold_norm_weights`]): no norm kernel runs inside the layers.
-    folded: bool,
 }
 
 impl Core {
@@ -556,7 +545,6 @@ impl CudaModel {
                 fused_max_rows: fused_max_rows(),
                 fused_rope: std::env::var("TESSERA_FUSED_ROPE").as_deref() != Ok("0"),
                 decode_split_len: std::env::var("TESSERA_DECODE_SPLIT_LEN").ok().and_then(|v| v.parse().ok()),
-                folded: false,
             },
             model_config,
             kv,
@@ -583,48 +571,9 @@ impl CudaModel {
         if !self.graphs.is_empty() {
             return Err(WorkerError::InvalidBatch("the split GEMMs are set before the decode graphs".into()));
         }
-        if self.core.folded {
-            return Err(WorkerError::InvalidBatch("a model with folded norm weights does not split its GEMMs".into()));
-        }
         self.ws.split = None; // the old partials' buffer is freed before the new one is made
         self.ws.split = SplitParts::new(&self.core.dev, &self.core.config, &self.core.comms, split_k(), min_weight)?;
         Ok(())
-    }
-
-    /// Folds each layer's two norm weights into the weights after them (`W' = W
-    /// diag(gamma)` for qkv and gate|up, `Device::fold_norm_weight`), so unfused steps run no
-    /// norm kernel inside the layers: the qkv and gate|up GEMMs read the residual stream
-    /// itself, `qkv_rope_write_rowscale` and `silu_mul_packed_rowscale` apply each row's
-    /// norm scale to their output, and the o and down GEMMs add into the residual stream in
-    /// place (cuBLASLt's beta = 1); the fused GEMVs take gamma as ones. Only the head's norm
-    /// stays (its weight may be tied to the embedding). Rounding moves: W' is rounded to bf16
-    /// once, the normalised rows are no longer rounded, and the residual adds round once.
-    /// The split GEMMs' partials are dropped (their sum needed a kernel of its own). Before
-    /// any decode graph is captured; a model whose hidden or FFN width is not a multiple of
-    /// 8 stays unfolded (false).
-    pub(crate) fn fold_norm_weights(&mut self) -> Result<bool, WorkerError> {
-        if !self.graphs.is_empty() {
-            return Err(WorkerError::InvalidBatch("norm weights are folded before the decode graphs".into()));
-        }
-        let c = &self.core.config;
-        if self.core.folded || !c.hidden_size.is_multiple_of(8) || !c.intermediate_size.is_multiple_of(8) {
-            return Ok(self.core.folded);
-        }
-        let dev = &self.core.dev;
-        for l in &mut self.core.w.layers {
-            dev.fold_norm_weight(&mut l.qkv, &l.attn_norm)?;
-            dev.fold_norm_weight(&mut l.gate_up, &l.ffn_norm)?;
-        }
-        dev.synchronize()?;
-        self.core.folded = true;
-        self.ws.split = None;
-        Ok(true)
-    }
-
-    /// Whether the layer norms' weights are folded (for tests).
-    #[doc(hidden)]
-    pub fn norms_folded(&self) -> bool {
-        self.core.folded
     }
 
     /// The whole model's config.
@@ -900,27 +849,21 @@ fn run_layers(
     }
     // Fused (decode-sized steps): the residual stream `x` is complete at every layer's
     // start (the o and down GEMVs add into it, or the add follows the all-reduce), and the
-    // norms and SwiGLU run inside the qkv and gate_up GEMVs. Unfused with folded norm
-    // weights: the same complete `x` (the o and down GEMMs add into it), read raw by the qkv
-    // and gate_up GEMMs, the norms' row scales applied by qkv_rope_write and SwiGLU.
-    // Unfused, unfolded: each sublayer's add is fused with the next norm instead.
+    // norms and SwiGLU run inside the qkv and gate_up GEMVs. Unfused: each sublayer's add
+    // is fused with the next norm instead.
     let fused = core.fused(t);
     // Unfused steps of SPLIT_MIN_ROWS to SPLIT_MAX_ROWS tokens: the o and down outputs may
     // arrive as split partials, which the add_parts_rms_norm after them sums.
     let mut parts = ws.split.as_mut().filter(|_| !fused && (SPLIT_MIN_ROWS..=SPLIT_MAX_ROWS).contains(&t));
-    // Folded norm weights: the fused GEMVs take gamma as ones.
-    let gamma = |g| (!core.folded).then_some(g);
     for (li, l) in w.layers.iter().enumerate() {
         let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
         if fused && core.fused_rope && dev.fused_rope_gemv_applies(&prep, h) {
             // Norm, projection, bias, RoPE and the K/V write in one kernel (Llama-style).
             let (q, k, v) = (&mut s.q, &mut kv.k[li], &mut kv.v[li]);
-            dev.matmul_rms_norm_rope(q, k, v, &cache, &prep, &s.x, gamma(&l.attn_norm), eps, &l.qkv, h)?;
+            dev.matmul_rms_norm_rope(q, k, v, &cache, &prep, &s.x, &l.attn_norm, eps, &l.qkv, h)?;
         } else {
             if fused {
-                dev.matmul_rms_norm(&mut s.qkv, &s.x, gamma(&l.attn_norm), eps, t, &l.qkv, qd + 2 * kvd, h)?;
-            } else if core.folded {
-                dev.matmul(&mut s.qkv, &s.x, t, &l.qkv, qd + 2 * kvd, h)?;
+                dev.matmul_rms_norm(&mut s.qkv, &s.x, &l.attn_norm, eps, t, &l.qkv, qd + 2 * kvd, h)?;
             } else {
                 if li == 0 {
                     dev.rms_norm(&mut s.xn, &s.x, &l.attn_norm, t, eps)?;
@@ -930,13 +873,7 @@ fn run_layers(
                 dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
             }
             let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
-            let (q, k, v) = (&mut s.q, &mut kv.k[li], &mut kv.v[li]);
-            if core.folded && !fused {
-                // The GEMM read the raw residual rows: the norm's row scale comes here.
-                dev.qkv_rope_write_rowscale(q, k, v, &cache, &prep, &s.x, eps)?;
-            } else {
-                dev.qkv_rope_write(q, k, v, &cache, &prep)?;
-            }
+            dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
         }
         let batch = PagedBatch {
             cache,
@@ -956,7 +893,7 @@ fn run_layers(
                 dev.paged_prefill_attention(&mut s.attn, &s.q, &batch, cu_q, idx.max_q, c.num_heads, scale)?;
             }
         }
-        if !fused && !core.folded {
+        if !fused {
             project(core, parts.as_deref_mut(), s, Sublayer::Attention, &l.o, qd)?;
             add_norm(core, parts.as_deref(), Sublayer::Attention, s, &l.ffn_norm)?;
             dev.matmul(&mut s.gate_up, &s.xn, t, &l.gate_up, 2 * ffn, h)?;
@@ -965,18 +902,12 @@ fn run_layers(
             continue;
         }
         add_projection(core, s, Sublayer::Attention, &l.o, qd)?;
-        if fused {
-            dev.matmul_rms_norm_swiglu(&mut s.act, &s.x, gamma(&l.ffn_norm), eps, t, &l.gate_up, ffn, h)?;
-        } else {
-            dev.matmul(&mut s.gate_up, &s.x, t, &l.gate_up, 2 * ffn, h)?;
-            dev.silu_mul_packed_rowscale(&mut s.act, &s.gate_up, t, &s.x, eps)?;
-        }
+        dev.matmul_rms_norm_swiglu(&mut s.act, &s.x, &l.ffn_norm, eps, t, &l.gate_up, ffn, h)?;
         add_projection(core, s, Sublayer::Ffn, &l.down, ffn)?;
     }
-    // Completes the residual stream (unfused and unfolded: the last sublayer's add) and
-    // normalises it for the head; a stage before the last passes the completed stream on
-    // instead.
-    if fused || core.folded {
+    // Completes the residual stream (unfused: the last sublayer's add) and normalises it
+    // for the head; a stage before the last passes the completed stream on instead.
+    if fused {
         dev.rms_norm(&mut s.xn, &s.x, &w.norm, t, eps)?;
     } else {
         add_norm(core, parts.as_deref(), Sublayer::Ffn, s, &w.norm)?;
@@ -995,9 +926,9 @@ enum Sublayer {
     Ffn,
 }
 
-/// Fused or folded path: a row-parallel projection (o or down) of `s.t` tokens added into
-/// the residual stream `s.x`. On one GPU the GEMM (or GEMV) adds in place; under tensor
-/// parallelism the partial sums are all-reduced into it (one kernel on the one-shot path).
+/// Fused path: a row-parallel projection (o or down) of `s.t` tokens added into the
+/// residual stream `s.x`. On one GPU the GEMV adds in place; under tensor parallelism the
+/// partial sums are all-reduced into it (one kernel on the one-shot path).
 fn add_projection(
     core: &Core,
     s: &mut Scratch,
@@ -1012,7 +943,7 @@ fn add_projection(
         Sublayer::Ffn => &*act,
     };
     match &core.comms.tp {
-        None => Ok(dev.matmul_accumulate(x, input, t, w, h, cols)?),
+        None => Ok(dev.matmul_add_residual(x, input, t, w, h, cols)?),
         Some(comm) => {
             dev.matmul(out, input, t, w, h, cols)?;
             core.allreduce.run_add(dev, comm, out, x)

@@ -46,11 +46,6 @@ pub struct CudaOptions {
     /// Split the o and down GEMMs of weights of at least this many values (`None`: the
     /// engine's threshold, forward.rs's `SPLIT_MIN_WEIGHT`; tests split small models with 0).
     pub split_min_weight: Option<usize>,
-    /// Fold each layer's norm weights into the qkv and gate|up weights
-    /// (`CudaModel::fold_norm_weights`: no norm kernels inside the layers of unfused steps);
-    /// `TESSERA_FOLD_NORMS=0` in the environment turns it off for A/B runs. Not with
-    /// `split_min_weight`, whose split GEMMs only the unfolded path runs.
-    pub fold_norms: bool,
 }
 
 impl Default for CudaOptions {
@@ -63,7 +58,6 @@ impl Default for CudaOptions {
             max_step_tokens: 8192,
             graph_max_batch: forward::MAX_GRAPH_BATCH,
             split_min_weight: None,
-            fold_norms: true,
         }
     }
 }
@@ -175,8 +169,6 @@ impl CudaModel {
         let mut m = CudaModel::new(dev, config, local, part, loaded, comms, opts.block_size)?;
         if let Some(w) = opts.split_min_weight {
             m.set_split_min_weight(w)?;
-        } else if opts.fold_norms && std::env::var("TESSERA_FOLD_NORMS").as_deref() != Ok("0") {
-            m.fold_norm_weights()?;
         }
         if opts.graph_max_batch > 0 {
             m.capture_decode_graphs(opts.graph_max_batch)?;
