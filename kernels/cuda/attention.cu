@@ -617,42 +617,14 @@ __device__ __forceinline__ void dec_tile(u32 kb, u32 vb, const u32 (&qa)[HD / 16
     }
 }
 
-// The RoPE-fused decode kernels' extra operands (attention.rs's `DecRope`, the same
-// layout): the q|k|v GEMM output `qkv` [num_seqs, row] (row = (n_heads + 2 n_kv) HD), each
-// sequence's position and cache slot, and the (cos, sin) table [max_pos, half_rot].
-struct DecRope {
-    const bf16* qkv;
-    const u32* positions;
-    const u32* slots;
-    const float2* cos_sin;
-    u64 n_slots;
-    u32 row, half_rot, max_pos, pad;
-};
-
-// RoPE of one interleaved pair (dims 2i, 2i + 1 packed in `w`) by (cos, sin) `c` (`ok`
-// false: a position past the table, NaN), rounded to bf16 as qkv_rope_write rounds it;
-// pairs i >= half_rot pass through.
-__device__ __forceinline__ u32 dec_rope_pair(u32 w, u32 i, u32 half_rot, bool ok, float2 c) {
-    if (i >= half_rot) return w;
-    float ra = __int_as_float(0x7fc00000), rb = ra;
-    if (ok) rope_rotate(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u), c, ra, rb);
-    return (u32)f32_to_bf16(ra) | ((u32)f32_to_bf16(rb) << 16);
-}
-
-// The (cos, sin) of pair i at table row `cs` (zeros past half_rot or without a row).
-__device__ __forceinline__ float2 dec_rope_cs(const float2* cs, u32 i, u32 half_rot) {
-    return cs && i < half_rot ? __ldg(cs + i) : make_float2(0.f, 0.f);
-}
-
-template <int HD, u32 ST, u32 CL = 0, bool ROPE = false>
+template <int HD, u32 ST, u32 CL = 0>
 __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
                                             float* __restrict__ part_lse, u32* __restrict__ counters,
                                             const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                                             const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables,
                                             u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,
                                             u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len,
-                                            u32 n_splits, u32 min_split, float scale_log2,
-                                            const DecRope& rope = DecRope{}) {
+                                            u32 n_splits, u32 min_split, float scale_log2) {
     constexpr u32 ROW_B = HD * 2;             // bytes of a shared-memory row
     constexpr u32 TILE_B = DEC_TILE * ROW_B;  // one K or V tile
     constexpr u32 STAGE_B = 2 * TILE_B;
@@ -723,26 +695,6 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     // The ring's first tiles: those wholly below ctx - 1 before the wait, the rest (and q)
     // after it, committed in tile order either way.
     u32 qa[NKS][2];
-    // ROPE: this lane's (cos, sin) pairs, read before the wait (positions are the step's
-    // inputs, the table a constant): q's (pairs 8 kk + t4 and 8 kk + 4 + t4) and, in the
-    // warp that copies the tile holding ctx - 1 of a CTA whose split ends at ctx (the newest
-    // K/V's writer), pairs lane + 32 r of K.
-    constexpr int KPL = HD / 64;  // K pairs per lane
-    float2 qcs[ROPE ? NKS : 1][2], kcs[ROPE ? KPL : 1];
-    bool rope_ok = false;
-    const bool kv_writer = ROPE && end == ctx && warp == (n_tiles - 1) % DEC_WARPS;
-    if constexpr (ROPE) {
-        const u32 pos = rope.positions[seq];
-        rope_ok = pos < rope.max_pos;
-        const float2* cs = rope_ok ? rope.cos_sin + (u64)pos * rope.half_rot : nullptr;
-#pragma unroll
-        for (int kk = 0; kk < NKS; ++kk) {
-            qcs[kk][0] = dec_rope_cs(cs, 8 * kk + t4, rope.half_rot);
-            qcs[kk][1] = dec_rope_cs(cs, 8 * kk + 4 + t4, rope.half_rot);
-        }
-#pragma unroll
-        for (int r = 0; r < KPL; ++r) kcs[r] = kv_writer ? dec_rope_cs(cs, lane + 32 * r, rope.half_rot) : qcs[0][0];
-    }
     {
         u32 first[ST - 1];
 #pragma unroll
@@ -763,45 +715,11 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         // the read-only path its __restrict__ would otherwise give them (ld.global.nc) lets
         // the compiler move them above the wait.
         const bool ok = g < gcount;
-        const u32* qrow =
-            ROPE ? reinterpret_cast<const u32*>(rope.qkv + (u64)seq * rope.row + (u64)(head0 + (ok ? g : 0)) * HD)
-                 : reinterpret_cast<const u32*>(q + ((u64)seq * n_heads + head0 + (ok ? g : 0)) * HD);
+        const u32* qrow = reinterpret_cast<const u32*>(q + ((u64)seq * n_heads + head0 + (ok ? g : 0)) * HD);
 #pragma unroll
         for (int kk = 0; kk < NKS; ++kk) {
             qa[kk][0] = ok ? __ldcg(qrow + 8 * kk + t4) : 0u;
             qa[kk][1] = ok ? __ldcg(qrow + 8 * kk + 4 + t4) : 0u;
-        }
-        if constexpr (ROPE) {
-            // The RoPE-fused kernels: q straight from the q|k|v GEMM, rotated here (pair i =
-            // dims 2i, 2i + 1 sits in one u32), and the newest K (rotated) and V written into
-            // the cache by the warp that copies the tile holding ctx - 1, before it issues
-            // that copy (after the wait; the CTAs of other head chunks write the same bits).
-            if (kv_writer) {
-                const u32 slot = rope.slots[seq];
-                const u32* src = reinterpret_cast<const u32*>(rope.qkv + (u64)seq * rope.row + (u64)(n_heads + kvh) * HD);
-                const u32* vsrc = src + (u64)n_kv * HD / 2;
-                u32 kw[KPL], vw[KPL];
-#pragma unroll
-                for (int r = 0; r < KPL; ++r) {
-                    kw[r] = __ldcg(src + lane + 32 * r);
-                    vw[r] = __ldcg(vsrc + lane + 32 * r);
-                }
-                if ((u64)slot < rope.n_slots) {
-                    u32* kd = reinterpret_cast<u32*>(const_cast<bf16*>(k_cache) + ((u64)slot * n_kv + kvh) * HD);
-                    u32* vd = reinterpret_cast<u32*>(const_cast<bf16*>(v_cache) + ((u64)slot * n_kv + kvh) * HD);
-#pragma unroll
-                    for (int r = 0; r < KPL; ++r) {
-                        kd[lane + 32 * r] = dec_rope_pair(kw[r], lane + 32 * r, rope.half_rot, rope_ok, kcs[r]);
-                        vd[lane + 32 * r] = vw[r];
-                    }
-                }
-                __syncwarp();  // the writes are visible to the warp's copy of ctx - 1
-            }
-#pragma unroll
-            for (int kk = 0; kk < NKS; ++kk) {
-                qa[kk][0] = dec_rope_pair(qa[kk][0], 8 * kk + t4, rope.half_rot, rope_ok, qcs[kk][0]);
-                qa[kk][1] = dec_rope_pair(qa[kk][1], 8 * kk + 4 + t4, rope.half_rot, rope_ok, qcs[kk][1]);
-            }
         }
 #pragma unroll
         for (u32 j = 0; j < ST - 1; ++j)
@@ -938,26 +856,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
                             min_split, scale_log2);                                                                 \
     }
 
-// The RoPE-fused kernels (default ring, decode steps of Llama-style models: interleaved RoPE,
-// no bias or q/k norm): q from the q|k|v GEMM output, rotated in registers, and the newest
-// K/V rotated and written into the cache here, so no qkv_rope_write runs before them (see
-// decode_body's ROPE section). Same tile order and arithmetic: the bits of qkv_rope_write
-// followed by the default kernel.
-#define DECODE_ROPE_KERNEL(NAME, HD, MINB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) NAME(                                              \
-        bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters, \
-        const bf16* __restrict__ q, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,                         \
-        const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,     \
-        u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,       \
-        float scale_log2, const DecRope rope) {                                                                     \
-        decode_body<HD, DEC_STAGES, 0, true>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,    \
-                                             max_blocks, ctx_lens, num_blocks, block_size, n_heads, n_kv, group,    \
-                                             gt, split_len, n_splits, min_split, scale_log2, rope);                 \
-    }
-
 #define DEC_LEAN_STAGES 2
-DECODE_ROPE_KERNEL(paged_decode_rope_hd64, 64, 4)
-DECODE_ROPE_KERNEL(paged_decode_rope_hd128, 128, 2)
 DECODE_KERNEL(paged_decode_hd64, 64, DEC_STAGES, 4, false)
 DECODE_KERNEL(paged_decode_hd128, 128, DEC_STAGES, 2, false)
 DECODE_KERNEL(paged_decode_lean_hd64, 64, DEC_LEAN_STAGES, 4, true)

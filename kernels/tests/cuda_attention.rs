@@ -41,8 +41,7 @@ use half::bf16;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 use tessera_kernels::cpu::attention::{self as cpu, PagedKv, SeqSlice};
-use tessera_kernels::cpu::rope::{Llama3Scaling, RopeParams, RopeStyle};
-use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch, QkvPrep};
+use tessera_kernels::cuda::{Buf, DecodeWorkspace, Device, PagedBatch};
 use tessera_kernels::KernelError;
 
 // ---------------------------------------------------------------- harness
@@ -416,131 +415,6 @@ fn decode_with_graph_sized_max_context() {
                 }
             }
         }
-    }
-}
-
-/// Bit-for-bit equality of two downloads; NaN equals NaN (the rows of a position past the
-/// RoPE table are NaN on both paths).
-fn same_bits(what: &str, a: &[bf16], b: &[bf16]) {
-    assert_eq!(a.len(), b.len(), "{what}: length");
-    let bad = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())).count();
-    assert_eq!(bad, 0, "{what}: {bad} of {} values differ", a.len());
-}
-
-/// The RoPE-fused decode kernel (`paged_decode_attention_rope`) against what it replaces,
-/// `qkv_rope_write` then `paged_decode_attention`, on two copies of one random cache: the
-/// outputs and both caches bit for bit, with the automatic plan, forced 64-position splits
-/// (the newest position in the last of many splits) and a graph-sized max_context. Llama-8B,
-/// SmolLM2 (head dim 64, group 3) and group-12 geometries (two head chunks per kv head, both
-/// writing the newest K/V); Llama-3-scaled and partial RoPE; contexts 1 to 2049, a padding
-/// row (context 0, slot u32::MAX: no write, zeros out) and a position past the RoPE table
-/// (NaN rows on both paths).
-#[test]
-fn decode_rope_equals_qkv_rope_write_then_decode() {
-    let Some(dev) = gpu("decode_rope_equals_qkv_rope_write_then_decode") else { return };
-    let mut r = rng(53);
-    let llama3 =
-        Some(Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 });
-    const MAX_POS: usize = 2048;
-    for (n_heads, n_kv, hd, rope_dim) in [(32usize, 8usize, 128usize, 128usize), (9, 3, 64, 64), (24, 2, 128, 96)] {
-        let params = RopeParams::new(rope_dim, 500_000.0, llama3, None).unwrap();
-        let rope = dev.rope_cache(&params, MAX_POS).unwrap();
-        let cache = PagedKv { block_size: BS, n_kv_heads: n_kv, head_dim: hd };
-        // Contexts (0: padding); 2049 puts its newest position past the table.
-        let mut ctx = vec![1usize, 17, 64, 65, 600, 2049, 0, 1000];
-        while ctx.len() < 20 {
-            ctx.push(1 + r.next_u32() as usize % 1200);
-        }
-        let n = ctx.len();
-        let max_blocks = 2049usize.div_ceil(BS);
-        let num_blocks = n * max_blocks + 3;
-        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, r.next_u32() as usize % (i + 1));
-        }
-        let tables: Vec<u32> = ids[..n * max_blocks].to_vec();
-        let positions: Vec<u32> = ctx.iter().map(|&c| c.saturating_sub(1) as u32).collect();
-        let slots: Vec<u32> = ctx
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| match c {
-                0 => u32::MAX,
-                c => tables[i * max_blocks + (c - 1) / BS] * BS as u32 + ((c - 1) % BS) as u32,
-            })
-            .collect();
-        let row = (n_heads + 2 * n_kv) * hd;
-        let qkv = dev.upload(&rand_bf16(&mut r, n * row, -3.0, 3.0)).unwrap();
-        let cache_host = rand_bf16(&mut r, num_blocks * BS * n_kv * hd, -1.0, 1.0);
-        let vcache_host = rand_bf16(&mut r, cache_host.len(), -1.0, 1.0);
-        let (positions, slots) = (dev.upload(&positions).unwrap(), dev.upload(&slots).unwrap());
-        let (tables_d, ctx_d) =
-            (dev.upload(&tables).unwrap(), dev.upload(&ctx.iter().map(|&c| c as u32).collect::<Vec<_>>()).unwrap());
-        let prep = QkvPrep {
-            qkv: &qkv,
-            n_tokens: n,
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            bias: None,
-            qk_norm: None,
-            eps: 1e-5,
-            positions: &positions,
-            rope: &rope,
-            style: RopeStyle::Interleaved,
-            slots: &slots,
-        };
-        assert!(dev.decode_rope_applies(&prep));
-        let scale = 1.0 / (hd as f32).sqrt();
-        for (label, max_context, split) in [("auto", 2049, None), ("split 64", 2049, Some(64)), ("graph", 8192, None)] {
-            let mut ws = dev.decode_workspace(512, n_heads, hd, 1).unwrap();
-            let what = format!("{n_heads}q/{n_kv}kv hd{hd} rope {rope_dim}, {n} seqs [{label}]");
-            // Two paths on two copies of the cache.
-            let (mut ka, mut va) = (dev.upload(&cache_host).unwrap(), dev.upload(&vcache_host).unwrap());
-            let (kb, vb) = (dev.upload(&cache_host).unwrap(), dev.upload(&vcache_host).unwrap());
-            let mut q = poisoned(&dev, n * n_heads * hd);
-            dev.qkv_rope_write(&mut q, &mut ka, &mut va, &cache, &prep).unwrap();
-            let batch_a = PagedBatch {
-                cache,
-                k_cache: &ka,
-                v_cache: &va,
-                block_tables: &tables_d,
-                max_blocks,
-                context_lens: &ctx_d,
-            };
-            let mut out_a = poisoned(&dev, n * n_heads * hd);
-            let plan_a = dev
-                .paged_decode_attention(&mut out_a, &q, &batch_a, n_heads, scale, max_context, split, Some(&mut ws))
-                .unwrap();
-            let batch_b = PagedBatch { k_cache: &kb, v_cache: &vb, ..batch_a };
-            let mut out_b = poisoned(&dev, n * n_heads * hd);
-            let plan_b = dev
-                .paged_decode_attention_rope(&mut out_b, &prep, &batch_b, scale, max_context, split, Some(&mut ws))
-                .unwrap();
-            assert_eq!(plan_a, plan_b, "{what}: plans");
-            let (oa, ob) = (dev.download(&out_a).unwrap(), dev.download(&out_b).unwrap());
-            same_bits(&format!("{what} output"), &oa, &ob);
-            // Not vacuous: finite rows, the padding row zeros, the row past the table NaN.
-            let rows = |i: usize| &ob[i * n_heads * hd..(i + 1) * n_heads * hd];
-            assert!(rows(0).iter().all(|v| v.is_finite()) && rows(7).iter().all(|v| v.is_finite()), "{what}");
-            assert!(rows(6).iter().all(|v| v.to_f32() == 0.0), "{what}: padding row");
-            assert!(rows(5).iter().any(|v| v.is_nan()), "{what}: the position past the table");
-            same_bits(&format!("{what} k cache"), &dev.download(&ka).unwrap(), &dev.download(&kb).unwrap());
-            same_bits(&format!("{what} v cache"), &dev.download(&va).unwrap(), &dev.download(&vb).unwrap());
-            eprintln!("{what}: {plan_b:?}, output and caches bit for bit");
-        }
-        // Shapes the fused kernel does not take are refused.
-        let neox = QkvPrep { style: RopeStyle::Neox, ..prep };
-        assert!(!dev.decode_rope_applies(&neox));
-        let batch = PagedBatch {
-            cache,
-            k_cache: &qkv,
-            v_cache: &qkv,
-            block_tables: &tables_d,
-            max_blocks,
-            context_lens: &ctx_d,
-        };
-        let mut out = poisoned(&dev, n * n_heads * hd);
-        assert!(dev.paged_decode_attention_rope(&mut out, &neox, &batch, scale, 2049, None, None).is_err());
     }
 }
 

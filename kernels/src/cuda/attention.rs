@@ -22,11 +22,8 @@ use super::paged::{
     decode_lean_smem_bytes, decode_smem_bytes, plan_splits, prefill_smem_bytes, DecodePlan, PagedBatch, HEAD_DIMS,
     MIN_SPLIT_TOKENS, PF_ROWS,
 };
-use super::qkv_args::{qkv_lens, QkvPrep};
 use crate::cpu::attention::PagedKv;
-use crate::cpu::rope::RopeStyle;
 use crate::error::check;
-use crate::launch_checks::{qkv_shape, QkvDims};
 use crate::KernelError;
 use half::bf16;
 
@@ -48,32 +45,6 @@ const DECODE_LEAN_MAX_SEQS: usize = 4;
 /// `log2(e)`: scores are exponentiated with `exp2`, so the scale folds this in.
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
-/// The RoPE-fused decode kernels' extra operands, by value (`DecRope` in attention.cu, the
-/// same layout): device pointers of the q|k|v output, positions, slots and (cos, sin)
-/// table, the cache's slot count, values per q|k|v row, rotated pairs, table rows.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct DecRope {
-    qkv: sys::CUdeviceptr,
-    positions: sys::CUdeviceptr,
-    slots: sys::CUdeviceptr,
-    cos_sin: sys::CUdeviceptr,
-    n_slots: u64,
-    row: u32,
-    half_rot: u32,
-    max_pos: u32,
-    pad: u32,
-}
-
-/// A decode call's scalar settings (see [`Device::paged_decode_attention`]).
-#[derive(Clone, Copy)]
-struct DecodeCall {
-    n_heads: usize,
-    scale: f32,
-    max_context: usize,
-    split_len: Option<usize>,
-}
-
 /// The attention kernels, resolved at device start.
 pub(crate) struct AttentionKernels {
     write_kv: CudaFunction,
@@ -86,9 +57,6 @@ pub(crate) struct AttentionKernels {
     /// next (programmatically launched) GEMV's CTAs fit beside them; they trigger their
     /// dependents at once. Taken for batches of at most `lean_max_seqs` sequences.
     decode_lean: [CudaFunction; 2],
-    /// `paged_decode_rope_hd{64,128}`: the default kernels with the step's RoPE and newest
-    /// K/V write folded in ([`Device::paged_decode_attention_rope`]).
-    decode_rope: [CudaFunction; 2],
     lean_max_seqs: AtomicUsize,
     /// Whether decode attention launches programmatically (see
     /// [`Device::set_decode_early_start`]).
@@ -125,16 +93,11 @@ impl AttentionKernels {
         for (func, hd) in decode_lean.iter().zip(HEAD_DIMS) {
             smem_limit(func, decode_lean_smem_bytes(hd))?;
         }
-        let decode_rope = [f(m, "paged_decode_rope_hd64")?, f(m, "paged_decode_rope_hd128")?];
-        for (func, hd) in decode_rope.iter().zip(HEAD_DIMS) {
-            smem_limit(func, decode_smem_bytes(hd))?;
-        }
         Ok(AttentionKernels {
             write_kv: f(m, "write_kv")?,
             decode,
             decode_ctas_per_sm,
             decode_lean,
-            decode_rope,
             lean_max_seqs: AtomicUsize::new(DECODE_LEAN_MAX_SEQS),
             early_start: AtomicBool::new(false),
             prefill,
@@ -362,106 +325,23 @@ impl Device {
         workspace: Option<&mut DecodeWorkspace>,
     ) -> Result<DecodePlan, KernelError> {
         const OP: &str = "cuda_paged_decode_attention";
-        // The batch's own checks first (an unsupported head dim is that, not a shape error).
-        check_batch(OP, batch, n_heads, scale, DECODE_MAX_GROUP)?;
+        let g = check_batch(OP, batch, n_heads, scale, DECODE_MAX_GROUP)?;
         let hd = batch.cache.head_dim;
-        let num_seqs = batch.context_lens.len();
-        check(num_seqs.checked_mul(n_heads * hd) == Some(q.len()), OP, || {
-            format!("q {} values, expected {num_seqs} sequences x {n_heads} heads x {hd}", q.len())
-        })?;
-        let (q_p, _g) = q.inner.device_ptr(&self.stream);
-        let call = DecodeCall { n_heads, scale, max_context, split_len };
-        self.decode_launch(OP, out, q_p, None, batch, &call, workspace)
-    }
-
-    /// Whether [`Device::paged_decode_attention_rope`] takes the Q/K/V preparation `p`:
-    /// interleaved RoPE, no bias, no q/k norm (Llama-style models), a head dim the decode
-    /// kernels are compiled for.
-    pub fn decode_rope_applies(&self, p: &QkvPrep) -> bool {
-        p.bias.is_none()
-            && p.qk_norm.is_none()
-            && matches!(p.style, RopeStyle::Interleaved)
-            && HEAD_DIMS.contains(&p.head_dim)
-            && p.rope.rope_dim <= p.head_dim
-    }
-
-    /// [`Device::qkv_rope_write`] then [`Device::paged_decode_attention`] in one kernel, for a
-    /// decode step of one token per sequence (`p.n_tokens` = the batch's sequences): q comes
-    /// straight from the q|k|v GEMM output `p.qkv` and is rotated in registers, and the
-    /// CTAs that read position `context_lens[s] - 1` first rotate that token's K and write
-    /// it and its V into `batch`'s caches at `p.slots[s]` (a slot past the cache skips the
-    /// write, as `qkv_rope_write` does). The same bits as the two calls: the rotation and
-    /// its rounding are `qkv_rope_write`'s. Callers check [`Device::decode_rope_applies`].
-    /// Writes the caches through `batch`, whose buffers it otherwise only reads.
-    #[allow(clippy::too_many_arguments)]
-    pub fn paged_decode_attention_rope(
-        &self,
-        out: &mut Buf<bf16>,
-        p: &QkvPrep,
-        batch: &PagedBatch,
-        scale: f32,
-        max_context: usize,
-        split_len: Option<usize>,
-        workspace: Option<&mut DecodeWorkspace>,
-    ) -> Result<DecodePlan, KernelError> {
-        const OP: &str = "cuda_paged_decode_attention_rope";
-        check(self.decode_rope_applies(p), OP, || {
+        check(g.num_seqs.checked_mul(n_heads * hd) == Some(q.len()) && out.len() == q.len(), OP, || {
             format!(
-                "head_dim {}, bias {}, q/k norm {}, {:?} RoPE: not a fused shape",
-                p.head_dim,
-                p.bias.is_some(),
-                p.qk_norm.is_some(),
-                p.style
+                "q {} / out {} values, expected {} sequences x {n_heads} heads x {hd}",
+                q.len(),
+                out.len(),
+                g.num_seqs
             )
         })?;
-        let lens = qkv_lens(p, out.len(), batch.k_cache.len(), batch.v_cache.len());
-        let QkvDims { n_slots, .. } = qkv_shape(OP, &lens, &batch.cache)?;
-        check(p.n_tokens == batch.context_lens.len(), OP, || {
-            format!("{} tokens for {} sequences", p.n_tokens, batch.context_lens.len())
-        })?;
-        let s = &self.stream;
-        let u = |what: &str, v: usize| to_u32(OP, what, v);
-        let rope = DecRope {
-            qkv: p.qkv.inner.device_ptr(s).0,
-            positions: p.positions.inner.device_ptr(s).0,
-            slots: p.slots.inner.device_ptr(s).0,
-            cos_sin: p.rope.table.inner.device_ptr(s).0,
-            n_slots: n_slots as u64,
-            row: u("qkv row", (p.n_heads + 2 * p.n_kv_heads) * p.head_dim)?,
-            half_rot: u("rope_dim/2", p.rope.rope_dim / 2)?,
-            max_pos: u("max_positions", p.rope.max_positions)?,
-            pad: 0,
-        };
-        let call = DecodeCall { n_heads: p.n_heads, scale, max_context, split_len };
-        self.decode_launch(OP, out, 0, Some(rope), batch, &call, workspace)
-    }
-
-    /// Both decode entry points: `q_p` the queries (unused with `rope`, whose kernel reads
-    /// them from the q|k|v output).
-    #[allow(clippy::too_many_arguments)]
-    fn decode_launch(
-        &self,
-        op: &'static str,
-        out: &mut Buf<bf16>,
-        q_p: sys::CUdeviceptr,
-        rope: Option<DecRope>,
-        batch: &PagedBatch,
-        call: &DecodeCall,
-        workspace: Option<&mut DecodeWorkspace>,
-    ) -> Result<DecodePlan, KernelError> {
-        let DecodeCall { n_heads, scale, max_context, split_len } = *call;
-        let g = check_batch(op, batch, n_heads, scale, DECODE_MAX_GROUP)?;
-        let hd = batch.cache.head_dim;
-        check(g.num_seqs.checked_mul(n_heads * hd) == Some(out.len()), op, || {
-            format!("out {} values, expected {} sequences x {n_heads} heads x {hd}", out.len(), g.num_seqs)
-        })?;
-        check(split_len != Some(0), op, || "split_len must be > 0".to_string())?;
+        check(split_len != Some(0), OP, || "split_len must be > 0".to_string())?;
         if g.num_seqs == 0 {
             return Ok(DecodePlan { n_splits: 1, split_len: max_context.max(1) });
         }
         let capacity = match &workspace {
             Some(ws) => {
-                check(ws.head_dim == hd, op, || format!("workspace head_dim {} != {hd}", ws.head_dim))?;
+                check(ws.head_dim == hd, OP, || format!("workspace head_dim {} != {hd}", ws.head_dim))?;
                 ws.rows() / (g.num_seqs * n_heads)
             }
             None => 1,
@@ -472,12 +352,8 @@ impl Device {
 
         let att = &self.kernels.attention;
         let lean = g.num_seqs <= att.lean_max_seqs.load(Ordering::Relaxed);
-        let func = match (&rope, lean) {
-            (Some(_), _) => &att.decode_rope[g.hd_index],
-            (None, true) => &att.decode_lean[g.hd_index],
-            (None, false) => &att.decode[g.hd_index],
-        };
-        let u = |what: &str, v: usize| to_u32(op, what, v);
+        let func = if lean { &att.decode_lean[g.hd_index] } else { &att.decode[g.hd_index] };
+        let u = |what: &str, v: usize| to_u32(OP, what, v);
         let (seqs, ykv) = (u("num_seqs", g.num_seqs)?, u("kv chunks", batch.cache.n_kv_heads * g.hchunks)?);
         // 0: every sequence derives its split length from its own context (the kernel's rule
         // is paged::auto_split_len).
@@ -492,8 +368,7 @@ impl Device {
             (u("n_heads", n_heads)?, u("n_kv_heads", batch.cache.n_kv_heads)?, u("group", g.group)?, u("gt", g.gt)?);
         let min_split = u("min_split", MIN_SPLIT_TOKENS)?;
         let scale_log2 = scale * LOG2_E;
-        let lean_smem = lean && rope.is_none();
-        let smem = u("shared memory", if lean_smem { decode_lean_smem_bytes(hd) } else { decode_smem_bytes(hd) })?;
+        let smem = u("shared memory", if lean { decode_lean_smem_bytes(hd) } else { decode_smem_bytes(hd) })?;
         let cfg =
             LaunchConfig { grid_dim: (seqs, ykv, n_splits), block_dim: (DECODE_THREADS, 1, 1), shared_mem_bytes: smem };
         let null: sys::CUdeviceptr = 0;
@@ -501,7 +376,7 @@ impl Device {
         if let Some(w) = &ws {
             // Guaranteed by the capacity rule (see DecodeWorkspace::counters); checked so a
             // change there cannot turn into writes past the buffer.
-            check(g.num_seqs * batch.cache.n_kv_heads * g.hchunks <= w.counters.len(), op, || {
+            check(g.num_seqs * batch.cache.n_kv_heads * g.hchunks <= w.counters.len(), OP, || {
                 format!("workspace holds {} split counters, {ctas} needed", w.counters.len())
             })?;
         }
@@ -516,7 +391,7 @@ impl Device {
             (part_o, part_lse, counters) = (o, l, c);
             _ws_guards = Some((go, gl, gc));
         }
-        let mut q_p = q_p;
+        let (mut q_p, _g1) = q.inner.device_ptr(s);
         let (mut k_p, _g2) = batch.k_cache.inner.device_ptr(s);
         let (mut v_p, _g3) = batch.v_cache.inner.device_ptr(s);
         let (mut table_p, _g4) = batch.block_tables.inner.device_ptr(s);
@@ -526,8 +401,7 @@ impl Device {
         let (mut dev_split, mut n_splits, mut min_split, mut scale_log2) = (dev_split, n_splits, min_split, scale_log2);
         let ptr = |p: &mut sys::CUdeviceptr| -> *mut c_void { (p as *mut sys::CUdeviceptr).cast() };
         let int = |v: &mut u32| -> *mut c_void { (v as *mut u32).cast() };
-        let mut rope_arg = rope.unwrap_or_default();
-        let mut params: [*mut c_void; 21] = [
+        let mut params: [*mut c_void; 20] = [
             ptr(&mut out_p),
             ptr(&mut part_o),
             ptr(&mut part_lse),
@@ -548,23 +422,18 @@ impl Device {
             int(&mut n_splits),
             int(&mut min_split),
             (&mut scale_log2 as *mut f32).cast(),
-            (&mut rope_arg as *mut DecRope).cast(),
         ];
-        // The plain kernels take 20 parameters, the RoPE-fused ones also the DecRope.
-        let params = if rope.is_some() { &mut params[..] } else { &mut params[..20] };
         let early = att.early_start.load(Ordering::Relaxed);
         // SAFETY: `params` points at live locals in the kernel's parameter order and types
-        // (eight pointers, u32 max_blocks, the context-length pointer, nine u32, f32, and for
-        // the RoPE-fused kernels the repr(C) DecRope); q/out/table/cache lengths were checked
-        // (with `rope`: the q|k|v output, positions and slots against the batch, and the cache
-        // writes only at slots below n_slots; q_p is null and unread); partials and counters are touched only with
+        // (eight pointers, u32 max_blocks, the context-length pointer, nine u32, f32); q/out/
+        // table/cache lengths were checked; partials and counters are touched only with
         // n_splits > 1, where the workspace holds num_seqs x n_heads x n_splits rows
         // (plan_splits capped n_splits by it; the kernel never lets more than n_splits splits
         // of a sequence start before its context) and a counter per (sequence, kv head
         // chunk); otherwise they are null and unused. With `early` (programmatic launch) the
         // caller vouched, through set_decode_early_start, that what the kernel reads before
         // its griddepcontrol.wait was complete before the kernel ahead of it started.
-        unsafe { launch_ex(op, s, func, cfg, early, params) }?;
+        unsafe { launch_ex(OP, s, func, cfg, early, &mut params) }?;
         Ok(plan)
     }
 

@@ -474,22 +474,6 @@ impl Device {
     ) -> Result<DecodePlan, KernelError> {
         match self.never {}
     }
-    pub fn decode_rope_applies(&self, p: &super::QkvPrep) -> bool {
-        match self.never {}
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub fn paged_decode_attention_rope(
-        &self,
-        out: &mut Buf<bf16>,
-        p: &super::QkvPrep,
-        batch: &PagedBatch,
-        scale: f32,
-        max_context: usize,
-        split_len: Option<usize>,
-        workspace: Option<&mut DecodeWorkspace>,
-    ) -> Result<DecodePlan, KernelError> {
-        match self.never {}
-    }
     pub fn paged_prefill_attention(
         &self,
         out: &mut Buf<bf16>,

@@ -6,8 +6,7 @@
 //! Per layer: `add_rms_norm` (the previous sublayer's residual add fused with this norm),
 //! the q|k|v GEMM, `qkv_rope_write` (bias, Qwen3 QK-norm, RoPE, K/V into the cache, in one
 //! kernel), paged attention (split-KV decode when every chunk is one token, else the
-//! causal prefill kernel, which handles mixed batches; for decode steps of Llama-style
-//! models the decode kernel does qkv_rope_write's work itself, `paged_decode_attention_rope`), the o GEMM, `add_rms_norm`, the
+//! causal prefill kernel, which handles mixed batches), the o GEMM, `add_rms_norm`, the
 //! gate|up GEMM, SwiGLU, the down GEMM. The residual stream is bf16, as in HF's bf16
 //! models. Logits come out of the LM head GEMM in f32. Without tensor parallelism, unfused
 //! steps of [`SPLIT_MIN_ROWS`] to [`SPLIT_MAX_ROWS`] tokens split the o and down GEMMs'
@@ -420,10 +419,6 @@ struct Core {
     /// Positions per split-KV chunk of decode attention (`TESSERA_DECODE_SPLIT_LEN`, for
     /// tuning runs); `None`: the kernel's automatic split.
     decode_split_len: Option<usize>,
-    /// Whether unfused decode steps fold RoPE and the newest K/V write into decode attention
-    /// where the model allows (`Device::paged_decode_attention_rope`: no qkv_rope_write
-    /// launch); `TESSERA_DECODE_ROPE=0` turns it off for A/B runs.
-    decode_rope: bool,
 }
 
 impl Core {
@@ -550,7 +545,6 @@ impl CudaModel {
                 fused_max_rows: fused_max_rows(),
                 fused_rope: std::env::var("TESSERA_FUSED_ROPE").as_deref() != Ok("0"),
                 decode_split_len: std::env::var("TESSERA_DECODE_SPLIT_LEN").ok().and_then(|v| v.parse().ok()),
-                decode_rope: std::env::var("TESSERA_DECODE_ROPE").as_deref() != Ok("0"),
             },
             model_config,
             kv,
@@ -863,8 +857,6 @@ fn run_layers(
     let mut parts = ws.split.as_mut().filter(|_| !fused && (SPLIT_MIN_ROWS..=SPLIT_MAX_ROWS).contains(&t));
     for (li, l) in w.layers.iter().enumerate() {
         let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
-        // Unfused decode steps of Llama-style models: RoPE and the K/V write inside attention.
-        let rope_in_attention = !fused && idx.cu_q.is_none() && core.decode_rope && dev.decode_rope_applies(&prep);
         if fused && core.fused_rope && dev.fused_rope_gemv_applies(&prep, h) {
             // Norm, projection, bias, RoPE and the K/V write in one kernel (Llama-style).
             let (q, k, v) = (&mut s.q, &mut kv.k[li], &mut kv.v[li]);
@@ -880,10 +872,8 @@ fn run_layers(
                 }
                 dev.matmul(&mut s.qkv, &s.xn, t, &l.qkv, qd + 2 * kvd, h)?;
             }
-            if !rope_in_attention {
-                let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
-                dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
-            }
+            let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
+            dev.qkv_rope_write(&mut s.q, &mut kv.k[li], &mut kv.v[li], &cache, &prep)?;
         }
         let batch = PagedBatch {
             cache,
@@ -894,11 +884,6 @@ fn run_layers(
             context_lens: &idx.context_lens,
         };
         match &idx.cu_q {
-            None if rope_in_attention => {
-                let (ws, split) = (Some(&mut ws.decode), core.decode_split_len);
-                let prep = w.qkv_prep(c, l, &s.qkv, t, &idx.positions, &idx.slots);
-                dev.paged_decode_attention_rope(&mut s.attn, &prep, &batch, scale, idx.max_context, split, ws)?;
-            }
             None => {
                 let ws = Some(&mut ws.decode);
                 let split = core.decode_split_len;
