@@ -341,6 +341,7 @@ __device__ __forceinline__ void decode_sk2_body(bf16* __restrict__ out, float* _
                 // Counted after the warp's last tile (a fence here also waits for the ring's
                 // copies in flight), or now when the list is full.
                 const PartialItem p{cc.s, cc.y, cc.ts, head0, gcount};
+                // (Not `n_parts < SK_PARTS`: with -DSK_PARTS=0 nvcc warns that it is never true.)
                 if (n_parts + 1 <= SK_PARTS) parts[n_parts++] = p;
                 else count_and_merge(p, true);
             }
