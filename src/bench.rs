@@ -16,7 +16,7 @@ use tessera_worker::sampling::argmax;
 use tessera_worker::session::Session;
 
 /// Measure prefill and decode tokens per second.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Model file or directory; the default model when absent.
     #[arg(long, env = "TESSERA_MODEL")]
@@ -53,6 +53,13 @@ pub struct BenchArgs {
     /// GPU only: prompt tokens of each sequence in the decode test.
     #[arg(long, default_value_t = 512)]
     pub decode_prompt: usize,
+    /// GPU only: the batch-1 decode test again after prompts of these lengths (0 runs a
+    /// one-token prompt): llama-bench's `tg128` decodes from an empty context and its `-d
+    /// 4096` after 4096 tokens, so these rows are the exact conditions of its batch-1
+    /// numbers (ANCHORS.md), where the decode test's 512-token prompt matches
+    /// llama-batched-bench's. The flag with no value skips them.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "0,4096")]
+    pub batch1_depths: Vec<usize>,
     /// GPU only: sequence i of the decode test gets i % 16 more prompt tokens, so the
     /// sequences start new KV blocks at different steps, as served ones do (by default
     /// they all start one every 16 steps together). The longest sequence must still fit the

@@ -170,6 +170,12 @@ pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
         let outcome = decode_batch(&mut m, b, args, &Role::Solo, 1)?;
         println!("{}", decode_row(b, args, &outcome, bytes_per_token));
     }
+    for &depth in &args.batch1_depths {
+        // A prompt of at least one token: the model needs one to prefill.
+        let at = BenchArgs { decode_prompt: depth.max(1), stagger: false, ..args.clone() };
+        let outcome = decode_batch(&mut m, 1, &at, &Role::Solo, 1)?;
+        println!("{}", decode_row(1, &at, &outcome, bytes_per_token));
+    }
     Ok(())
 }
 
