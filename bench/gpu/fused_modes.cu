@@ -35,13 +35,11 @@
 #ifndef GEMV_SRC
 #define GEMV_SRC "../../kernels/cuda/gemv.cu"
 #endif
-#define GEMV_FLOW_PROTO  // gemv.cu's dataflow prototype (RESIDUAL / NORM_ROPE with GemvRope::flow)
 #include GEMV_SRC
 #ifndef ATTN_SRC
 #define ATTN_SRC "../../kernels/cuda/attention.cu"
 #endif
 #define DEC_CLUSTER_PROTO  // attention.cu's cluster-merge prototype kernel
-#define DEC_FLOW_PROTO     // attention.cu's dataflow prototype kernel
 #include ATTN_SRC
 
 #include "gemv_bench.cuh"
@@ -55,29 +53,25 @@ static const int P = 6, NW = 8;
 static const int MIN_SPLIT = getenv("FM_MIN_SPLIT") ? std::max(16, atoi(getenv("FM_MIN_SPLIT"))) : 64;
 static const int BLOCK = 16, SPLITS = 33, LEAN_SMEM = 4 * 2 * 2 * 16 * HD * 2, DEF_SMEM = 4 * 3 * 2 * 16 * HD * 2;
 
-// FM_O_NW / FM_O_P: warps and ring stages of the o GEMV (default 8 and 6, as every GEMV):
-// after attention its warps' remaining copies form a latency-bound tail.
-static const int O_NW = getenv("FM_O_NW") ? atoi(getenv("FM_O_NW")) : NW, O_P = getenv("FM_O_P") ? atoi(getenv("FM_O_P")) : P;
-
-static size_t smem_for(bool xs, int cols, int nw = NW, int p = P) {
-    const size_t ring = (size_t)nw * (p * GEMV_STAGE_BYTES(xs ? 4 : 6) + 2 * GEMV_RED_BYTES);
+static size_t smem_for(bool xs, int cols) {
+    const size_t ring = (size_t)NW * (P * GEMV_STAGE_BYTES(xs ? 4 : 6) + 2 * GEMV_RED_BYTES);
     const int pitch = cols + (96 - cols % 64) % 64;
     return ring + (xs ? (size_t)pitch * 2 + GEMV_NORM_SUMS_BYTES : 0);
 }
 
 static void launch(const void* fn, bool xs, void* out, const bf16* x, const bf16* w, int rows, int cols,
-                   const bf16* gamma, GemvRope rope, int tiles, cudaStream_t s, int nw = NW, int p = P) {
+                   const bf16* gamma, GemvRope rope, int tiles, cudaStream_t s) {
     int m = 1, flags = 3;
     float eps = 1e-5f;
     void* args[] = {&out, &x, &w, &m, &rows, &cols, &flags, &gamma, &eps, &rope};
     // One wave of persistent CTAs, as many per SM as fit (gemv.rs: two for the normalising
     // modes at m = 1, whose ring is a third smaller).
-    const size_t smem = smem_for(xs, cols, nw, p);
+    const size_t smem = smem_for(xs, cols);
     int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 32 * nw, smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 32 * NW, smem));
     static const int cap = getenv("FM_PER_SM") ? atoi(getenv("FM_PER_SM")) : 0;  // experiment: fewer per SM
     if (cap > 0) per_sm = std::min(per_sm, cap);
-    launch_pdl(fn, dim3(std::min(g_sms * std::max(per_sm, 1), tiles)), dim3(32 * nw), smem, args, s);
+    launch_pdl(fn, dim3(std::min(g_sms * std::max(per_sm, 1), tiles)), dim3(32 * NW), smem, args, s);
 }
 
 // The four positions of a layer and their buffers; kc / vc: one paged cache per weight set.
@@ -86,7 +80,6 @@ struct Bufs {
     bf16 *x, *gamma, *attn, *act, *q, *o_plain, *gu_plain, *d_plain, *qkv_plain, *bias;
     std::vector<bf16*> kc, vc;
     u32 *positions, *slots, *ctx_lens, *table, *counters;
-    u32* flow;  // dataflow prototype: per layer, n_kv qkv-tile counts then n_kv attention outputs
     u32 ctx, n_blocks;
     float *part_o, *part_lse;
     float2* cos_sin;
@@ -98,24 +91,13 @@ struct Bufs {
 // LEAN_CLUSTER: the prototype whose splits merge through distributed shared memory, a
 // cluster of FM_CLUSTER (default 8) CTAs along z; LEAN_CL_GRID: the lean kernel on the same
 // grid (FM_CLUSTER splits) merging through global memory, the same bits.
-// LEAN_FLOW: the dataflow prototype (gemv.cu GEMV_FLOW_PROTO, attention.cu DEC_FLOW_PROTO): qkv
-// computes its tiles kv group by kv group and counts them per group, each attention CTA
-// waits for its group's count instead of the whole qkv kernel, and each warp of the o GEMV
-// waits only for the groups of the columns it reads, so o streams most of its weights while
-// the last groups' attention runs.
-enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY, LEAN_TIGHT, LEAN_CLUSTER, LEAN_CL_GRID, LEAN_FLOW };
-static const int FLOW_PER_LAYER = 2 * KV;
-// FM_FLOW_PARTS (default 7): which kernels of LEAN_FLOW take part, a mask of 1 (qkv in group
-// order, counting its tiles), 2 (attention waiting on the counts; else on the whole qkv
-// kernel) and 4 (o waiting per warp; needs 2). 1 alone or 3 measure what the counting costs.
-static const int FLOW_PARTS = getenv("FM_FLOW_PARTS") ? atoi(getenv("FM_FLOW_PARTS")) : 7;
+enum Attn { NO_ATTN, LEAN_EARLY, LEAN_PLAIN, DEFAULT_EARLY, LEAN_TIGHT, LEAN_CLUSTER, LEAN_CL_GRID };
 static const int CLUSTER = getenv("FM_CLUSTER") ? std::max(2, std::min(16, atoi(getenv("FM_CLUSTER")))) : 8;
 
 // Decode attention of one sequence over set `set`'s cache: q -> attn.
-static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32* flow = nullptr) {
+static void attention(Attn how, const Bufs& b, int set, cudaStream_t s) {
     const bool lean = how != DEFAULT_EARLY;
-    const void* fn = how == LEAN_FLOW      ? (const void*)paged_decode_lean_flow_hd128
-                     : how == LEAN_CLUSTER ? (const void*)paged_decode_lean_cluster_hd128
+    const void* fn = how == LEAN_CLUSTER ? (const void*)paged_decode_lean_cluster_hd128
                      : lean              ? (const void*)paged_decode_lean_hd128
                                          : (const void*)paged_decode_hd128;
     bf16* out = b.attn;
@@ -130,9 +112,8 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32* flo
     if (how == LEAN_CLUSTER || how == LEAN_CL_GRID) n_splits = CLUSTER;
     n_splits = std::min(n_splits, (u32)SPLITS);
     float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
-    u32 flow_target = (HEADS / KV + 2) * (HD / 16);  // a kv group's qkv tiles
-    void* args[] = {&out, &po, &pl, &counters, &q, &kc, &vc, &table, &max_blocks, &ctx_lens, &num_blocks, &block,
-                    &nh, &nkv, &group, &gt, &split_len, &n_splits, &min_split, &scale_log2, &flow, &flow_target};
+    void* args[] = {&out, &po, &pl, &counters, &q, &kc, &vc, &table, &max_blocks, &ctx_lens,
+                    &num_blocks, &block, &nh, &nkv, &group, &gt, &split_len, &n_splits, &min_split, &scale_log2};
     const dim3 grid(1, KV, n_splits), threads(128);
     const int smem = lean ? LEAN_SMEM : DEF_SMEM;
     if (how == LEAN_PLAIN) {
@@ -158,32 +139,20 @@ static void attention(Attn how, const Bufs& b, int set, cudaStream_t s, u32* flo
     }
 }
 
-static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, int set, cudaStream_t s, u32* flow = nullptr) {
+static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, int set, cudaStream_t s) {
     GemvRope none = {};
     switch (pos) {
         case QKV_POS:
             if (fused) {
                 GemvRope r = {b.q, b.kc[set], b.vc[set], nullptr, b.positions, b.slots, b.cos_sin,
                               (u64)b.n_blocks * BLOCK, HEADS, KV, HD, HD / 2, MAX_POS, 0};
-                r.flow = flow;
                 launch((const void*)gemv_rope_p6, true, b.q, b.x, w, QKV, H, b.gamma, r, QKV / 16, s);
             } else {
                 launch((const void*)gemv_bf16_p6, false, b.qkv_plain, b.x, w, QKV, H, nullptr, none, QKV / 16, s);
             }
             break;
         case O_POS:
-            if (fused) {
-                GemvRope f = {};
-                if (flow) {
-                    f.flow = flow + KV;
-                    f.flow_target = 1;  // one sequence
-                    f.flow_gcols = HEADS / KV * HD;
-                }
-                const void* fn = O_P == 2 ? (const void*)gemv_residual_p2
-                                 : O_P == 4 ? (const void*)gemv_residual_p4
-                                            : (const void*)gemv_residual_p6;
-                launch(fn, false, b.x, b.attn, w, H, H, nullptr, f, H / 16, s, O_NW, O_P);
-            }
+            if (fused) launch((const void*)gemv_residual_p6, false, b.x, b.attn, w, H, H, nullptr, none, H / 16, s);
             else launch((const void*)gemv_bf16_p6, false, b.o_plain, b.attn, w, H, H, nullptr, none, H / 16, s);
             break;
         case GATE_UP_POS:
@@ -207,11 +176,9 @@ static bf16* alloc_fill(u64 n, u32 seed, float scale, float offset) {
 int main() {
     CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
     const void* fns[] = {(const void*)gemv_bf16_p6, (const void*)gemv_rope_p6, (const void*)gemv_residual_p6,
-                         (const void*)gemv_swiglu_p6, (const void*)gemv_residual_p4, (const void*)gemv_residual_p2};
-    for (const void* fn : fns) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+                         (const void*)gemv_swiglu_p6};
+    for (const void* fn : fns) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     CK(cudaFuncSetAttribute((const void*)paged_decode_lean_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, LEAN_SMEM));
-    CK(cudaFuncSetAttribute((const void*)paged_decode_lean_flow_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            LEAN_SMEM));
     CK(cudaFuncSetAttribute((const void*)paged_decode_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize, DEF_SMEM));
     CK(cudaFuncSetAttribute((const void*)paged_decode_lean_cluster_hd128, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             LEAN_SMEM + DEC_CL_SMEM_EXTRA));
@@ -264,7 +231,6 @@ int main() {
     CK(cudaMalloc(&b.part_lse, (size_t)HEADS * SPLITS * 4));
     CK(cudaMalloc(&b.counters, KV * 4));
     CK(cudaMemset(b.counters, 0, KV * 4));  // the merging CTA leaves its counter at 0
-    CK(cudaMalloc(&b.flow, 32 * FLOW_PER_LAYER * 4));
     std::vector<float2> cs((size_t)MAX_POS * HD / 2);
     for (size_t i = 0; i < cs.size(); ++i) cs[i] = make_float2(0.6f, 0.8f);
     CK(cudaMalloc(&b.cos_sin, cs.size() * sizeof(float2)));
@@ -278,42 +244,6 @@ int main() {
         CK(cudaStreamSynchronize(st));
     };
 
-    // One 32-layer chain on the stream (captured into a graph below); the dataflow plan
-    // zeroes its counters first.
-    auto chain = [&](const bool (&fused)[4], Attn attn, bool gemvs) {
-        if (attn == LEAN_FLOW) CK(cudaMemsetAsync(b.flow, 0, 32 * FLOW_PER_LAYER * 4, st));
-        for (int layer = 0; layer < 32; ++layer) {
-            u32* flow = attn == LEAN_FLOW ? b.flow + layer * FLOW_PER_LAYER : nullptr;
-            const bool part[3] = {(FLOW_PARTS & 1) != 0, (FLOW_PARTS & 2) != 0, (FLOW_PARTS & 6) == 6};
-            for (int k = 0; k < 4; ++k) {
-                u32* f = (k == QKV_POS && part[0]) || (k == O_POS && part[2]) ? flow : nullptr;
-                if (gemvs) run((Pos)k, fused[k], b, W[k][layer % SETS], layer % SETS, st, f);
-                if (k == QKV_POS && attn != NO_ATTN)
-                    attention(attn == LEAN_FLOW && !part[1] ? LEAN_EARLY : attn, b, layer % SETS, st, flow);
-            }
-        }
-    };
-    {
-        // The dataflow chain against the model's: the same arithmetic in another order, so
-        // the same residual stream bit for bit after 32 layers.
-        const bool all[4] = {true, true, true, true};
-        std::vector<unsigned short> got[2];
-        for (int v = 0; v < 2; ++v) {
-            reset_x();
-            CK(cudaMemsetAsync(b.attn, 0xff, H * 2, st));
-            chain(all, v == 0 ? LEAN_EARLY : LEAN_FLOW, true);
-            got[v].resize(H);
-            CK(cudaMemcpyAsync(got[v].data(), b.x, H * 2, cudaMemcpyDeviceToHost, st));
-            CK(cudaStreamSynchronize(st));
-        }
-        int diff = 0, nan = 0;
-        for (int i = 0; i < H; ++i) {
-            diff += got[0][i] != got[1][i];
-            nan += (got[1][i] & 0x7fff) > 0x7f80;
-        }
-        printf("dataflow chain vs the model's, 32 layers: %d of %d residual values differ, %d NaN\n", diff, H, nan);
-        if (diff + nan > 0) return 1;
-    }
     {
         // The cluster merge against the global one on the same splits: the same bits (the
         // global path is checked against the CPU reference in kernels/tests/cuda_attention.rs).
@@ -385,9 +315,6 @@ int main() {
         {"attn alone, cluster merge", {F, F, F, F}, LEAN_CLUSTER, F},
         {"fused + attention (3rd)", {T, T, T, T}, LEAN_EARLY, T},
         {"fused + attn, cluster merge (again)", {T, T, T, T}, LEAN_CLUSTER, T},
-        {"fused + attention, dataflow", {T, T, T, T}, LEAN_FLOW, T},
-        {"fused + attention (4th)", {T, T, T, T}, LEAN_EARLY, T},
-        {"fused + attention, dataflow (again)", {T, T, T, T}, LEAN_FLOW, T},
     };
     const double layer_bytes = 2.0 * ((double)QKV * H + (double)H * H + 2.0 * FFN * H + (double)H * FFN);
     const double kv_bytes = 2.0 * 2.0 * b.ctx * KV * HD;
@@ -409,7 +336,11 @@ int main() {
         if (!wanted(plan.name)) continue;
         cudaGraph_t graph;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        chain(plan.fused, plan.attn, plan.gemvs);
+        for (int layer = 0; layer < 32; ++layer)
+            for (int k = 0; k < 4; ++k) {
+                if (plan.gemvs) run((Pos)k, plan.fused[k], b, W[k][layer % SETS], layer % SETS, st);
+                if (k == QKV_POS && plan.attn != NO_ATTN) attention(plan.attn, b, layer % SETS, st);
+            }
         CK(cudaStreamEndCapture(st, &graph));
         cudaGraphExec_t exec;
         CK(cudaGraphInstantiate(&exec, graph, 0));

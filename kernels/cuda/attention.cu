@@ -617,38 +617,14 @@ __device__ __forceinline__ void dec_tile(u32 kb, u32 vb, const u32 (&qa)[HD / 16
     }
 }
 
-#ifdef DEC_FLOW_PROTO
-// Dataflow prototype (bench/gpu/fused_modes.cu only, with gemv.cu's GEMV_FLOW_PROTO): instead
-// of waiting for the whole qkv kernel, a CTA waits until flow[its kv head] >= flow_target
-// (that group's qkv tiles, counted by the GEMV), and the CTA that completes a (sequence,
-// head chunk)'s output adds 1 to flow[n_kv + kv head] for the o GEMV's warps.
-__device__ __forceinline__ void dec_flow_wait(const u32* p, u32 target) {
-    if (threadIdx.x == 0) {
-        u32 v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-        } while (v < target);
-    }
-    __syncthreads();
-}
-__device__ __forceinline__ void dec_flow_arrive(u32* p) {
-    __syncthreads();  // the CTA's outputs are written
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
-}
-#define DEC_FLOW 1
-#else
-#define DEC_FLOW 0
-#endif
-
-template <int HD, u32 ST, u32 CL = 0, bool FLOW = false>
+template <int HD, u32 ST, u32 CL = 0>
 __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __restrict__ part_o,
                                             float* __restrict__ part_lse, u32* __restrict__ counters,
                                             const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                                             const bf16* __restrict__ v_cache, const u32* __restrict__ block_tables,
                                             u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,
                                             u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len,
-                                            u32 n_splits, u32 min_split, float scale_log2, u32* flow = nullptr,
-                                            u32 flow_target = 0) {
+                                            u32 n_splits, u32 min_split, float scale_log2) {
     constexpr u32 ROW_B = HD * 2;             // bytes of a shared-memory row
     constexpr u32 TILE_B = DEC_TILE * ROW_B;  // one K or V tile
     constexpr u32 STAGE_B = 2 * TILE_B;
@@ -672,17 +648,6 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
     // Before PDL_WAIT only the inputs and older K/V are read (see the section's header).
     const u32 ctx = ctx_lens[seq];
     if (ctx == 0) {  // a padding row: zeros, written once
-#if DEC_FLOW
-        if constexpr (FLOW) {
-            if (split == 0) {
-                dec_flow_wait(flow + kvh, flow_target);
-                for (u32 i = tid; i < gcount * HD; i += DEC_THREADS)
-                    out[((u64)seq * n_heads + head0 + i / HD) * HD + i % HD] = 0;
-                dec_flow_arrive(flow + n_kv + kvh);
-            }
-            return;
-        }
-#endif
         PDL_WAIT();
         if (split == 0)
             for (u32 i = tid; i < gcount * HD; i += DEC_THREADS)
@@ -744,12 +709,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
                 issue(first[j], j);
                 cp_async_commit();
             }
-#if DEC_FLOW
-        if constexpr (FLOW)
-            dec_flow_wait(flow + kvh, flow_target);
-        else
-#endif
-            PDL_WAIT();
+        PDL_WAIT();
         // Q's A fragments: row g = head g (zero past gcount), dims 16 kk + 2 t4 ..+1 and +8.
         // Coherent loads (__ldcg): q is written by the kernel ahead while this one runs, and
         // the read-only path its __restrict__ would otherwise give them (ld.global.nc) lets
@@ -848,12 +808,7 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
         return;
     }
 #endif
-    if (direct) {
-#if DEC_FLOW
-        if constexpr (FLOW) dec_flow_arrive(flow + n_kv + kvh);
-#endif
-        return;
-    }
+    if (direct) return;
 
     // The last CTA of this (sequence, head chunk) combines the splits.
     __threadfence();  // this CTA's partials are visible before it is counted
@@ -877,9 +832,6 @@ __device__ __forceinline__ void decode_body(bf16* __restrict__ out, float* __res
             [&](u32 s) { return __ldcg(part_lse + row0 + s); },
             [&](u32 s) { return __ldcg(po + (u64)s * (HD / 4)); });
     }
-#if DEC_FLOW
-    if constexpr (FLOW) dec_flow_arrive(flow + n_kv + kvh);
-#endif
 }
 
 // Head dim 128: a 96 KiB ring (4 warps x 3 stages x 8 KiB of K and V) allows 2 CTAs per SM;
@@ -924,21 +876,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_decode_lean_c
     decode_body<128, DEC_LEAN_STAGES, 1>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,
                                          max_blocks, ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt,
                                          split_len, n_splits, min_split, scale_log2);
-}
-#endif
-#if DEC_FLOW
-// The dataflow prototype (see dec_flow_wait): the lean kernel waiting on its kv head's qkv
-// tiles instead of the whole qkv kernel.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_decode_lean_flow_hd128(
-    bf16* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse, u32* __restrict__ counters,
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const u32* __restrict__ block_tables, u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_blocks,
-    u32 block_size, u32 n_heads, u32 n_kv, u32 group, u32 gt, u32 split_len, u32 n_splits, u32 min_split,
-    float scale_log2, u32* flow, u32 flow_target) {
-    PDL_TRIGGER();
-    decode_body<128, DEC_LEAN_STAGES, 0, true>(out, part_o, part_lse, counters, q, k_cache, v_cache, block_tables,
-                                               max_blocks, ctx_lens, num_blocks, block_size, n_heads, n_kv, group, gt,
-                                               split_len, n_splits, min_split, scale_log2, flow, flow_target);
 }
 #endif
 

@@ -97,28 +97,7 @@ struct GemvRope {
     const float2* cos_sin;
     u64 n_slots;
     u32 n_heads, n_kv, head_dim, half_rot, max_pos, pad;
-#ifdef GEMV_FLOW_PROTO
-    // Dataflow prototype (bench/gpu/fused_modes.cu only; the NVRTC build has no such fields):
-    // NORM_ROPE: with `flow`, tiles run in kv-group order (a group's q, k and v rows
-    // together) and each finished tile adds 1 to flow[its group]. RESIDUAL: with `flow`, a
-    // warp waits until flow[g] >= flow_target for every group g of flow_gcols x columns it
-    // reads, instead of waiting for the whole kernel ahead.
-    u32* flow;
-    u32 flow_target, flow_gcols;
-#endif
 };
-
-#ifdef GEMV_FLOW_PROTO
-__device__ __forceinline__ u32 flow_ld_acquire(const u32* p) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// After a CTA barrier: publishes what the CTA wrote before it (cumulative release).
-__device__ __forceinline__ void flow_arrive(u32* p) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
-}
-#endif
 
 // w: L2-only (.cg), 256-byte L2 prefetch, evict-first policy. bytes = 0 writes zeros.
 __device__ __forceinline__ void gemv_cp_w(u32 dst, const bf16* src, int bytes, u64 policy) {
@@ -304,35 +283,6 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
     bf16* xn = reinterpret_cast<bf16*>(after_ring + 2 * nw * GEMV_RED_BYTES);
     float* norm_sums = reinterpret_cast<float*>(xn + m * gemv_xn_pitch(cols));
     const u32 xn_lane = (u32)__cvta_generic_to_shared(xn) + (u32)(((has_x ? g : 0) * gemv_xn_pitch(cols) + t * 8) * 2);
-#ifdef GEMV_FLOW_PROTO
-    u32* const flow = rope.flow;
-#else
-    u32* const flow = nullptr;
-#endif
-    // The kv group of the rows of tile `pt` (in rows' order).
-    auto group_of = [&](int pt) {
-        const int head = pt * GEMV_ROWS / max(1, (int)rope.head_dim), nq = (int)rope.n_heads, nkv = (int)rope.n_kv;
-        return head < nq ? head / max(1, nq / max(1, nkv)) : head < nq + nkv ? head - nq : head - nq - nkv;
-    };
-    // NORM_ROPE with `flow`: tile i of the kv-group order -> its rows' tile. Group grp's
-    // tiles: its q heads' rows, then its k head's, then its v head's.
-    const int flow_tph = MODE == GEMV_NORM_ROPE && flow ? (int)rope.head_dim / GEMV_ROWS : 0;
-    const int flow_gq = flow_tph ? (int)(rope.n_heads / rope.n_kv) * flow_tph : 0, flow_tg = max(1, flow_gq + 2 * flow_tph);
-    auto phys = [&](int tile) {
-#ifdef FLOW_NO_PERM
-        return tile;
-#endif
-#ifdef FLOW_ROTATE
-        // k and v first, then q: three contiguous runs; the first groups' q heads still
-        // finish a round before the last ones'.
-        if (flow_tph) return (tile + (int)rope.n_heads * flow_tph) % (int)((rope.n_heads + 2 * rope.n_kv) * flow_tph);
-#endif
-        if (!flow_tph) return tile;
-        const int grp = tile / flow_tg, r = tile % flow_tg;
-        if (r < flow_gq) return grp * flow_gq + r;
-        const int kv_tile = grp * flow_tph + (r - flow_gq) % max(1, flow_tph);
-        return (int)(rope.n_heads + (r < flow_gq + flow_tph ? 0 : rope.n_kv)) * flow_tph + kv_tile;
-    };
 
     // W rows of fragment rows g and g + 8 in tile `tile`. Rows past the end re-read the
     // last valid one (their sums are never stored).
@@ -342,7 +292,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
             lo = w + (u64)j * cols + t * 8;
             hi = w + (u64)(half + j) * cols + t * 8;
         } else {
-            const int r0 = phys(tile) * GEMV_ROWS;
+            const int r0 = tile * GEMV_ROWS;
             lo = w + (u64)min(r0 + g, rows - 1) * cols + t * 8;
             hi = w + (u64)min(r0 + g + 8, rows - 1) * cols + t * 8;
         }
@@ -419,29 +369,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
         }
         gemv_commit();
     }
-    if (early_w) {
-#ifdef GEMV_FLOW_PROTO
-        if (MODE == GEMV_RESIDUAL && flow) {
-            // This warp's columns [c0, c0 + per_tile) chunks: wait for their groups only.
-            const int lo_g = c0 * GEMV_CHUNK / (int)rope.flow_gcols;
-            const int hi_g = (min(cols, (c0 + per_tile) * GEMV_CHUNK) - 1) / (int)rope.flow_gcols;
-#ifdef FLOW_LANE0_SPIN
-            if (lane == 0)
-                for (int gg = lo_g; gg <= hi_g; ++gg)
-                    while (flow_ld_acquire(flow + gg) < rope.flow_target) __nanosleep(32);
-            __syncwarp();
-#else
-            for (int gg = lo_g; gg <= hi_g; ++gg)
-                while (flow_ld_acquire(flow + gg) < rope.flow_target) {
-                }
-#endif
-        } else {
-            PDL_WAIT();
-        }
-#else
-        PDL_WAIT();
-#endif
-    }
+    if (early_w) PDL_WAIT();
     if (XS) {
         // No group of its own: the loop's wait for item q (P - 1 groups may stay pending)
         // is then exactly the wait for w's stage q, and the first items are used as soon
@@ -513,7 +441,7 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
             } else if (MODE == GEMV_NORM_ROPE) {
                 // A thread per (token, row pair) of the tile: rows rr, rr + 1 are dims d, d + 1
                 // of head hh (qkv.cu's arithmetic, from the bf16-rounded sums).
-                const int row0 = phys(cq.tile) * GEMV_ROWS;
+                const int row0 = cq.tile * GEMV_ROWS;
                 const u32 hd = rope.head_dim, nq = rope.n_heads, nkv = rope.n_kv;
                 for (int i = threadIdx.x; i < (GEMV_ROWS / 2) * m; i += blockDim.x) {
                     const int n = i / (GEMV_ROWS / 2), rr = 2 * (i % (GEMV_ROWS / 2)), row = row0 + rr;
@@ -543,23 +471,6 @@ __device__ __forceinline__ void gemv_body(void* __restrict__ out, const bf16* __
                     }
                     *reinterpret_cast<u32*>(dst + d) = (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
                 }
-#ifdef GEMV_FLOW_PROTO
-                if (flow) {
-#ifdef FLOW_WARP_ARRIVE
-                    // At m <= 4 only warp 0's lanes write the tile (8 m row pairs).
-                    if (m <= 4) {
-                        if (warp == 0) {
-                            __syncwarp();
-                            if (lane == 0) flow_arrive(flow + group_of(phys(cq.tile)));
-                        }
-                    } else
-#endif
-                    {
-                        __syncthreads();  // the tile's rows are written
-                        if (threadIdx.x == 0) flow_arrive(flow + group_of(phys(cq.tile)));
-                    }
-                }
-#endif
             } else if (MODE == GEMV_RESIDUAL) {
                 // As below, from the values read a tile ahead; then the next tile's.
                 const int row0 = cq.tile * GEMV_ROWS;
