@@ -779,3 +779,55 @@ fn min_tokens_bans_the_stop_ids_on_the_gpu() {
         ex.step(StepInput { finished: vec![id], ..Default::default() }).expect("finish");
     }
 }
+
+/// The GPU sampler across steps whose requests change and come back (a bias on, off, on
+/// again; logprobs asked for, then not): its inputs are uploaded only when they change and
+/// its outputs read back through page-locked staging, so each step must still see its own
+/// requests. Expected tokens and top-3 ids from the logits on the host.
+#[test]
+fn gpu_sampler_follows_changing_requests() {
+    use tessera_kernels::cuda::Device;
+    use tessera_worker::cuda::{GpuSampler, RowRequest};
+    if !enabled("gpu_sampler_follows_changing_requests") {
+        return;
+    }
+    let (vocab, rows) = (1000usize, 3usize);
+    let dev = Device::new(0).unwrap();
+    // Distinct pseudo-random logits (an odd multiplier mod 2^k keeps them distinct).
+    let logits: Vec<f32> = (0..vocab * rows).map(|i| ((i * 7919 + 13) % 4093) as f32 / 409.3 - 5.0).collect();
+    let best = |r: usize| argmax(&logits[r * vocab..(r + 1) * vocab]) as u32;
+    let top3 = |r: usize| {
+        let mut ids: Vec<u32> = (0..vocab as u32).collect();
+        ids.sort_by(|&a, &b| logits[r * vocab + b as usize].total_cmp(&logits[r * vocab + a as usize]));
+        ids[..3].to_vec()
+    };
+    // A token of row 0 that is not its argmax, lifted to the top by its bias.
+    let lifted = (best(0) + 1) % vocab as u32;
+    let greedy = || vec![RowRequest::greedy(); rows];
+    let biased = || {
+        let mut r = greedy();
+        r[0].bias = vec![(lifted, 1000.0)];
+        r
+    };
+    let with_logprobs = || {
+        let mut r = greedy();
+        r[1].params.n_logprobs = 3;
+        r
+    };
+    let steps = [greedy(), biased(), greedy(), greedy(), with_logprobs(), greedy(), biased(), biased()];
+    let mut sampler = GpuSampler::new();
+    let mut buf = dev.upload(&logits).unwrap();
+    for (i, requests) in steps.iter().enumerate() {
+        dev.write_at(&mut buf, 0, &logits).unwrap(); // the sampler adjusts the logits in place
+        let got = sampler.sample(&dev, &mut buf, vocab, requests).unwrap();
+        assert_eq!(got.len(), rows, "step {i}");
+        for (r, (req, row)) in requests.iter().zip(&got).enumerate() {
+            let row = row.as_ref().unwrap();
+            let want = if req.bias.is_empty() { best(r) } else { lifted };
+            assert_eq!(row.token, want, "step {i} row {r}");
+            let ids: Vec<u32> = row.top.iter().map(|t| t.0).collect();
+            let want_top = if req.params.n_logprobs == 3 { top3(r) } else { Vec::new() };
+            assert_eq!(ids, want_top, "step {i} row {r}: top logprobs");
+        }
+    }
+}

@@ -1,13 +1,16 @@
 //! A decode step's small inputs, moved to the device in as few driver calls as possible:
 //! page-locked host staging ([`HostStage`]), the copies from it ([`Device::write_staged`],
 //! [`Device::write_2d`]) and the kernel that splits a packed upload into its arrays
-//! ([`Device::unpack4`]).
+//! ([`Device::unpack4`]); and the way back for its small outputs ([`Device::read_staged`]).
 //!
 //! Why: a copy from pageable memory makes the driver stage it through its own pinned buffer
 //! before the call returns, ~5-7 µs of host time each; a copy from page-locked memory is
 //! only queued. A graph step's ids, positions, slots and context lengths are therefore
 //! written into one pinned `[4, b]` array, uploaded in one copy and split on the device;
-//! the block-table mirror shares the stage, so one event covers both copies.
+//! the block-table mirror shares the stage, so one event covers both copies. The other way,
+//! a copy into pageable memory returns only once it has run, so reading several small
+//! arrays back costs one round trip each, with the GPU idle in between; into a stage the
+//! copies are only queued, and one wait covers them all.
 //!
 //! A copy from a stage reads it when the stream gets there, not when it is queued, so a
 //! stage must not be rewritten before then: every copy records the stage's event after it,
@@ -31,7 +34,7 @@ pub struct HostStage<T> {
     _mem: PinnedHostSlice<T>,
     ptr: *mut T,
     len: usize,
-    /// Recorded after each queued copy that reads the stage.
+    /// Recorded after each queued copy that reads or writes the stage.
     read: CudaEvent,
     /// The stream (address of the device's `CudaStream`) every copy from the stage is
     /// queued on: the event tracks one stream's order, so copies on another are refused.
@@ -53,7 +56,8 @@ impl<T: Elem> HostStage<T> {
         self.len == 0
     }
 
-    /// The contents (no wait: copies only read the stage).
+    /// The contents (no wait: only copies to the device read the stage; after a
+    /// [`Device::read_staged`], synchronize the stream first).
     pub fn as_slice(&self) -> &[T] {
         // SAFETY: `ptr` holds `len` initialised elements (zero-filled at allocation) that
         // live as long as `self`; nothing writes them while `&self` is held.
@@ -122,6 +126,23 @@ impl Device {
         // A plain slice to cudarc: page-locked, so the copy is queued, not staged.
         self.stream.memcpy_htod(host, &mut dst.inner).map_err(dev_err(OP))?;
         self.mark_read(OP, src)
+    }
+
+    /// Queues a copy of `src[..n]` into `dst[..n]`. The values are there once the stream
+    /// has been synchronized ([`Device::synchronize`]); until then `dst` must not be read.
+    pub fn read_staged<T: Elem>(&self, dst: &mut HostStage<T>, src: &Buf<T>, n: usize) -> Result<(), KernelError> {
+        const OP: &str = "cuda_read_staged";
+        self.check_stage(OP, dst)?;
+        check(n <= src.len() && n <= dst.len(), OP, || {
+            format!("{n} elements from a buffer of {} into a stage of {}", src.len(), dst.len())
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let host = &mut dst.as_mut_slice()?[..n];
+        // A plain slice to cudarc: page-locked, so the copy is queued, not waited for.
+        self.stream.memcpy_dtoh(&src.inner.slice(..n), host).map_err(dev_err(OP))?;
+        self.mark_read(OP, dst)
     }
 
     /// Queues a `[rows, width]` block of the host matrix `src` into the device matrix `dst`

@@ -16,6 +16,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
+use super::inputs::HostStage;
 use super::sample_params::{SampleParams, SamplePaths, SampledRow, MAX_SAMPLE_VOCAB, MAX_TOP_LOGPROBS, SPLIT_MAX_ROWS};
 use crate::error::check;
 use crate::KernelError;
@@ -45,11 +46,24 @@ pub struct SampleOutput {
     n_top: Buf<u32>,
     /// `[max_rows]` [`SampledRow::flags`].
     flags: Buf<u32>,
+    /// Page-locked host copies of the six arrays above, so [`SampleOutput::read`] queues
+    /// every copy and waits once (a copy into pageable memory waits for itself).
+    host: SampleHost,
     /// The split path's per-slice results (`[rows, slices, SPLIT_PART_WORDS]`), allocated
     /// on its first use and grown when a call needs more.
     parts: Option<Buf<u32>>,
     max_rows: usize,
     max_logprobs: usize,
+}
+
+/// [`SampleOutput::read`]'s page-locked staging, one stage per output array, same sizes.
+struct SampleHost {
+    token: HostStage<u32>,
+    logprob: HostStage<f32>,
+    top_ids: HostStage<u32>,
+    top_logprobs: HostStage<f32>,
+    n_top: HostStage<u32>,
+    flags: HostStage<u32>,
 }
 
 impl SampleOutput {
@@ -66,28 +80,26 @@ impl SampleOutput {
         &self.token
     }
 
-    /// Waits for the queued work and copies the first `n_rows` rows to the host.
-    pub fn read(&self, dev: &Device, n_rows: usize) -> Result<Vec<SampledRow>, KernelError> {
+    /// Waits for the queued work and copies the first `n_rows` rows to the host: the
+    /// copies are queued into page-locked staging and waited for once.
+    pub fn read(&mut self, dev: &Device, n_rows: usize) -> Result<Vec<SampledRow>, KernelError> {
         const OP: &str = "cuda_sample_read";
         check(n_rows <= self.max_rows, OP, || format!("{n_rows} rows asked for, the output holds {}", self.max_rows))?;
         if n_rows == 0 {
             return Ok(Vec::new());
         }
-        let s = &dev.stream;
-        let token = s.clone_dtoh(&self.token.inner.slice(..n_rows)).map_err(dev_err(OP))?;
-        let logprob = s.clone_dtoh(&self.logprob.inner.slice(..n_rows)).map_err(dev_err(OP))?;
-        let n_top = s.clone_dtoh(&self.n_top.inner.slice(..n_rows)).map_err(dev_err(OP))?;
-        let flags = s.clone_dtoh(&self.flags.inner.slice(..n_rows)).map_err(dev_err(OP))?;
         let l = self.max_logprobs;
-        let (ids, lps) = if l > 0 {
-            (
-                s.clone_dtoh(&self.top_ids.inner.slice(..n_rows * l)).map_err(dev_err(OP))?,
-                s.clone_dtoh(&self.top_logprobs.inner.slice(..n_rows * l)).map_err(dev_err(OP))?,
-            )
-        } else {
-            (Vec::new(), Vec::new())
-        };
+        let h = &mut self.host;
+        dev.read_staged(&mut h.token, &self.token, n_rows)?;
+        dev.read_staged(&mut h.logprob, &self.logprob, n_rows)?;
+        dev.read_staged(&mut h.n_top, &self.n_top, n_rows)?;
+        dev.read_staged(&mut h.flags, &self.flags, n_rows)?;
+        dev.read_staged(&mut h.top_ids, &self.top_ids, n_rows * l)?;
+        dev.read_staged(&mut h.top_logprobs, &self.top_logprobs, n_rows * l)?;
         dev.synchronize()?;
+        let (token, logprob, n_top, flags) =
+            (h.token.as_slice(), h.logprob.as_slice(), h.n_top.as_slice(), h.flags.as_slice());
+        let (ids, lps) = (h.top_ids.as_slice(), h.top_logprobs.as_slice());
         Ok((0..n_rows)
             .map(|r| {
                 let n = (n_top[r] as usize).min(l);
@@ -127,6 +139,14 @@ impl Device {
             op: OP,
             detail: format!("{max_rows} rows x {max_logprobs} logprobs overflow"),
         })?;
+        let host = SampleHost {
+            token: self.alloc_stage(max_rows)?,
+            logprob: self.alloc_stage(max_rows)?,
+            top_ids: self.alloc_stage(top.max(1))?,
+            top_logprobs: self.alloc_stage(top.max(1))?,
+            n_top: self.alloc_stage(max_rows)?,
+            flags: self.alloc_stage(max_rows)?,
+        };
         Ok(SampleOutput {
             token: self.alloc(max_rows)?,
             logprob: self.alloc(max_rows)?,
@@ -134,6 +154,7 @@ impl Device {
             top_logprobs: self.alloc(top.max(1))?,
             n_top: self.alloc(max_rows)?,
             flags: self.alloc(max_rows)?,
+            host,
             parts: None,
             max_rows,
             max_logprobs,
