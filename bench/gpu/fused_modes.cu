@@ -71,7 +71,12 @@ static void launch(const void* fn, bool xs, void* out, const bf16* x, const bf16
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 32 * NW, smem));
     static const int cap = getenv("FM_PER_SM") ? atoi(getenv("FM_PER_SM")) : 0;  // experiment: fewer per SM
     if (cap > 0) per_sm = std::min(per_sm, cap);
-    launch_pdl(fn, dim3(std::min(g_sms * std::max(per_sm, 1), tiles)), dim3(32 * NW), smem, args, s);
+    // FM_BALANCED=1: as few CTAs as give the same number of rounds, so every CTA takes the
+    // same number of tiles (qkv at m = 1: 192 CTAs x 2 tiles instead of 264 CTAs with 1 or 2).
+    static const bool balanced = getenv("FM_BALANCED") && atoi(getenv("FM_BALANCED")) == 1;
+    const int wave = g_sms * std::max(per_sm, 1), rounds = (tiles + wave - 1) / wave;
+    const int grid = balanced ? (tiles + rounds - 1) / rounds : std::min(wave, tiles);
+    launch_pdl(fn, dim3(grid), dim3(32 * NW), smem, args, s);
 }
 
 // The four positions of a layer and their buffers; kc / vc: one paged cache per weight set.
