@@ -793,7 +793,8 @@ fn gpu_sampler_follows_changing_requests() {
     }
     let (vocab, rows) = (1000usize, 3usize);
     let dev = Device::new(0).unwrap();
-    // Distinct pseudo-random logits (an odd multiplier mod 2^k keeps them distinct).
+    // Distinct pseudo-random logits: 7919 is invertible mod the prime 4093 and every index
+    // is below 4093, so no two values are equal (no argmax or top-3 ties).
     let logits: Vec<f32> = (0..vocab * rows).map(|i| ((i * 7919 + 13) % 4093) as f32 / 409.3 - 5.0).collect();
     let best = |r: usize| argmax(&logits[r * vocab..(r + 1) * vocab]) as u32;
     let top3 = |r: usize| {
