@@ -9,7 +9,9 @@
 //!   token prompt, then `--gen-tokens` steps of all B, greedy on the GPU): aggregate tok/s,
 //!   and at B = 1 the MBU (bf16 bytes streamed per token / time / 4.8 TB/s);
 //! - per decode step, the host time (index building and uploads, when the GPU has nothing
-//!   to do; then the kernel launches, overlapping the GPU) against the step's wall time.
+//!   to do; then the kernel launches, overlapping the GPU) against the step's wall time,
+//!   and on one GPU the step's wall time split by GPU timestamps (crate::step_split): host
+//!   preparation, forward pass, sampling with read-back, and the time between steps.
 //!
 //! With `--tp N` and/or `--pp M`: the decode test at tp = 1 on the first GPU, then on N x M
 //! GPUs with the model split (one thread per rank, stage-major: rank i is stage i / N,
@@ -32,6 +34,7 @@ use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds};
 use tessera_worker::parallel::Shard;
 
 use crate::bench::BenchArgs;
+use crate::step_split::StepSplit;
 
 /// H200 HBM3e datasheet bandwidth, the MBU denominator ANCHORS.md uses.
 const HBM_BYTES_PER_S: f64 = 4.8e12;
@@ -345,6 +348,8 @@ struct Decode {
     upload: f64,
     enqueue: f64,
     graphs: usize,
+    /// The step's wall time by GPU timestamps (one GPU only).
+    split: Option<StepSplit>,
 }
 
 enum Outcome {
@@ -366,8 +371,15 @@ fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f6
     } else {
         String::new()
     };
+    let split = match d.split {
+        Some(s) => format!(
+            "; by GPU timestamps: prep {:.0} + forward {:.0} + sampling and read-back {:.0} + between steps {:.0} µs",
+            s.prep, s.forward, s.sampling, s.between
+        ),
+        None => String::new(),
+    };
     format!(
-        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph |",
+        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph{split} |",
         d.tok_s,
         d.step * 1e3,
         d.prep * 1e6,
@@ -439,6 +451,11 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
     }
     let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let (mut validate, mut upload) = (Vec::new(), Vec::new());
+    // On one GPU the model marks each step on the GPU's clock (four marks per step).
+    if matches!(role, Role::Solo) {
+        let marks = m.device().marks(4 * gen * groups.len())?;
+        m.set_marks(Some(marks));
+    }
     let t_all = Instant::now();
     for step in 0..gen {
         for (g, group) in groups.iter().enumerate() {
@@ -474,6 +491,10 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
     }
     m.device().synchronize()?;
     let total = t_all.elapsed().as_secs_f64();
+    let split = match m.take_marks() {
+        Some(marks) => StepSplit::from_marks(&marks.times_us()?),
+        None => None,
+    };
     Ok(Outcome::Ran(Decode {
         tok_s: (b * gen) as f64 / total,
         step: median(wall),
@@ -482,6 +503,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         upload: median(upload),
         enqueue: median(enqueue),
         graphs: graphs / groups.len().max(1),
+        split,
     }))
 }
 

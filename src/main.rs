@@ -14,6 +14,7 @@ mod generate;
 #[cfg(test)]
 mod readme_commands_tests;
 mod serve_cmd;
+mod step_split;
 mod threads;
 mod tls;
 #[cfg(test)]

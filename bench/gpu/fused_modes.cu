@@ -171,9 +171,17 @@ static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, int set, cuda
     }
 }
 
+// FM_ALLOC=async: from the stream-ordered pool (cudaMallocAsync), as cudarc allocates the
+// worker's buffers (cuMemAllocAsync), instead of cudaMalloc.
 static bf16* alloc_fill(u64 n, u32 seed, float scale, float offset) {
     bf16* p;
-    CK(cudaMalloc(&p, n * 2));
+    static const bool pool = getenv("FM_ALLOC") && strcmp(getenv("FM_ALLOC"), "async") == 0;
+    if (pool) {
+        CK(cudaMallocAsync((void**)&p, n * 2, 0));
+        CK(cudaStreamSynchronize(0));
+    } else {
+        CK(cudaMalloc(&p, n * 2));
+    }
     fill_random<<<1024, 256>>>(p, n, seed, scale, offset);
     return p;
 }

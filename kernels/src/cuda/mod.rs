@@ -13,10 +13,10 @@
 //! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `gemv` (the decode GEMM
 //! for at most 8 rows, which `gemm` routes to), `attention` (paged attention launchers),
 //! `qkv` (fused Q/K/V preparation), `init` (random fill), `inputs` (a decode step's small
-//! inputs: pinned staging, its copies, the packed upload's split), `sampling` (token
-//! sampling), `nccl` (all-reduce across the GPUs of a tensor-parallel group),
-//! `nccl_p2p` (pipeline send/recv and the all-gather of logit shards), `ipc_allreduce` (the
-//! one-shot all-reduce over peer memory); without it, `stub`. Always built: `copy2d` (the
+//! inputs: pinned staging, its copies, the packed upload's split), `marks` (GPU timestamps
+//! for benchmarks), `sampling` (token sampling), `nccl` (all-reduce across the GPUs of a
+//! tensor-parallel group), `nccl_p2p` (pipeline send/recv and the all-gather of logit
+//! shards), `ipc_allreduce` (the one-shot all-reduce over peer memory); without it, `stub`. Always built: `copy2d` (the
 //! strided block copy's bounds), `paged` (the attention batch description and split planning),
 //! `qkv_args` (the inputs of the fused Q/K/V preparation), `sample_params` (sampling
 //! parameters and results, CPU copies of the kernel's rules) and `nccl_id` (the id that
@@ -47,6 +47,8 @@ mod init;
 mod inputs;
 #[cfg(feature = "cuda")]
 mod launch_ex;
+#[cfg(feature = "cuda")]
+mod marks;
 #[cfg(feature = "cuda")]
 mod nccl;
 // One-shot all-reduce over peer memory (small TP messages); `ipc_record` (always built)
@@ -93,6 +95,8 @@ pub use inputs::HostStage;
 pub use ipc_allreduce::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
 #[cfg(not(feature = "cuda"))]
 pub use ipc_allreduce_stub::{IpcAllReduce, ONESHOT_BLOCKS, ONESHOT_DEFAULT_MAX_BYTES, ONESHOT_TIMEOUT_NS};
+#[cfg(feature = "cuda")]
+pub use marks::Marks;
 pub use module_cache::{ImageKind, ModuleCache, ModuleReport};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
@@ -105,7 +109,7 @@ pub use sample_params::{SampleParams, SamplePaths, SampledRow};
 #[cfg(feature = "cuda")]
 pub use sampling::SampleOutput;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{Buf, DecodeWorkspace, Device, Graph, HostStage, NcclComm, RopeCache, SampleOutput};
+pub use stub::{Buf, DecodeWorkspace, Device, Graph, HostStage, Marks, NcclComm, RopeCache, SampleOutput};
 
 /// `bf16` as the CUDA platform stores activations and weights.
 pub use half::bf16;

@@ -99,6 +99,23 @@ impl SampleOutput {
     }
 }
 
+/// Timing events (never constructed without the `cuda` feature).
+pub struct Marks {
+    never: Infallible,
+}
+
+impl Marks {
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+    pub fn times_us(&self) -> Result<Vec<f64>, KernelError> {
+        match self.never {}
+    }
+}
+
 /// A captured CUDA graph (never constructed without the `cuda` feature).
 pub struct Graph {
     #[allow(dead_code)]
@@ -175,6 +192,12 @@ impl Device {
         match self.never {}
     }
     pub fn time_ms(&self, reps: usize, f: impl FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+        match self.never {}
+    }
+    pub fn marks(&self, capacity: usize) -> Result<Marks, KernelError> {
+        match self.never {}
+    }
+    pub fn mark(&self, m: &mut Marks) -> Result<(), KernelError> {
         match self.never {}
     }
     pub fn rms_norm(

@@ -37,7 +37,7 @@
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, HostStage, PagedBatch};
+use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, HostStage, Marks, PagedBatch};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
@@ -457,6 +457,8 @@ pub struct CudaModel {
     eager_vocab: Option<VocabScratch>,
     graphs: Vec<DecodeGraph>,
     timing: StepTiming,
+    /// GPU timestamps of each step, when a benchmark asked for them ([`CudaModel::set_marks`]).
+    marks: Option<Marks>,
 }
 
 impl CudaModel {
@@ -554,6 +556,7 @@ impl CudaModel {
             eager_vocab: None,
             graphs: Vec::new(),
             timing: StepTiming::default(),
+            marks: None,
         })
     }
 
@@ -622,6 +625,27 @@ impl CudaModel {
     /// Host time of the last [`CudaModel::forward_device`].
     pub fn last_step_timing(&self) -> StepTiming {
         self.timing
+    }
+
+    /// From now on every step records four marks into `marks` (until they run out): at its
+    /// start, before its graph or kernels are queued (its inputs' copies queued before it),
+    /// after them, and, in [`CudaModel::forward_sample`], once the sampled rows are on the
+    /// host. So per step: host preparation, the forward pass, sampling with its read-back,
+    /// and (to the next step's first mark) the caller's time between steps.
+    pub fn set_marks(&mut self, marks: Option<Marks>) {
+        self.marks = marks;
+    }
+
+    /// The marks recorded since [`CudaModel::set_marks`], which stops recording.
+    pub fn take_marks(&mut self) -> Option<Marks> {
+        self.marks.take()
+    }
+
+    fn mark(&mut self) -> Result<(), WorkerError> {
+        if let Some(m) = self.marks.as_mut() {
+            self.core.dev.mark(m)?;
+        }
+        Ok(())
     }
 
     /// Batch sizes with a captured decode graph.
@@ -737,7 +761,9 @@ impl CudaModel {
             return Ok(Vec::new());
         }
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
-        sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)
+        let sampled = sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)?;
+        self.mark()?;
+        Ok(sampled)
     }
 
     /// Runs one step: the graph whose logits buffer holds the result (`None`: the eager
@@ -745,6 +771,7 @@ impl CudaModel {
     #[allow(clippy::type_complexity)]
     fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
         let t0 = Instant::now();
+        self.mark()?;
         let c = &self.core.config;
         validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size, rope_positions(c))?;
         let validate = t0.elapsed();
@@ -760,9 +787,13 @@ impl CudaModel {
         if let Some(g) = graph {
             let dg = &mut self.graphs[g];
             let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, bs)?;
+            if let Some(m) = self.marks.as_mut() {
+                self.core.dev.mark(m)?;
+            }
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
             self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };
+            self.mark()?;
             let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
             return Ok((Some(g), chunks.len(), spans));
         }
@@ -779,12 +810,14 @@ impl CudaModel {
             Some(v) if v.rows == rows => Some(v),
             _ => VocabScratch::new(&self.core, rows)?,
         };
+        self.mark()?;
         let (upload, t1) = (t0.elapsed() - validate, Instant::now());
         let r = run_layers(&self.core, &mut self.kv, &mut self.ws, &mut s, &idx);
         let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
         self.eager_vocab = vocab;
         self.put_scratch(s);
         self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: false };
+        self.mark()?;
         self.eager_logits = Some(logits);
         r?;
         Ok((None, rows, spans))
