@@ -80,8 +80,15 @@ fn run(dev: &Device, vocab: usize, rows: &[Row], max_logprobs: usize) -> (Vec<Sa
     // One spare row: read() must return only the rows asked for.
     let mut out = dev.sample_output(rows.len() + 1, max_logprobs).unwrap();
     dev.sample(&mut out, &mut ld, vocab, &pd, &pod, &ptd, &pcd, &bod, &btd, &bvd).unwrap();
-    let got = out.read(dev, rows.len()).unwrap();
+    let got = out.read(dev, rows.len(), true).unwrap();
     assert_eq!(got.len(), rows.len());
+    // Read again without the top lists (what a step without logprobs asks for): the same
+    // rows, their top lists empty.
+    let bare = out.read(dev, rows.len(), false).unwrap();
+    for (g, b) in got.iter().zip(&bare) {
+        assert_eq!((b.token, b.logprob.to_bits(), b.flags), (g.token, g.logprob.to_bits(), g.flags));
+        assert!(b.top.is_empty());
+    }
     (got, dev.download(&ld).unwrap())
 }
 
@@ -628,7 +635,7 @@ fn flags_report_bad_rows() {
         (dev.upload(&[0u32, 0, 0]).unwrap(), dev.upload(&[0u32]).unwrap(), dev.upload(&[0u32]).unwrap());
     let mut out = dev.sample_output(2, 0).unwrap();
     dev.sample(&mut out, &mut ld, vocab, &pd, &poff, &ptok, &pcnt, &off, &tok, &val).unwrap();
-    let got = out.read(&dev, 2).unwrap();
+    let got = out.read(&dev, 2, false).unwrap();
     assert_eq!((got[0].token, got[0].flags), (2, 0));
     assert_eq!((got[1].token, got[1].flags), (argmax_ref(&l[vocab..]), SampledRow::BAD_ENTRY));
 }
@@ -744,7 +751,7 @@ fn sample_rejects_bad_shapes() {
         "vocab > 2^20"
     );
     assert!(matches!(dev.sample_output(4, 21), Err(KernelError::Shape { .. })), "max_logprobs > 20");
-    assert!(matches!(out.read(&dev, 4), Err(KernelError::Shape { .. })), "reading more rows than held");
+    assert!(matches!(out.read(&dev, 4, true), Err(KernelError::Shape { .. })), "reading more rows than held");
 }
 
 // ---------------------------------------------------------------- benchmarks

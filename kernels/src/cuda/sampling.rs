@@ -25,7 +25,7 @@ use crate::KernelError;
 const SAMPLE_THREADS: u32 = 1024;
 /// Split path (sampling_split.cu): logits per slice, threads per slice CTA, words per
 /// slice result (SPLIT_CHUNK, SPLIT_THREADS, sizeof(SplitPart) / 4 there).
-const SPLIT_CHUNK: usize = 1024;
+const SPLIT_CHUNK: usize = 4096;
 const SPLIT_THREADS: u32 = 256;
 const SPLIT_PART_WORDS: usize = 8;
 /// Bias and penalty lists are indexed with u32 offsets plus a thread stride on the device.
@@ -46,24 +46,16 @@ pub struct SampleOutput {
     n_top: Buf<u32>,
     /// `[max_rows]` [`SampledRow::flags`].
     flags: Buf<u32>,
-    /// Page-locked host copies of the six arrays above, so [`SampleOutput::read`] queues
-    /// every copy and waits once (a copy into pageable memory waits for itself).
-    host: SampleHost,
+    /// The six arrays above for the rows read, packed by `pack_sampled` into one array
+    /// (`[4 max_rows + 2 max_rows max_logprobs]`), and its page-locked host copy: one copy
+    /// per read, waited for once.
+    packed: Buf<u32>,
+    host: HostStage<u32>,
     /// The split path's per-slice results (`[rows, slices, SPLIT_PART_WORDS]`), allocated
     /// on its first use and grown when a call needs more.
     parts: Option<Buf<u32>>,
     max_rows: usize,
     max_logprobs: usize,
-}
-
-/// [`SampleOutput::read`]'s page-locked staging, one stage per output array, same sizes.
-struct SampleHost {
-    token: HostStage<u32>,
-    logprob: HostStage<f32>,
-    top_ids: HostStage<u32>,
-    top_logprobs: HostStage<f32>,
-    n_top: HostStage<u32>,
-    flags: HostStage<u32>,
 }
 
 impl SampleOutput {
@@ -80,31 +72,52 @@ impl SampleOutput {
         &self.token
     }
 
-    /// Waits for the queued work and copies the first `n_rows` rows to the host: the
-    /// copies are queued into page-locked staging and waited for once.
-    pub fn read(&mut self, dev: &Device, n_rows: usize) -> Result<Vec<SampledRow>, KernelError> {
+    /// Waits for the queued work and copies the first `n_rows` rows to the host, packed on
+    /// the device into one array and read back in one copy. With `with_top` false (no row
+    /// asked for top logprobs) the top arrays stay on the device and every row's top list
+    /// is empty.
+    pub fn read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<Vec<SampledRow>, KernelError> {
         const OP: &str = "cuda_sample_read";
         check(n_rows <= self.max_rows, OP, || format!("{n_rows} rows asked for, the output holds {}", self.max_rows))?;
         if n_rows == 0 {
             return Ok(Vec::new());
         }
         let l = self.max_logprobs;
-        let h = &mut self.host;
-        dev.read_staged(&mut h.token, &self.token, n_rows)?;
-        dev.read_staged(&mut h.logprob, &self.logprob, n_rows)?;
-        dev.read_staged(&mut h.n_top, &self.n_top, n_rows)?;
-        dev.read_staged(&mut h.flags, &self.flags, n_rows)?;
-        dev.read_staged(&mut h.top_ids, &self.top_ids, n_rows * l)?;
-        dev.read_staged(&mut h.top_logprobs, &self.top_logprobs, n_rows * l)?;
+        let top = if with_top { n_rows * l } else { 0 };
+        let total = 4 * n_rows + 2 * top;
+        const BLOCK: u32 = 256;
+        let blocks = total.div_ceil(BLOCK as usize).min(64) as u32;
+        let (n32, l32, wt) = (n_rows as u32, l as u32, u32::from(with_top));
+        let mut b = dev.stream.launch_builder(&dev.kernels.pack_sampled);
+        b.arg(&self.token.inner)
+            .arg(&self.logprob.inner)
+            .arg(&self.n_top.inner)
+            .arg(&self.flags.inner)
+            .arg(&self.top_ids.inner)
+            .arg(&self.top_logprobs.inner)
+            .arg(&n32)
+            .arg(&l32)
+            .arg(&wt)
+            .arg(&mut self.packed.inner);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argument order and types match pack_sampled; it reads n_rows (<= max_rows,
+        // checked) entries of the four row arrays and n_rows x max_logprobs of the top ones
+        // (their sizes), and writes `total` <= 4 max_rows + 2 max_rows max_logprobs words of
+        // `packed` (its size).
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))?;
+        dev.read_staged(&mut self.host, &self.packed, total)?;
         dev.synchronize()?;
-        let (token, logprob, n_top, flags) =
-            (h.token.as_slice(), h.logprob.as_slice(), h.n_top.as_slice(), h.flags.as_slice());
-        let (ids, lps) = (h.top_ids.as_slice(), h.top_logprobs.as_slice());
+        let h = &self.host.as_slice()[..total];
+        let (token, rest) = h.split_at(n_rows);
+        let (logprob, rest) = rest.split_at(n_rows);
+        let (n_top, rest) = rest.split_at(n_rows);
+        let (flags, rest) = rest.split_at(n_rows);
+        let (ids, lps) = rest.split_at(top);
         Ok((0..n_rows)
             .map(|r| {
-                let n = (n_top[r] as usize).min(l);
-                let top = (r * l..r * l + n).map(|o| (ids[o], lps[o])).collect();
-                SampledRow { token: token[r], logprob: logprob[r], top, flags: flags[r] }
+                let n = if with_top { (n_top[r] as usize).min(l) } else { 0 };
+                let top = (r * l..r * l + n).map(|o| (ids[o], f32::from_bits(lps[o]))).collect();
+                SampledRow { token: token[r], logprob: f32::from_bits(logprob[r]), top, flags: flags[r] }
             })
             .collect())
     }
@@ -139,14 +152,10 @@ impl Device {
             op: OP,
             detail: format!("{max_rows} rows x {max_logprobs} logprobs overflow"),
         })?;
-        let host = SampleHost {
-            token: self.alloc_stage(max_rows)?,
-            logprob: self.alloc_stage(max_rows)?,
-            top_ids: self.alloc_stage(top.max(1))?,
-            top_logprobs: self.alloc_stage(top.max(1))?,
-            n_top: self.alloc_stage(max_rows)?,
-            flags: self.alloc_stage(max_rows)?,
-        };
+        let words = top.checked_mul(2).and_then(|t| t.checked_add(4 * max_rows)).ok_or_else(|| KernelError::Shape {
+            op: OP,
+            detail: format!("{max_rows} rows x {max_logprobs} logprobs overflow"),
+        })?;
         Ok(SampleOutput {
             token: self.alloc(max_rows)?,
             logprob: self.alloc(max_rows)?,
@@ -154,7 +163,8 @@ impl Device {
             top_logprobs: self.alloc(top.max(1))?,
             n_top: self.alloc(max_rows)?,
             flags: self.alloc(max_rows)?,
-            host,
+            packed: self.alloc(words)?,
+            host: self.alloc_stage(words)?,
             parts: None,
             max_rows,
             max_logprobs,
@@ -295,7 +305,7 @@ impl Device {
             _ => self.alloc::<u32>(words)?,
         };
         let parts = out.parts.insert(parts);
-        // vocab <= 2^20 (checked by the caller): at most 1024 slices; rows < 2^31.
+        // vocab <= 2^20 (checked by the caller): at most 256 slices; rows < 2^31.
         let (v, s, rows) = (vocab as u32, slices as u32, n_rows as u32);
         let wide = LaunchConfig { grid_dim: (rows, s, 1), block_dim: (SPLIT_THREADS, 1, 1), shared_mem_bytes: 0 };
         for f in [&self.kernels.split_stats, &self.kernels.split_draw] {

@@ -94,7 +94,7 @@ impl SampleOutput {
         match self.never {}
     }
     #[allow(unused_variables)]
-    pub fn read(&mut self, dev: &Device, n_rows: usize) -> Result<Vec<super::SampledRow>, KernelError> {
+    pub fn read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<Vec<super::SampledRow>, KernelError> {
         match self.never {}
     }
 }

@@ -251,7 +251,8 @@ impl GpuSampler {
             self.bias_values.put(dev, &bias_values, false)?,
             paths,
         )?;
-        let rows = out.read(dev, requests.len())?;
+        let with_top = requests.iter().any(|r| r.params.n_logprobs > 0);
+        let rows = out.read(dev, requests.len(), with_top)?;
         Ok(rows.into_iter().map(to_sampled).collect())
     }
 }
