@@ -1,6 +1,5 @@
 //! The decode GEMM (`kernels/cuda/gemv.cu`, taken by `Device::matmul` / `matmul_f32` for
-//! at most 8 rows of x and W up to 64M values; `kernels/cuda/gemv_rows.cu` for one row of x
-//! against a larger W in f32) against an f64 reference written here, on
+//! at most 8 rows of x and W up to 64M values) against an f64 reference written here, on
 //! random bf16 inputs, outputs poisoned with NaN first, under every launch setting and in
 //! CUDA graphs; plus benchmarks next to cuBLASLt (eager, in a graph, after an rms_norm) and
 //! the sweep the launch defaults come from.
@@ -106,8 +105,7 @@ fn gemv_matches_f64_reference() {
 }
 
 /// Around the dispatch: m = 9, columns not a multiple of 8 and W over 64M values
-/// (16400 x 4096) take cuBLASLt (one row's f32 output over such a W: gemv_rows.cu), and the
-/// results are as right as the GEMV's.
+/// (16400 x 4096) take cuBLASLt, and the results are as right as the GEMV's.
 #[test]
 fn matmul_dispatch_boundaries() {
     let Some(dev) = gpu("matmul_dispatch_boundaries") else { return };
@@ -121,35 +119,6 @@ fn matmul_dispatch_boundaries() {
     let (x, w) = (dev.alloc::<bf16>(16).unwrap(), dev.alloc::<bf16>(64).unwrap());
     let mut out = dev.alloc::<bf16>(15).unwrap();
     assert!(dev.matmul(&mut out, &x, 2, &w, 8, 8).is_err());
-}
-
-/// The one-token LM-head kernel (gemv_rows.cu) on its own, at each width it holds in
-/// registers (cols up to 2048, 4096, 6144, 8192), rows not a multiple of its rows per round,
-/// fewer rows than one round and fewer columns than threads; shapes it does not take are
-/// errors. (`matmul_dispatch_boundaries` covers its dispatch from `matmul_f32`.)
-#[test]
-fn gemv_rows_matches_f64_reference() {
-    let Some(dev) = gpu("gemv_rows_matches_f64_reference") else { return };
-    let mut r = rng(44);
-    for (rows, cols) in [(1000, 2048), (5, 4096), (4099, 4000), (131, 6144), (777, 8192), (3, 24), (1, 8)] {
-        let x = rand_bf16(&mut r, cols, -1.0, 1.0);
-        let w = rand_bf16(&mut r, rows * cols, -0.1, 0.1);
-        let (want, mag) = reference(&x, &w, 1, rows, cols);
-        let (xd, wd) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
-        let mut out = poisoned_f32(&dev, rows);
-        dev.matmul_f32_rows(&mut out, &xd, 1, &wd, rows, cols).unwrap();
-        let worst = check(&format!("rows {rows}x{cols}"), &dev.download(&out).unwrap(), &want, &mag, false);
-        eprintln!("gemv_rows {rows}x{cols}: ok, worst err {worst:.2e} S");
-    }
-    let (x2, w) = (dev.alloc::<bf16>(2 * 64).unwrap(), dev.alloc::<bf16>(4 * 64).unwrap());
-    let mut o2 = dev.alloc::<f32>(8).unwrap();
-    assert!(dev.matmul_f32_rows(&mut o2, &x2, 2, &w, 4, 64).is_err(), "two rows of x");
-    let (x, w) = (dev.alloc::<bf16>(12).unwrap(), dev.alloc::<bf16>(48).unwrap());
-    let mut o = dev.alloc::<f32>(4).unwrap();
-    assert!(dev.matmul_f32_rows(&mut o, &x, 1, &w, 4, 12).is_err(), "cols % 8 != 0");
-    let (x, w) = (dev.alloc::<bf16>(8200).unwrap(), dev.alloc::<bf16>(2 * 8200).unwrap());
-    let mut o = dev.alloc::<f32>(2).unwrap();
-    assert!(dev.matmul_f32_rows(&mut o, &x, 1, &w, 2, 8200).is_err(), "wider than 8192");
 }
 
 /// The GEMV inside a CUDA graph, with and without programmatic dependent launch: replays

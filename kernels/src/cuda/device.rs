@@ -80,7 +80,6 @@ pub(crate) struct Kernels {
     pub split_finish: CudaFunction,
     pub attention: super::attention::AttentionKernels,
     pub gemv: super::gemv::GemvKernels,
-    pub gemv_rows: super::gemv_rows::RowsKernels,
 }
 
 /// A CUDA device with Tessera's kernels loaded.
@@ -173,7 +172,6 @@ impl Device {
             split_finish: f("sampling_split", "split_finish")?,
             attention: super::attention::AttentionKernels::load(&f)?,
             gemv: super::gemv::GemvKernels::load(&f, smem_optin)?,
-            gemv_rows: super::gemv_rows::RowsKernels::load(&f)?,
         };
         let gemm = super::gemm::Gemm::new(&stream)?;
         Ok(Device { ctx, stream, kernels, gemm, ordinal, sm_count, name, arch, reports })

@@ -448,10 +448,6 @@ impl Device {
         if allow_gemv && super::gemv::applies(m, rows, cols) {
             return self.gemv_into(out, out_f32, x, m, w, rows, cols);
         }
-        // A one-token LM head streams its vocabulary of rows faster in address order.
-        if allow_gemv && out_f32 && self.gemv_rows_applies(m, rows, cols) {
-            return self.gemv_rows_into(out, x, w, rows, cols);
-        }
         let plan = self.gemm.plan(m, rows, cols, out_f32, 1)?;
         self.run_plan(OP, &plan, 0, out, x, w)
     }

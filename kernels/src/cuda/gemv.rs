@@ -58,8 +58,7 @@ const DEFAULT_PERSISTENT: bool = true;
 const DEFAULT_PDL: u8 = 1;
 /// Largest W (values) the GEMV takes. Past it (Llama-8B gate_up 28672×4096, the LM heads)
 /// cuBLASLt streams as fast or faster (H200: gate_up 57.9 µs vs 59-62 µs; LM heads within
-/// ±3%), so `gemm_into` keeps cuBLASLt there, except for one row's f32 output (a one-token
-/// LM head), which gemv_rows.cu streams faster still.
+/// ±3%), so `gemm_into` keeps cuBLASLt there.
 const MAX_WEIGHTS: usize = 64 << 20;
 
 /// Whether `gemm_into` takes the GEMV for `m` rows of x against W `[rows, cols]`: small

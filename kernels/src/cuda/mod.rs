@@ -11,7 +11,7 @@
 //! Submodules: `arch` and `module_cache` (pure, always built and tested); with the feature,
 //! `sources` (the embedded .cu text), `nvrtc` (compile + cache), `device` (context, stream,
 //! buffers, loaded kernels), `ops` (launchers), `gemm` (cuBLASLt), `gemv` (the decode GEMM
-//! for at most 8 rows, which `gemm` routes to), `gemv_rows` (a one-token LM head), `attention` (paged attention launchers),
+//! for at most 8 rows, which `gemm` routes to), `attention` (paged attention launchers),
 //! `qkv` (fused Q/K/V preparation), `init` (random fill), `inputs` (a decode step's small
 //! inputs: pinned staging, its copies, the packed upload's split), `marks` (GPU timestamps
 //! for benchmarks), `sampling` (token sampling), `nccl` (all-reduce across the GPUs of a
@@ -39,8 +39,6 @@ mod gemm;
 mod gemv;
 #[cfg(feature = "cuda")]
 mod gemv_fused;
-#[cfg(feature = "cuda")]
-mod gemv_rows;
 #[cfg(feature = "cuda")]
 mod graph;
 #[cfg(feature = "cuda")]

@@ -21,7 +21,6 @@ pub const MODULES: &[(&str, &str)] = &[
         concat!(include_str!("../../cuda/sampling_shared.cuh"), include_str!("../../cuda/sampling_split.cu")),
     ),
     ("gemv", include_str!("../../cuda/gemv.cu")),
-    ("gemv_rows", include_str!("../../cuda/gemv_rows.cu")),
     ("allreduce_oneshot", include_str!("../../cuda/allreduce_oneshot.cu")),
     ("token_mask", include_str!("../../cuda/token_mask.cu")),
 ];
