@@ -358,16 +358,33 @@ int main() {
         cudaGraphExec_t exec;
         CK(cudaGraphInstantiate(&exec, graph, 0));
         std::vector<float> times;
-        for (int rep = 0; rep < 10; ++rep) {
+        // FM_REPS (default 10) replays, the first a warm-up; FM_REPS > 10 also prints the
+        // mean of each tenth of them in order (does a long run slow down, e.g. at the power cap?).
+        static const int reps = getenv("FM_REPS") ? std::max(10, atoi(getenv("FM_REPS"))) : 10;
+        std::vector<float> in_order;
+        for (int rep = 0; rep < reps; ++rep) {
             reset_x();  // the residual grows with every replay
             const float us = elapsed_us(st, 32, [&] { CK(cudaGraphLaunch(exec, st)); });
             if (rep > 0) times.push_back(us);
         }
+        in_order = times;
         std::sort(times.begin(), times.end());
         // Bytes per layer: the GEMVs' weights and the K/V attention reads.
         const double bytes = (plan.gemvs ? layer_bytes : 0.0) + (plan.attn != NO_ATTN ? kv_bytes : 0.0);
-        printf("  %-32s %6.1f us per layer (%4.2f TB/s), %6.1f, %6.1f\n", plan.name, times[4],
-               bytes / times[4] / 1e6, times[0], times[8]);
+        const float med = times[times.size() / 2];
+        printf("  %-32s %6.1f us per layer (%4.2f TB/s), %6.1f, %6.1f\n", plan.name, med, bytes / med / 1e6, times[0],
+               times.back());
+        if (reps > 10) {
+            printf("    by tenths of the run:");
+            const size_t n = in_order.size();
+            for (int t = 0; t < 10; ++t) {
+                double sum = 0;
+                const size_t a = n * t / 10, e = n * (t + 1) / 10;
+                for (size_t i = a; i < e; ++i) sum += in_order[i];
+                printf(" %.1f", sum / std::max<size_t>(1, e - a));
+            }
+            printf("\n");
+        }
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
     }
