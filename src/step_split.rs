@@ -4,7 +4,7 @@
 //! kernels, through the LM head), sampling with its read-back to the host, and the caller's
 //! time until the next step starts. The GPU idles through the first and the last.
 
-/// Medians over the steps, µs.
+/// Medians over the steps, µs (of an even count, the upper of the middle two).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepSplit {
     pub prep: f64,

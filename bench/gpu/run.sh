@@ -34,7 +34,7 @@
 # the `model` stage joins the parts. Logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-KERNEL_TESTS=${KERNEL_TESTS:-"cuda_ops cuda_attention cuda_decode_early cuda_qkv cuda_init cuda_sampling cuda_gemv cuda_gemv_fused cuda_nccl cuda_token_mask"}
+KERNEL_TESTS=${KERNEL_TESTS:-"cuda_ops cuda_attention cuda_decode_early cuda_qkv cuda_init cuda_marks cuda_sampling cuda_gemv cuda_gemv_fused cuda_nccl cuda_token_mask"}
 CPU_TESTS="matmul attention_f16"
 MODEL=${TESSERA_MODEL_PATH:-$HOME/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 

@@ -31,15 +31,20 @@ impl Marks {
     }
 
     /// Microseconds from the first mark to each recorded mark, in order; waits for the
-    /// last one.
+    /// last one. Summed in f64 from the intervals between neighbouring marks: CUDA gives
+    /// each interval as f32 milliseconds, whose rounding would be microseconds if taken
+    /// from the first mark tens of seconds earlier.
     pub fn times_us(&self) -> Result<Vec<f64>, KernelError> {
-        let Some(first) = self.events.first().filter(|_| self.used > 0) else {
-            return Ok(Vec::new());
-        };
-        self.events[..self.used]
-            .iter()
-            .map(|e| first.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3).map_err(dev_err("cuda_marks")))
-            .collect()
+        let mut times = Vec::with_capacity(self.used);
+        let mut now = 0.0;
+        for (i, e) in self.events[..self.used].iter().enumerate() {
+            if i > 0 {
+                let ms = self.events[i - 1].elapsed_ms(e).map_err(dev_err("cuda_marks"))?;
+                now += f64::from(ms) * 1e3;
+            }
+            times.push(now);
+        }
+        Ok(times)
     }
 }
 

@@ -113,6 +113,10 @@ impl SampleParams {
 /// fills the GPU and the split path's extra CTAs only cost time.
 pub const SPLIT_MAX_ROWS: usize = 64;
 
+/// Logits per slice of the split path: sampling_split.cu's SPLIT_CHUNK, its SPLIT_THREADS
+/// times SPLIT_PER_THREAD (a test reads them from the source).
+pub const SPLIT_CHUNK: usize = 4096;
+
 /// Which sampling launches a call makes. With the split path on, rows that
 /// [`SampleParams::splits`] are sampled by it (each row over many CTAs) and the one-CTA-per-row
 /// kernel skips them; the token is the same either way, the logprob can differ in the last f32
@@ -268,6 +272,21 @@ pub fn gumbel_noise(seed: u64, draw: u64, token: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host's slice length is the kernel's: SPLIT_THREADS x SPLIT_PER_THREAD as
+    /// sampling_split.cu defines them.
+    #[test]
+    fn split_chunk_matches_the_kernel_source() {
+        let src = include_str!("../../cuda/sampling_split.cu");
+        let define = |name: &str| -> usize {
+            let line = src
+                .lines()
+                .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+                .unwrap_or_else(|| panic!("no #define {name} in sampling_split.cu"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+        };
+        assert_eq!(define("SPLIT_THREADS") * define("SPLIT_PER_THREAD"), SPLIT_CHUNK);
+    }
 
     /// Random123's known-answer vectors for philox4x32 with 10 rounds (kat_vectors).
     #[test]

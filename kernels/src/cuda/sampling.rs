@@ -17,15 +17,17 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
 use super::inputs::HostStage;
-use super::sample_params::{SampleParams, SamplePaths, SampledRow, MAX_SAMPLE_VOCAB, MAX_TOP_LOGPROBS, SPLIT_MAX_ROWS};
+use super::sample_params::{
+    SampleParams, SamplePaths, SampledRow, MAX_SAMPLE_VOCAB, MAX_TOP_LOGPROBS, SPLIT_CHUNK, SPLIT_MAX_ROWS,
+};
 use crate::error::check;
 use crate::KernelError;
 
 /// Threads of a sampling CTA (must match SAMPLE_THREADS in the .cu).
 const SAMPLE_THREADS: u32 = 1024;
-/// Split path (sampling_split.cu): logits per slice, threads per slice CTA, words per
-/// slice result (SPLIT_CHUNK, SPLIT_THREADS, sizeof(SplitPart) / 4 there).
-const SPLIT_CHUNK: usize = 4096;
+/// Split path (sampling_split.cu): threads per slice CTA, words per slice result
+/// (SPLIT_THREADS, sizeof(SplitPart) / 4 there); its logits per slice are
+/// [`SPLIT_CHUNK`](super::sample_params::SPLIT_CHUNK).
 const SPLIT_THREADS: u32 = 256;
 const SPLIT_PART_WORDS: usize = 8;
 /// Bias and penalty lists are indexed with u32 offsets plus a thread stride on the device.

@@ -627,11 +627,14 @@ impl CudaModel {
         self.timing
     }
 
-    /// From now on every step records four marks into `marks` (until they run out): at its
-    /// start, before its graph or kernels are queued (its inputs' copies queued before it),
-    /// after them, and, in [`CudaModel::forward_sample`], once the sampled rows are on the
-    /// host. So per step: host preparation, the forward pass, sampling with its read-back,
-    /// and (to the next step's first mark) the caller's time between steps.
+    /// From now on every step records marks into `marks` (until they run out): at its start,
+    /// before its graph or kernels are queued (its inputs' copies queued before it) and after
+    /// them; a step through [`CudaModel::forward_sample`] (or `forward_greedy`) records a
+    /// fourth once its sampled rows are on the host (or, sampling nothing, once the step has
+    /// finished). So per such step: host preparation, the forward pass, sampling with its
+    /// read-back, and (to the next step's first mark) the caller's time between steps.
+    /// Steps through `forward` or `forward_device` record only the first three, so a run
+    /// that mixes them with sampled steps cannot be split in fours.
     pub fn set_marks(&mut self, marks: Option<Marks>) {
         self.marks = marks;
     }
@@ -750,6 +753,7 @@ impl CudaModel {
         let (graph, rows, _) = self.step(chunks)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
+            self.mark()?;
             return Ok(Vec::new());
         }
         if rows != requests.len() {
@@ -758,6 +762,7 @@ impl CudaModel {
         if rows == 0 {
             // A step of prefill chunks none of which ends its prompt: nothing to sample.
             self.core.dev.synchronize()?;
+            self.mark()?;
             return Ok(Vec::new());
         }
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
@@ -817,9 +822,9 @@ impl CudaModel {
         self.eager_vocab = vocab;
         self.put_scratch(s);
         self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: false };
-        self.mark()?;
         self.eager_logits = Some(logits);
         r?;
+        self.mark()?;
         Ok((None, rows, spans))
     }
 }
