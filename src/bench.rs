@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// also runs at tp = 1 and splits each batch into `pp` micro-batches kept in flight.
     #[arg(long, default_value_t = 1)]
     pub pp: usize,
+    /// GPU only: KV blocks of 16 positions to allocate on each GPU (default: as many as fit
+    /// the free memory, as `tessera serve` sizes them); decode tests needing more are
+    /// skipped. For comparing steps with and without most of the memory mapped.
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {

@@ -109,8 +109,8 @@ impl Source {
     }
 }
 
-fn options(device: usize) -> CudaOptions {
-    CudaOptions { device, block_size: BLOCK, ..CudaOptions::default() }
+fn options(device: usize, args: &BenchArgs) -> CudaOptions {
+    CudaOptions { device, block_size: BLOCK, num_blocks: args.kv_blocks, ..CudaOptions::default() }
 }
 
 pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
@@ -119,7 +119,7 @@ pub fn run(args: &BenchArgs, ordinal: usize) -> Result<()> {
     }
     let source = Source::of(args)?;
     let t0 = Instant::now();
-    let mut m = source.load(&options(ordinal))?;
+    let mut m = source.load(&options(ordinal, args))?;
     let name = source.name();
     let c = m.config().clone();
     let bytes_per_token = bf16_bytes_per_token(&c) as f64;
@@ -192,7 +192,7 @@ fn run_parallel(args: &BenchArgs, first: usize) -> Result<()> {
     }
     let source = Source::of(args)?;
     let t0 = Instant::now();
-    let mut m = source.load(&options(first))?;
+    let mut m = source.load(&options(first, args))?;
     let c = m.config().clone();
     println!(
         "# {} on {}: tp=1 on GPU {first} loaded in {:.1} s, {} KV blocks of {BLOCK}; {:.2} GB of bf16 weights per decoded token",
@@ -239,7 +239,7 @@ fn run_parallel(args: &BenchArgs, first: usize) -> Result<()> {
                     let span = stage * layers / pp..(stage + 1) * layers / pp;
                     let shard = Shard { tp_rank: rank, tp, stage, stages: pp, layers: span };
                     let mut m = source
-                        .load_shard(&options(first + i), &shard, &group)
+                        .load_shard(&options(first + i, args), &shard, &group)
                         .with_context(|| format!("stage {stage} tp rank {rank} on GPU {}", first + i))?;
                     let (loaded_s, blocks) = (t0.elapsed().as_secs_f64(), m.num_blocks());
                     if i == leader && tp > 1 {
