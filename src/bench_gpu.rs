@@ -34,7 +34,7 @@ use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds};
 use tessera_worker::parallel::Shard;
 
 use crate::bench::BenchArgs;
-use crate::step_split::StepSplit;
+use crate::step_split::{median, StepSplit};
 
 /// H200 HBM3e datasheet bandwidth, the MBU denominator ANCHORS.md uses.
 const HBM_BYTES_PER_S: f64 = 4.8e12;
@@ -51,11 +51,6 @@ fn pseudo_random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
             ((z ^ (z >> 31)) % vocab as u64) as u32
         })
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The model under test: a synthetic shape or a file.

@@ -28,7 +28,8 @@ impl StepSplit {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (of an even count, the upper of the middle two; NaN when empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

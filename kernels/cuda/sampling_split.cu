@@ -27,14 +27,18 @@
 #define SPLIT_PER_THREAD 16
 #define SPLIT_CHUNK (SPLIT_THREADS * SPLIT_PER_THREAD)
 
-// This thread's logits of `slice` (x[lo + tid + k SPLIT_THREADS], increasing with k), -inf
-// past the row's end (a -inf logit changes no statistic and is never drawn).
+// The vocabulary index of this thread's k-th logit of `slice` (increasing with k).
+__device__ __forceinline__ u32 split_index(u32 slice, u32 tid, int k) {
+    return slice * SPLIT_CHUNK + tid + (u32)k * SPLIT_THREADS;
+}
+
+// This thread's logits of `slice` (v[k] at split_index), -inf past the row's end (a -inf
+// logit changes no statistic and is never drawn).
 __device__ __forceinline__ void split_load(const float* __restrict__ x, u32 vocab, u32 slice, u32 tid,
                                            float (&v)[SPLIT_PER_THREAD]) {
-    const u32 lo = slice * SPLIT_CHUNK + tid;
 #pragma unroll
     for (int k = 0; k < SPLIT_PER_THREAD; ++k) {
-        const u32 i = lo + k * SPLIT_THREADS;
+        const u32 i = split_index(slice, tid, k);
         v[k] = i < vocab ? x[i] : -F32_INF;
     }
 }
@@ -75,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     bool bad = false;
 #pragma unroll
     for (int k = 0; k < SPLIT_PER_THREAD; ++k) {
-        const u32 i = slice * SPLIT_CHUNK + tid + k * SPLIT_THREADS;
+        const u32 i = split_index(slice, tid, k);
         const float l = v[k];
         if (l > st.m) {
             st.s = st.s * expf(st.m - l) + 1.f;
@@ -141,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     u32 pick = NO_TOKEN;
 #pragma unroll
     for (int k = 0; k < SPLIT_PER_THREAD; ++k) {
-        const u32 i = slice * SPLIT_CHUNK + tid + k * SPLIT_THREADS;
+        const u32 i = split_index(slice, tid, k);
         const float l = v[k];
         if (!(l > -F32_INF)) continue;
         const double score = (double)__fmul_rn(l - max, inv_t) + gumbel_noise(p.seed, p.draw, i);

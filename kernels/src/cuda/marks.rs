@@ -4,8 +4,8 @@
 //! which the GPU has nothing to run. A mark recorded while the stream is idle fires at
 //! once, so it timestamps the host's progress on the GPU's clock.
 //!
-//! The events are created up front (creating one costs more than recording it); marks past
-//! the capacity are not recorded.
+//! The events are created up front, so a step only records them; marks past the capacity
+//! are not recorded.
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaEvent;

@@ -16,11 +16,11 @@
 //! inputs: pinned staging, its copies, the packed upload's split), `marks` (GPU timestamps
 //! for benchmarks), `sampling` (token sampling), `nccl` (all-reduce across the GPUs of a
 //! tensor-parallel group), `nccl_p2p` (pipeline send/recv and the all-gather of logit
-//! shards), `ipc_allreduce` (the one-shot all-reduce over peer memory); without it, `stub`. Always built: `copy2d` (the
-//! strided block copy's bounds), `paged` (the attention batch description and split planning),
-//! `qkv_args` (the inputs of the fused Q/K/V preparation), `sample_params` (sampling
-//! parameters and results, CPU copies of the kernel's rules) and `nccl_id` (the id that
-//! names an NCCL communicator, relayed between ranks as hex).
+//! shards), `ipc_allreduce` (the one-shot all-reduce over peer memory); without it, `stub`.
+//! Always built: `copy2d` (the strided block copy's bounds), `paged` (the attention batch
+//! description and split planning), `qkv_args` (the inputs of the fused Q/K/V preparation),
+//! `sample_params` (sampling parameters and results, CPU copies of the kernel's rules) and
+//! `nccl_id` (the id that names an NCCL communicator, relayed between ranks as hex).
 //!
 //! [`KernelError::NotCompiled`]: crate::KernelError::NotCompiled
 

@@ -644,13 +644,6 @@ impl CudaModel {
         self.marks.take()
     }
 
-    fn mark(&mut self) -> Result<(), WorkerError> {
-        if let Some(m) = self.marks.as_mut() {
-            self.core.dev.mark(m)?;
-        }
-        Ok(())
-    }
-
     /// Batch sizes with a captured decode graph.
     pub fn graph_batches(&self) -> Vec<usize> {
         self.graphs.iter().map(|g| g.b).collect()
@@ -753,7 +746,7 @@ impl CudaModel {
         let (graph, rows, _) = self.step(chunks)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
-            self.mark()?;
+            mark(&self.core.dev, &mut self.marks)?;
             return Ok(Vec::new());
         }
         if rows != requests.len() {
@@ -762,12 +755,12 @@ impl CudaModel {
         if rows == 0 {
             // A step of prefill chunks none of which ends its prompt: nothing to sample.
             self.core.dev.synchronize()?;
-            self.mark()?;
+            mark(&self.core.dev, &mut self.marks)?;
             return Ok(Vec::new());
         }
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         let sampled = sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)?;
-        self.mark()?;
+        mark(&self.core.dev, &mut self.marks)?;
         Ok(sampled)
     }
 
@@ -776,7 +769,7 @@ impl CudaModel {
     #[allow(clippy::type_complexity)]
     fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
         let t0 = Instant::now();
-        self.mark()?;
+        mark(&self.core.dev, &mut self.marks)?;
         let c = &self.core.config;
         validate_chunks(chunks, c.vocab_size, self.kv.num_blocks, self.kv.block_size, rope_positions(c))?;
         let validate = t0.elapsed();
@@ -792,13 +785,11 @@ impl CudaModel {
         if let Some(g) = graph {
             let dg = &mut self.graphs[g];
             let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, bs)?;
-            if let Some(m) = self.marks.as_mut() {
-                self.core.dev.mark(m)?;
-            }
+            mark(&self.core.dev, &mut self.marks)?;
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
             self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };
-            self.mark()?;
+            mark(&self.core.dev, &mut self.marks)?;
             let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
             return Ok((Some(g), chunks.len(), spans));
         }
@@ -815,7 +806,7 @@ impl CudaModel {
             Some(v) if v.rows == rows => Some(v),
             _ => VocabScratch::new(&self.core, rows)?,
         };
-        self.mark()?;
+        mark(&self.core.dev, &mut self.marks)?;
         let (upload, t1) = (t0.elapsed() - validate, Instant::now());
         let r = run_layers(&self.core, &mut self.kv, &mut self.ws, &mut s, &idx);
         let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
@@ -824,9 +815,17 @@ impl CudaModel {
         self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: false };
         self.eager_logits = Some(logits);
         r?;
-        self.mark()?;
+        mark(&self.core.dev, &mut self.marks)?;
         Ok((None, rows, spans))
     }
+}
+
+/// Records the next of `marks` (a benchmark's, [`CudaModel::set_marks`]) if there are any.
+fn mark(dev: &Device, marks: &mut Option<Marks>) -> Result<(), WorkerError> {
+    if let Some(m) = marks.as_mut() {
+        dev.mark(m)?;
+    }
+    Ok(())
 }
 
 impl Drop for CudaModel {
