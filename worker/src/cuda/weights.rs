@@ -303,7 +303,7 @@ impl GpuWeights {
         let head_source =
             if c.tie_embeddings { None } else { gen.rand(part.is_last_stage(), c.vocab_size * h, -a, a)? };
         let whole_vocab = part.vocab == (0..c.vocab_size);
-        let lm_head = match (&head_source, &embed) {
+        let lm_head = match (head_source, &embed) {
             _ if !part.is_last_stage() => None,
             (Some(src), _) => Some(gen.rows(src, h, std::slice::from_ref(&part.vocab))?),
             (None, Some(_)) if whole_vocab => None,
@@ -311,7 +311,7 @@ impl GpuWeights {
             (None, _) => {
                 let src = Synth { dev, seed }.rand(true, c.vocab_size * h, -a, a)?;
                 let src = src.ok_or_else(|| WorkerError::InvalidBatch("no embedding drawn".into()))?;
-                Some(gen.rows(&src, h, std::slice::from_ref(&part.vocab))?)
+                Some(gen.rows(src, h, std::slice::from_ref(&part.vocab))?)
             }
         };
         let mut layers = Vec::with_capacity(part.layers.len());
@@ -335,16 +335,16 @@ impl GpuWeights {
                 [qr.clone(), q_dim + kvr.start..q_dim + kvr.end, q_dim + kv_dim + kvr.start..q_dim + kv_dim + kvr.end];
             layers.push(GpuLayer {
                 attn_norm,
-                qkv: gen.rows(&qkv, h, &qkv_rows)?,
-                qkv_bias: qkv_bias.map(|b| gen.rows(&b, 1, &qkv_rows)).transpose()?,
+                qkv: gen.rows(qkv, h, &qkv_rows)?,
+                qkv_bias: qkv_bias.map(|b| gen.rows(b, 1, &qkv_rows)).transpose()?,
                 qk_norm: match qk_norm {
                     Some((Some(q), Some(k))) => Some((q, k)),
                     _ => None,
                 },
-                o: gen.cols(&o, h, q_dim, qr.clone())?,
+                o: gen.cols(o, h, q_dim, qr.clone())?,
                 ffn_norm,
-                gate_up: gen.rows(&gate_up, h, &[fr.clone(), ffn + fr.start..ffn + fr.end])?,
-                down: gen.cols(&down, h, ffn, fr.clone())?,
+                gate_up: gen.rows(gate_up, h, &[fr.clone(), ffn + fr.start..ffn + fr.end])?,
+                down: gen.cols(down, h, ffn, fr.clone())?,
             });
         }
         let norm = gen.rand(true, h, 0.9, 1.1)?.ok_or_else(|| WorkerError::InvalidBatch("no norm drawn".into()))?;
@@ -374,23 +374,59 @@ impl Synth<'_> {
         Ok(Some(b))
     }
 
-    /// Row ranges of `src` (`[_, row_len]`) stacked in order.
-    fn rows(&self, src: &Buf<bf16>, row_len: usize, ranges: &[Range<usize>]) -> Result<Buf<bf16>, WorkerError> {
+    /// Row ranges of `src` (`[_, row_len]`) stacked in order; `src` itself when they are
+    /// all of it in order (one GPU's whole tensor: no copy, no second allocation).
+    fn rows(&self, src: Buf<bf16>, row_len: usize, ranges: &[Range<usize>]) -> Result<Buf<bf16>, WorkerError> {
+        if covers_in_order(ranges, src.len() / row_len.max(1)) {
+            return Ok(src);
+        }
         let total: usize = ranges.iter().map(|r| r.len()).sum();
         let mut out = self.dev.alloc::<bf16>(total * row_len)?;
         let mut at = 0;
         for r in ranges {
-            self.dev.copy_rows(&mut out, at, src, r.start, r.len(), row_len)?;
+            self.dev.copy_rows(&mut out, at, &src, r.start, r.len(), row_len)?;
             at += r.len();
         }
         Ok(out)
     }
 
-    /// Columns `range` of `src` (`[rows, cols]`): `[rows, range.len()]`.
-    fn cols(&self, src: &Buf<bf16>, rows: usize, cols: usize, range: Range<usize>) -> Result<Buf<bf16>, WorkerError> {
+    /// Columns `range` of `src` (`[rows, cols]`): `[rows, range.len()]`; `src` itself when
+    /// the range is every column.
+    fn cols(&self, src: Buf<bf16>, rows: usize, cols: usize, range: Range<usize>) -> Result<Buf<bf16>, WorkerError> {
+        if range == (0..cols) {
+            return Ok(src);
+        }
         let w = range.len();
         let mut out = self.dev.alloc::<bf16>(rows * w)?;
-        self.dev.copy_2d(&mut out, src, &Copy2d::columns(rows, cols, range.start, w))?;
+        self.dev.copy_2d(&mut out, &src, &Copy2d::columns(rows, cols, range.start, w))?;
         Ok(out)
+    }
+}
+
+/// Whether `ranges`, in order, are exactly `0..rows` (each starting where the last ended).
+fn covers_in_order(ranges: &[Range<usize>], rows: usize) -> bool {
+    let mut at = 0;
+    for r in ranges {
+        if r.start != at {
+            return false;
+        }
+        at = r.end;
+    }
+    at == rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers_in_order;
+
+    #[test]
+    fn whole_tensor_only_when_ranges_tile_it_in_order() {
+        assert!(covers_in_order(&[0..10], 10));
+        assert!(covers_in_order(&[0..4, 4..10], 10));
+        assert!(!covers_in_order(&[0..4], 10)); // a part's share
+        assert!(!covers_in_order(&[4..10, 0..4], 10)); // reordered rows
+        assert!(!covers_in_order(&[0..4, 5..10], 10)); // a gap
+        assert!(!covers_in_order(&[0..4, 4..12], 10)); // past the end
+        assert!(!covers_in_order(&[2..4, 12..14], 10)); // two tp parts' slices (q and k/v)
     }
 }
