@@ -208,8 +208,22 @@ int main() {
     printf("%d weight sets (%.1f GB)\n", SETS, SETS * 2.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) / 1e9);
     std::vector<bf16*> W[4];
     for (int k = 0; k < 4; ++k) W[k].resize(SETS);
+    // FM_W_SCALE: the weights' range (uniform in +-scale / 2; default 0.04). The model's
+    // synthetic weights are uniform in +-0.0346 (std 0.02) for qkv and gate_up, smaller for o
+    // and down: FM_W_SCALE=0.0692 draws gate_up's range for every matrix.
+    const float w_scale = getenv("FM_W_SCALE") ? (float)atof(getenv("FM_W_SCALE")) : 0.04f;
+    if (getenv("FM_W_SCALE")) printf("weights uniform in +-%.4f\n", w_scale / 2);
     for (int k = 0; k < 4; ++k)
-        for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, 0.04f, 0.f);
+        for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, w_scale, 0.f);
+    // FM_PAD_GB=n: n GB more allocated (and zeroed) after the weights, as the model's KV
+    // cache, sized from the free memory, maps ~100 GB beside its 15 GB of weights.
+    if (getenv("FM_PAD_GB")) {
+        const size_t pad = (size_t)(atof(getenv("FM_PAD_GB")) * 1e9);
+        void* p = nullptr;
+        CK(cudaMalloc(&p, pad));
+        CK(cudaMemset(p, 0, pad));
+        printf("pad: %.1f GB allocated after the weights\n", pad / 1e9);
+    }
     Bufs b = {};
     b.x = alloc_fill(H, 7, 2.f, 0.f);
     b.gamma = alloc_fill(H, 8, 0.2f, 1.f);
