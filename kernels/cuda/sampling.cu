@@ -668,8 +668,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
-// The sampled rows' results in one array, so the host reads them back in one copy (six small
-// copies cost ~3 us each on an H200, one after another): out = [token | logprob bits | n_top
+// The sampled rows' results in one array, so the host reads them back at once (six small
+// copies cost ~3 us each on an H200, one after another); `out` is page-locked host memory
+// mapped for the device where the driver allows (no copy at all), else a device buffer
+// copied back in one copy: out = [token | logprob bits | n_top
 // | flags] of n_rows each, then, with `with_top`, the rows' top ids and top logprob bits of
 // n_rows x max_top each (without it, n_top is written as 0). Any grid of 1-D blocks.
 extern "C" __global__ void pack_sampled(const u32* __restrict__ token, const float* __restrict__ logprob,

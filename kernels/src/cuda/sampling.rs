@@ -49,8 +49,9 @@ pub struct SampleOutput {
     /// `[max_rows]` [`SampledRow::flags`].
     flags: Buf<u32>,
     /// The six arrays above for the rows read, packed by `pack_sampled` into one array
-    /// (`[4 max_rows + 2 max_rows max_logprobs]`), and its page-locked host copy: one copy
-    /// per read, waited for once.
+    /// (`[4 max_rows + 2 max_rows max_logprobs]`) in page-locked host memory, written there
+    /// by the kernel (no copy back); where the driver does not map that memory, into
+    /// `packed` on the device and copied back in one copy.
     packed: Buf<u32>,
     host: HostStage<u32>,
     /// The split path's per-slice results (`[rows, slices, SPLIT_PART_WORDS]`), allocated
@@ -74,8 +75,9 @@ impl SampleOutput {
         &self.token
     }
 
-    /// Waits for the queued work and copies the first `n_rows` rows to the host, packed on
-    /// the device into one array and read back in one copy. With `with_top` false (no row
+    /// Waits for the queued work and reads the first `n_rows` rows, packed by one kernel
+    /// into one array in page-locked host memory (or copied back in one copy where that
+    /// memory is not mapped). With `with_top` false (no row
     /// asked for top logprobs) the top arrays stay on the device and every row's top list
     /// is empty.
     pub fn read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<Vec<SampledRow>, KernelError> {
@@ -99,15 +101,22 @@ impl SampleOutput {
             .arg(&self.top_logprobs.inner)
             .arg(&n32)
             .arg(&l32)
-            .arg(&wt)
-            .arg(&mut self.packed.inner);
+            .arg(&wt);
+        let host_addr = self.host.kernel_address()?;
+        match &host_addr {
+            Some(addr) => b.arg(addr),
+            None => b.arg(&mut self.packed.inner),
+        };
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argument order and types match pack_sampled; it reads n_rows (<= max_rows,
-        // checked) entries of the four row arrays and n_rows x max_logprobs of the top ones
-        // (their sizes), and writes `total` <= 4 max_rows + 2 max_rows max_logprobs words of
-        // `packed` (its size).
+        // SAFETY: argument order and types match pack_sampled (the output a u32 pointer: the
+        // mapped stage's address or `packed`); it reads n_rows (<= max_rows, checked) entries
+        // of the four row arrays and n_rows x max_logprobs of the top ones (their sizes), and
+        // writes `total` <= 4 max_rows + 2 max_rows max_logprobs words of the output (the
+        // size of both `packed` and the stage, which lives in `self` past the wait below).
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))?;
-        dev.read_staged(&mut self.host, &self.packed, total)?;
+        if host_addr.is_none() {
+            dev.read_staged(&mut self.host, &self.packed, total)?;
+        }
         dev.synchronize()?;
         let h = &self.host.as_slice()[..total];
         let (token, rest) = h.split_at(n_rows);
@@ -205,8 +214,11 @@ impl Device {
         bias_tokens: &Buf<u32>,
         bias_values: &Buf<f32>,
     ) -> Result<(), KernelError> {
-        let paths =
-            if logits.len() / vocab.max(1) <= SPLIT_MAX_ROWS { SamplePaths::Both } else { SamplePaths::PerRowOnly };
+        let paths = if logits.len() / vocab.max(1) <= SPLIT_MAX_ROWS {
+            SamplePaths::Both { draws: true }
+        } else {
+            SamplePaths::PerRowOnly
+        };
         let (pt, pc, bt, bv) = (pen_tokens, pen_counts, bias_tokens, bias_values);
         self.sample_paths(out, logits, vocab, params, pen_offsets, pt, pc, bias_offsets, bt, bv, paths)
     }
@@ -248,7 +260,7 @@ impl Device {
         let (v, pen_len, bias_len) = (vocab as u32, pen_tokens.len() as u32, bias_tokens.len() as u32);
         let max_top = out.max_logprobs as u32;
         if paths.split() {
-            self.sample_split(out, logits, vocab, n_rows, params, pen_offsets, bias_offsets, bias_len)?;
+            self.sample_split(out, logits, vocab, n_rows, params, pen_offsets, bias_offsets, bias_len, paths.draws())?;
         }
         if !paths.per_row() {
             return Ok(());
@@ -285,8 +297,9 @@ impl Device {
 }
 
 impl Device {
-    /// The split path's three launches (sampling_split.cu) over `n_rows` rows whose shapes
-    /// [`Device::sample_paths`] has checked; rows that do not split return at once.
+    /// The split path's launches (sampling_split.cu) over `n_rows` rows whose shapes
+    /// [`Device::sample_paths`] has checked; rows that do not split return at once. The draw
+    /// only when `draws` (some split row is not greedy; greedy rows return from it at once).
     #[allow(clippy::too_many_arguments)]
     fn sample_split(
         &self,
@@ -298,6 +311,7 @@ impl Device {
         pen_offsets: &Buf<u32>,
         bias_offsets: &Buf<u32>,
         bias_len: u32,
+        draws: bool,
     ) -> Result<(), KernelError> {
         const OP: &str = "cuda_sample_split";
         let slices = vocab.div_ceil(SPLIT_CHUNK);
@@ -310,7 +324,8 @@ impl Device {
         // vocab <= 2^20 (checked by the caller): at most 256 slices; rows < 2^31.
         let (v, s, rows) = (vocab as u32, slices as u32, n_rows as u32);
         let wide = LaunchConfig { grid_dim: (rows, s, 1), block_dim: (SPLIT_THREADS, 1, 1), shared_mem_bytes: 0 };
-        for f in [&self.kernels.split_stats, &self.kernels.split_draw] {
+        let launches = if draws { 2 } else { 1 };
+        for f in [&self.kernels.split_stats, &self.kernels.split_draw].into_iter().take(launches) {
             let mut b = self.stream.launch_builder(f);
             b.arg(&logits.inner)
                 .arg(&v)
