@@ -19,11 +19,10 @@
 //! slice keeps one too, but records it only when the context tracks events, which ours
 //! does not, and syncs it on every access, so the stage keeps the memory's address instead.
 //!
-//! Kernels may also read or write a stage directly (page-locked memory is mapped into the
-//! device's address space: [`HostStage::kernel_address`], [`Device::unpack4_staged`]),
-//! which saves a small array's copy: on an H200 a 16-byte copy queued after the kernel that
-//! wrote its source started ~5 µs after that kernel ended and ran 1.6 µs (RESULTS
-//! 2026-12-04).
+//! A kernel may also write a stage directly ([`HostStage::kernel_address`]: page-locked
+//! memory is mapped into the device's address space), which saves a small result's copy
+//! back: on an H200 a 16-byte copy queued after the kernel that wrote its source started
+//! ~5 µs after that kernel ended and ran 1.6 µs (RESULTS 2026-12-04).
 
 use std::sync::Arc;
 
@@ -186,36 +185,11 @@ impl Device {
     /// Splits `packed`, `[4, n]`, into `out[0..4]` of `n` elements each (row `k` into
     /// `out[k]`), on the device.
     pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {
-        self.launch_unpack4(UnpackSrc::Device(packed), packed.len(), out)
-    }
-
-    /// [`Device::unpack4`] reading the first `4 n` elements of `stage` straight from its
-    /// page-locked memory (no copy to the device first); `Ok(false)`, launching nothing, when
-    /// the driver mapped no address for the stage. A graph captured with it reads whatever
-    /// the stage holds when the graph runs: the caller marks the stage read after each
-    /// launch ([`Device::mark_stage_read`]), so the stage is not rewritten under it.
-    pub fn unpack4_staged(&self, stage: &HostStage<u32>, out: [&mut Buf<u32>; 4]) -> Result<bool, KernelError> {
-        self.check_stage("cuda_unpack4", stage)?;
-        let Some(addr) = stage.device_addr else { return Ok(false) };
-        let n = out[0].len();
-        check(4 * n <= stage.len(), "cuda_unpack4", || format!("{} elements staged for 4 x {n}", stage.len()))?;
-        self.launch_unpack4(UnpackSrc::Host(addr), 4 * n, out).map(|()| true)
-    }
-
-    /// Marks `stage` as read by the work queued last (a graph whose kernels read it):
-    /// [`HostStage::as_mut_slice`] then waits for that work.
-    pub fn mark_stage_read<T>(&self, stage: &HostStage<T>) -> Result<(), KernelError> {
-        self.check_stage("cuda_mark_stage_read", stage)?;
-        self.mark_read("cuda_mark_stage_read", stage)
-    }
-
-    /// One launch of `unpack4_u32` over `src` (`src_len` elements, `4 n` of them read).
-    fn launch_unpack4(&self, src: UnpackSrc, src_len: usize, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {
         const OP: &str = "cuda_unpack4";
         let n = out[0].len();
-        check(out.iter().all(|o| o.len() == n) && src_len == 4 * n, OP, || {
+        check(out.iter().all(|o| o.len() == n) && packed.len() == 4 * n, OP, || {
             let lens: Vec<usize> = out.iter().map(|o| o.len()).collect();
-            format!("packed has {src_len} elements, outputs {lens:?} (want 4 x n)")
+            format!("packed has {} elements, outputs {lens:?} (want 4 x n)", packed.len())
         })?;
         if n == 0 {
             return Ok(());
@@ -224,26 +198,14 @@ impl Device {
         const BLOCK: u32 = 256;
         let [a, b, c, d] = out;
         let mut l = self.stream.launch_builder(&self.kernels.unpack4_u32);
-        match &src {
-            UnpackSrc::Device(p) => l.arg(&p.inner),
-            UnpackSrc::Host(addr) => l.arg(addr),
-        };
-        l.arg(&n32).arg(&mut a.inner).arg(&mut b.inner).arg(&mut c.inner).arg(&mut d.inner);
+        l.arg(&packed.inner).arg(&n32).arg(&mut a.inner).arg(&mut b.inner).arg(&mut c.inner).arg(&mut d.inner);
         let cfg = cudarc::driver::LaunchConfig {
             grid_dim: (n32.div_ceil(BLOCK).min(1024), 1, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the kernel reads `4 n` elements of the source (a device buffer of exactly
-        // that many, or a mapped stage of at least that many: both checked by the callers and
-        // above) and writes `n` of each output (lengths checked above).
+        // SAFETY: the kernel reads `4 n` elements of `packed` and writes `n` of each output
+        // (lengths checked above).
         unsafe { l.launch(cfg) }.map(drop).map_err(dev_err(OP))
     }
-}
-
-/// Where `unpack4_u32` reads its packed inputs from.
-enum UnpackSrc<'a> {
-    Device(&'a Buf<u32>),
-    /// The device's address of a page-locked stage ([`HostStage::kernel_address`]).
-    Host(u64),
 }

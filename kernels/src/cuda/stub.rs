@@ -567,10 +567,4 @@ impl Device {
     pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {
         match self.never {}
     }
-    pub fn unpack4_staged(&self, stage: &HostStage<u32>, out: [&mut Buf<u32>; 4]) -> Result<bool, KernelError> {
-        match self.never {}
-    }
-    pub fn mark_stage_read<T>(&self, stage: &HostStage<T>) -> Result<(), KernelError> {
-        match self.never {}
-    }
 }

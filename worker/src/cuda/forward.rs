@@ -227,14 +227,9 @@ struct StepIndex {
 struct GraphHost {
     b: usize,
     /// `[4, b]` then `[b, max_blocks]`. The first part: token ids, positions, cache slots,
-    /// context lengths, which the graph's first kernel splits (read straight from here when
-    /// `direct`, else uploaded in one copy into the graph's `packed` buffer first). The
-    /// second: the device's block tables as last uploaded.
+    /// context lengths, uploaded in one copy into the graph's `packed` buffer and split by
+    /// its first kernel. The second: the device's block tables as last uploaded.
     stage: HostStage<u32>,
-    /// The graph reads the packed inputs from the stage itself (page-locked memory the
-    /// device can address): no upload per step. Saves a copy's enqueue and its start-up
-    /// on the GPU before each decode step (RESULTS 2026-12-04).
-    direct: bool,
     /// False after a failed upload: the mirror may be ahead of the device, so the next
     /// step rewrites it (and so uploads every used entry) before comparing.
     tables_valid: bool,
@@ -288,8 +283,7 @@ impl StepIndex {
         max_blocks: usize,
         block_size: usize,
     ) -> Result<(Self, Buf<u32>, GraphHost), WorkerError> {
-        let mut host =
-            GraphHost { b, stage: dev.alloc_stage(4 * b + b * max_blocks)?, direct: false, tables_valid: true };
+        let mut host = GraphHost { b, stage: dev.alloc_stage(4 * b + b * max_blocks)?, tables_valid: true };
         // Padding rows: slot u32::MAX (no K/V write), context 0.
         host.stage.as_mut_slice()?[2 * b..3 * b].fill(u32::MAX);
         let mut packed = dev.alloc(4 * b)?;
@@ -311,8 +305,7 @@ impl StepIndex {
 
     /// Writes a decode batch (one token per chunk, `chunks.len() <= b`) into a graph's
     /// inputs; rows past the batch are padding. The ids, positions, slots and context
-    /// lengths stay in the stage for a `direct` graph, else go up in one copy into `packed`
-    /// (the graph splits them either way). The stage's tail
+    /// lengths go up in one copy into `packed` (the graph splits it). The stage's tail
     /// mirrors the device's block tables, so only the block of entries that changed is
     /// uploaded, one strided copy ([`update_mirror`]: a decode step usually appends a block
     /// to a few sequences; entries past a row's context are never read). Returns the time
@@ -349,9 +342,7 @@ impl StepIndex {
         let delta = update_mirror(mirror, mb, chunks, block_size);
         let t = Instant::now();
         let copies = (|| {
-            if !host.direct {
-                dev.write_staged(packed, &host.stage, 0)?;
-            }
+            dev.write_staged(packed, &host.stage, 0)?;
             let Some(d) = delta else { return Ok(()) };
             let block = Copy2d::block(mb, d.rows, d.cols);
             // The mirror starts after the packed inputs in the stage.
@@ -666,7 +657,7 @@ impl CudaModel {
         let max_blocks = max_ctx.div_ceil(bs);
         self.graphs.clear();
         for &b in GRAPH_BUCKETS.iter().filter(|&&b| b <= max_batch.min(MAX_GRAPH_BATCH)) {
-            let (mut idx, packed, mut host) = StepIndex::fixed(&self.core.dev, b, max_blocks, bs)?;
+            let (mut idx, packed, host) = StepIndex::fixed(&self.core.dev, b, max_blocks, bs)?;
             let mut scratch = Scratch::new(&self.core.dev, &self.core.config, b)?;
             let mut logits = self.core.dev.alloc::<f32>(self.logits_len(b))?;
             let mut vocab = VocabScratch::new(&self.core, b)?;
@@ -675,19 +666,12 @@ impl CudaModel {
             lm_head(&self.core, &scratch, &idx, &mut logits, &mut vocab)?;
             self.core.dev.synchronize()?;
             let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.ws);
-            let mut direct = false;
             let graph = core.dev.capture(|| {
                 let i = &mut idx;
-                direct = core
-                    .dev
-                    .unpack4_staged(&host.stage, [&mut i.ids, &mut i.positions, &mut i.slots, &mut i.context_lens])?;
-                if !direct {
-                    core.dev.unpack4(&packed, [&mut i.ids, &mut i.positions, &mut i.slots, &mut i.context_lens])?;
-                }
+                core.dev.unpack4(&packed, [&mut i.ids, &mut i.positions, &mut i.slots, &mut i.context_lens])?;
                 run_layers(core, kv, ws, &mut scratch, &idx).map_err(into_kernel)?;
                 lm_head(core, &scratch, &idx, &mut logits, &mut vocab).map_err(into_kernel)
             })?;
-            host.direct = direct;
             self.graphs.push(DecodeGraph { b, idx, host, packed, _scratch: scratch, logits, _vocab: vocab, graph });
         }
         Ok(())
@@ -804,10 +788,6 @@ impl CudaModel {
             mark(&self.core.dev, &mut self.marks)?;
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
-            if dg.host.direct {
-                // The graph reads the stage: the next refill waits for it.
-                self.core.dev.mark_stage_read(&dg.host.stage)?;
-            }
             self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };
             mark(&self.core.dev, &mut self.marks)?;
             let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
