@@ -211,14 +211,14 @@ int main() {
     // FM_W_SCALE: the weights' range (uniform in +-scale / 2; default 0.04). The model's
     // synthetic weights are uniform in +-0.0346 (std 0.02) for qkv and gate_up, smaller for o
     // and down: FM_W_SCALE=0.0692 draws gate_up's range for every matrix.
-    const float w_scale = getenv("FM_W_SCALE") ? (float)atof(getenv("FM_W_SCALE")) : 0.04f;
+    const float w_scale = getenv("FM_W_SCALE") && atof(getenv("FM_W_SCALE")) > 0 ? (float)atof(getenv("FM_W_SCALE")) : 0.04f;
     if (getenv("FM_W_SCALE")) printf("weights uniform in +-%.4f\n", w_scale / 2);
     for (int k = 0; k < 4; ++k)
         for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, w_scale, 0.f);
     // FM_PAD_GB=n: n GB more allocated (and zeroed) after the weights, as the model's KV
     // cache, sized from the free memory, maps ~100 GB beside its 15 GB of weights.
     if (getenv("FM_PAD_GB")) {
-        const size_t pad = (size_t)(atof(getenv("FM_PAD_GB")) * 1e9);
+        const size_t pad = (size_t)(std::max(0.0, atof(getenv("FM_PAD_GB"))) * 1e9);
         void* p = nullptr;
         CK(cudaMalloc(&p, pad));
         CK(cudaMemset(p, 0, pad));

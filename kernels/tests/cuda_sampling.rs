@@ -645,6 +645,46 @@ fn flags_report_bad_rows() {
 /// equals the one-CTA path's (the same row with one logprob asked for) and the logprob its
 /// within 1e-5; a row's results do not depend on its batch (bits equal alone and mixed with
 /// one-CTA rows); NaN / +inf / all -inf rows are flagged as on the other path.
+/// Greedy-only split batches leave out the draw launch (`SamplePaths` with `draws: false`):
+/// right after a sampling call has filled the split results with draws, a greedy call on
+/// the same output still returns each row's argmax, with the token and logprob bits of the
+/// path that launches the draw.
+#[test]
+fn greedy_split_rows_skip_the_draw() {
+    let Some(dev) = gpu("greedy_split_rows_skip_the_draw") else { return };
+    let mut r = rng(41);
+    for vocab in [49152usize, 151936] {
+        let n = 8;
+        let mut out = dev.sample_output(n, 0).unwrap();
+        let off = dev.upload(&vec![0u32; n + 1]).unwrap();
+        let (u1, f1) = (dev.upload(&[0u32]).unwrap(), dev.upload(&[0f32]).unwrap());
+        let call = |out: &mut tessera_kernels::cuda::SampleOutput, logits: &[f32], ps: &[SampleParams], paths| {
+            let mut ld = dev.upload(logits).unwrap();
+            let pd = dev.upload(ps).unwrap();
+            dev.sample_paths(out, &mut ld, vocab, &pd, &off, &u1, &u1, &off, &u1, &f1, paths).unwrap();
+            out.read(&dev, ps.len(), false).unwrap()
+        };
+        // A sampling call first: every split slice holds a draw's score and pick.
+        let hot: Vec<SampleParams> =
+            (0..n).map(|i| SampleParams { seed: 9, draw: i as u64, ..params(1.0, 0, 1.0, 0.0, 0) }).collect();
+        let hot_paths = SamplePaths::for_rows(vocab, hot.iter().map(|&p| (p, 0, 0)));
+        assert_eq!(hot_paths, SamplePaths::SplitOnly { draws: true });
+        call(&mut out, &rand_logits(&mut r, n * vocab, -8.0, 8.0), &hot, hot_paths);
+        // Then greedy rows on new logits, with and without the draw launch.
+        let logits = rand_logits(&mut r, n * vocab, -8.0, 8.0);
+        let greedy = vec![SampleParams::greedy(); n];
+        let paths = SamplePaths::for_rows(vocab, greedy.iter().map(|&p| (p, 0, 0)));
+        assert_eq!(paths, SamplePaths::SplitOnly { draws: false });
+        let skipped = call(&mut out, &logits, &greedy, paths);
+        let drawn = call(&mut out, &logits, &greedy, SamplePaths::SplitOnly { draws: true });
+        for (i, (a, b)) in skipped.iter().zip(&drawn).enumerate() {
+            assert_eq!(a.token, argmax_ref(&logits[i * vocab..(i + 1) * vocab]), "vocab {vocab} row {i}: argmax");
+            assert_eq!((a.token, a.logprob.to_bits(), a.flags), (b.token, b.logprob.to_bits(), b.flags), "row {i}");
+        }
+    }
+    eprintln!("greedy split rows without the draw: ok");
+}
+
 #[test]
 fn split_rows_match_reference_and_the_per_row_path() {
     let Some(dev) = gpu("split_rows_match_reference_and_the_per_row_path") else { return };

@@ -19,7 +19,7 @@
 //! slice keeps one too, but records it only when the context tracks events, which ours
 //! does not, and syncs it on every access, so the stage keeps the memory's address instead.
 //!
-//! A kernel may also write a stage directly ([`HostStage::kernel_address`]: page-locked
+//! A kernel may also write a stage directly (`Device::stage_kernel_address`: page-locked
 //! memory is mapped into the device's address space), which saves a small result's copy
 //! back: on an H200 a 16-byte copy queued after the kernel that wrote its source started
 //! ~5 µs after that kernel ended and ran 1.6 µs (RESULTS 2026-12-04).
@@ -65,20 +65,14 @@ impl<T: Elem> HostStage<T> {
     }
 
     /// The contents (no wait: only copies to the device read the stage; after a
-    /// [`Device::read_staged`], synchronize the stream first).
+    /// [`Device::read_staged`], or a kernel that wrote the stage through its mapped
+    /// address, synchronize the stream first).
     pub fn as_slice(&self) -> &[T] {
         // SAFETY: `ptr` holds `len` initialised elements (zero-filled at allocation) that
-        // live as long as `self`; nothing writes them while `&self` is held.
+        // live as long as `self`; the host writes them only through `&mut self`, and the
+        // device's writes (a queued copy back, a kernel through the mapped address) are
+        // waited for before the contents are read, as documented above.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    /// The address a kernel writes the stage through, if the driver mapped it (`None`:
-    /// copy results back with [`Device::read_staged`] instead). Waits for the queued copies
-    /// that read the stage, as [`HostStage::as_mut_slice`] does. The caller synchronizes the
-    /// stream before reading what a kernel wrote, and keeps the stage alive until then.
-    pub fn kernel_address(&mut self) -> Result<Option<u64>, KernelError> {
-        self.read.synchronize().map_err(dev_err("cuda_host_stage"))?;
-        Ok(self.device_addr)
     }
 
     /// The contents for writing, once every queued copy that reads them has run.
@@ -116,6 +110,16 @@ impl Device {
         let mapped = unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut addr, ptr.cast(), 0) };
         let device_addr = (mapped == cudarc::driver::sys::CUresult::CUDA_SUCCESS && addr != 0).then_some(addr);
         Ok(HostStage { _mem: mem, ptr, len, read, stream: Arc::as_ptr(&self.stream) as usize, device_addr })
+    }
+
+    /// The address a kernel of this device writes `stage` through, if the driver mapped
+    /// it (`None`: copy results back with [`Device::read_staged`] instead). Refuses another
+    /// device's stage. Crate-only: the caller queues the kernel, synchronizes the stream
+    /// before reading the stage and keeps the stage (borrowed mutably) alive until then,
+    /// as `SampleOutput::read` does.
+    pub(crate) fn stage_kernel_address<T>(&self, stage: &mut HostStage<T>) -> Result<Option<u64>, KernelError> {
+        self.check_stage("cuda_stage_kernel_address", stage)?;
+        Ok(stage.device_addr)
     }
 
     /// Refuses a stage made by another device (another stream), before any copy is queued.

@@ -102,7 +102,7 @@ impl SampleOutput {
             .arg(&n32)
             .arg(&l32)
             .arg(&wt);
-        let host_addr = self.host.kernel_address()?;
+        let host_addr = dev.stage_kernel_address(&mut self.host)?;
         match &host_addr {
             Some(addr) => b.arg(addr),
             None => b.arg(&mut self.packed.inner),
@@ -225,7 +225,8 @@ impl Device {
 
     /// [`Device::sample`] with the launches `paths` names ([`SamplePaths::for_rows`] picks
     /// them from the rows' parameters). `SplitOnly` with a row that does not split leaves
-    /// that row unwritten.
+    /// that row unwritten; `draws: false` with a split row that samples (not greedy) gives
+    /// that row its argmax.
     #[allow(clippy::too_many_arguments)]
     pub fn sample_paths(
         &self,
@@ -299,7 +300,8 @@ impl Device {
 impl Device {
     /// The split path's launches (sampling_split.cu) over `n_rows` rows whose shapes
     /// [`Device::sample_paths`] has checked; rows that do not split return at once. The draw
-    /// only when `draws` (some split row is not greedy; greedy rows return from it at once).
+    /// runs only when `draws` (some split row is not greedy; greedy rows return from it at
+    /// once).
     #[allow(clippy::too_many_arguments)]
     fn sample_split(
         &self,
