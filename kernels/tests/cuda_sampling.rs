@@ -640,11 +640,6 @@ fn flags_report_bad_rows() {
     assert_eq!((got[1].token, got[1].flags), (argmax_ref(&l[vocab..]), SampledRow::BAD_ENTRY));
 }
 
-/// The split path (greedy or untruncated rows without logprobs or entries, each row over
-/// many CTAs): tokens and logprobs match the reference on large vocabularies; the token
-/// equals the one-CTA path's (the same row with one logprob asked for) and the logprob its
-/// within 1e-5; a row's results do not depend on its batch (bits equal alone and mixed with
-/// one-CTA rows); NaN / +inf / all -inf rows are flagged as on the other path.
 /// Greedy-only split batches leave out the draw launch (`SamplePaths` with `draws: false`):
 /// right after a sampling call has filled the split results with draws, a greedy call on
 /// the same output still returns each row's argmax, with the token and logprob bits of the
@@ -685,6 +680,11 @@ fn greedy_split_rows_skip_the_draw() {
     eprintln!("greedy split rows without the draw: ok");
 }
 
+/// The split path (greedy or untruncated rows without logprobs or entries, each row over
+/// many CTAs): tokens and logprobs match the reference on large vocabularies; the token
+/// equals the one-CTA path's (the same row with one logprob asked for) and the logprob its
+/// within 1e-5; a row's results do not depend on its batch (bits equal alone and mixed with
+/// one-CTA rows); NaN / +inf / all -inf rows are flagged as on the other path.
 #[test]
 fn split_rows_match_reference_and_the_per_row_path() {
     let Some(dev) = gpu("split_rows_match_reference_and_the_per_row_path") else { return };

@@ -326,8 +326,8 @@ impl Device {
         // vocab <= 2^20 (checked by the caller): at most 256 slices; rows < 2^31.
         let (v, s, rows) = (vocab as u32, slices as u32, n_rows as u32);
         let wide = LaunchConfig { grid_dim: (rows, s, 1), block_dim: (SPLIT_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let launches = if draws { 2 } else { 1 };
-        for f in [&self.kernels.split_stats, &self.kernels.split_draw].into_iter().take(launches) {
+        let draw = draws.then_some(&self.kernels.split_draw);
+        for f in std::iter::once(&self.kernels.split_stats).chain(draw) {
             let mut b = self.stream.launch_builder(f);
             b.arg(&logits.inner)
                 .arg(&v)
