@@ -780,6 +780,85 @@ fn min_tokens_bans_the_stop_ids_on_the_gpu() {
     }
 }
 
+/// Decode steps whose rows are all plain greedy replay their bucket's greedy twin graph,
+/// which takes every row's argmax after the LM head and writes it to host memory. Its
+/// tokens and logprobs are, bit for bit, those of a second model without greedy twins,
+/// whose same graph steps are sampled after the graph by the eager GPU sampler; the tokens
+/// are the host argmax of the step's logits, the logprobs their log-softmax. At 1 row (the
+/// split path), 3 (bucket 4: padding rows) and 70 (bucket 80: one CTA per row). A step
+/// with one temperature row among greedy ones does not take the tail, and its greedy rows
+/// get the same tokens.
+#[test]
+fn greedy_decode_steps_sample_inside_the_graph() {
+    use tessera_worker::cuda::{GpuSampler, RowRequest};
+    use tessera_worker::sampling::SamplingParams;
+    if !enabled("greedy_decode_steps_sample_inside_the_graph") {
+        return;
+    }
+    let Some(path) = common::model_path::default_model() else { panic!("TESSERA_GPU_TESTS=1 needs the default model") };
+    let files = ModelFiles::open(&path).expect("open model");
+    let mut m = CudaModel::load(&files, &opts()).expect("load on GPU");
+    let mut plain = CudaModel::load(&files, &CudaOptions { greedy_graphs: false, ..opts() }).expect("load on GPU");
+    let vocab = m.config().vocab_size;
+    let n_max = 70usize;
+    // Prompts of 5 to 11 tokens, two blocks each (disjoint).
+    let seqs: Vec<Vec<u32>> = (0..n_max as u32)
+        .map(|s| (0..5 + s % 7).map(|i| (i * 7919 + s * 104_729 + 11) % vocab as u32).collect())
+        .collect();
+    let tables: Vec<Vec<u32>> = (0..n_max as u32).map(|s| vec![2 * s, 2 * s + 1]).collect();
+    let prefill: Vec<SeqChunk> = (0..n_max)
+        .map(|i| SeqChunk {
+            tokens: &seqs[i][..seqs[i].len() - 1],
+            first_pos: 0,
+            block_table: &tables[i],
+            logits: LogitsWanted::None,
+        })
+        .collect();
+    m.forward(&prefill).expect("prefill");
+    plain.forward(&prefill).expect("prefill");
+    let (mut sm, mut sp) = (GpuSampler::new(), GpuSampler::new());
+    for n in [1usize, 3, n_max] {
+        // Each sequence's last prompt token, one row each (rerun at the same position:
+        // the K/V written is the same every time).
+        let chunks: Vec<SeqChunk> = (0..n)
+            .map(|i| SeqChunk {
+                tokens: &seqs[i][seqs[i].len() - 1..],
+                first_pos: seqs[i].len() - 1,
+                block_table: &tables[i],
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let greedy = vec![RowRequest::greedy(); n];
+        let got = m.forward_sample(&chunks, &greedy, &mut sm).expect("greedy step");
+        let t = m.last_step_timing();
+        assert!(t.graph && t.sampled_in_graph, "{n} rows: the greedy twin did not run: {t:?}");
+        let want = plain.forward_sample(&chunks, &greedy, &mut sp).expect("greedy step, sampled after the graph");
+        let t = plain.last_step_timing();
+        assert!(t.graph && !t.sampled_in_graph, "{n} rows: {t:?}");
+        let logits = m.forward(&chunks).expect("the step's logits");
+        assert_eq!(got.len(), n);
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (g, w) = (g.as_ref().expect("sampled"), w.as_ref().expect("sampled"));
+            assert_eq!((g.token, g.logprob.to_bits()), (w.token, w.logprob.to_bits()), "{n} rows, row {r}");
+            assert!(g.top.is_empty());
+            let row = logits.chunk(r);
+            assert_eq!(g.token, argmax(row), "{n} rows, row {r}: not the argmax");
+            let lp = log_softmax_at(row, g.token);
+            assert!((g.logprob as f64 - lp).abs() < 1e-3, "{n} rows, row {r}: logprob {} vs {lp}", g.logprob);
+        }
+        // One row sampled at temperature 0.8: the whole step samples after the graph.
+        let mut mixed = greedy.clone();
+        let warm = SamplingParams { temperature: 0.8, seed: Some(5), ..SamplingParams::default() };
+        mixed[n - 1] = RowRequest::new(&warm, 5, 0, &seqs[n - 1], 0, vocab).expect("request");
+        assert!(!mixed[n - 1].is_plain_greedy(vocab) && greedy[0].is_plain_greedy(vocab));
+        let again = m.forward_sample(&chunks, &mixed, &mut sm).expect("mixed step");
+        assert!(!m.last_step_timing().sampled_in_graph, "{n} rows: a sampled row took the greedy tail");
+        for r in 0..n - 1 {
+            assert_eq!(again[r].as_ref().expect("sampled").token, got[r].as_ref().expect("sampled").token, "row {r}");
+        }
+    }
+}
+
 /// The GPU sampler across steps whose requests change and come back (a bias on, off, on
 /// again; logprobs asked for, then not): its inputs are uploaded only when they change and
 /// its outputs read back through page-locked staging, so each step must still see its own
