@@ -343,8 +343,6 @@ struct Decode {
     upload: f64,
     enqueue: f64,
     graphs: usize,
-    /// Of `graphs`: steps whose graph also sampled (its greedy twin).
-    sampled_in_graph: usize,
     /// The step's wall time by GPU timestamps (one GPU only).
     split: Option<StepSplit>,
 }
@@ -368,29 +366,22 @@ fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f6
     } else {
         String::new()
     };
-    // With every step's sampling in its graph, the third mark follows the sampling too.
-    let (forward, sampling) = if d.sampled_in_graph == gen && gen > 0 {
-        ("forward with greedy sampling", "read-back")
-    } else {
-        ("forward", "sampling and read-back")
-    };
     let split = match d.split {
         Some(s) => format!(
-            "; by GPU timestamps: prep {:.0} + {forward} {:.0} + {sampling} {:.0} + between steps {:.0} µs",
+            "; by GPU timestamps: prep {:.0} + forward {:.0} + sampling and read-back {:.0} + between steps {:.0} µs",
             s.prep, s.forward, s.sampling, s.between
         ),
         None => String::new(),
     };
     format!(
-        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph ({} sampling in it){split} |",
+        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph{split} |",
         d.tok_s,
         d.step * 1e3,
         d.prep * 1e6,
         d.validate * 1e6,
         d.upload * 1e6,
         d.enqueue * 1e6,
-        d.graphs,
-        d.sampled_in_graph
+        d.graphs
     )
 }
 
@@ -453,7 +444,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         }
         next.push(Some(toks));
     }
-    let (mut wall, mut prep, mut enqueue, mut graphs, mut in_graph) = (Vec::new(), Vec::new(), Vec::new(), 0, 0);
+    let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let (mut validate, mut upload) = (Vec::new(), Vec::new());
     // On one GPU the model marks each step on the GPU's clock (four marks per step;
     // TESSERA_BENCH_MARKS=0: none, to time the steps without them: the same tok/s within
@@ -484,7 +475,6 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
             next[g] = launch(m, &chunks, &mut sampler, role)?;
             let timing = m.last_step_timing();
             graphs += usize::from(timing.graph);
-            in_graph += usize::from(timing.sampled_in_graph);
             wall.push(t.elapsed().as_secs_f64());
             prep.push(timing.prep.as_secs_f64());
             validate.push(timing.validate.as_secs_f64());
@@ -510,7 +500,6 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         upload: median(upload),
         enqueue: median(enqueue),
         graphs: graphs / groups.len().max(1),
-        sampled_in_graph: in_graph / groups.len().max(1),
         split,
     }))
 }

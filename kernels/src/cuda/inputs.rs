@@ -64,11 +64,6 @@ impl<T: Elem> HostStage<T> {
         self.len == 0
     }
 
-    /// The address kernels reach the memory at, when the driver mapped it.
-    pub(crate) fn device_addr(&self) -> Option<u64> {
-        self.device_addr
-    }
-
     /// The contents (no wait: only copies to the device read the stage; after a
     /// [`Device::read_staged`], or a kernel that wrote the stage through its mapped
     /// address, synchronize the stream first).

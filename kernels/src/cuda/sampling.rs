@@ -86,56 +86,6 @@ impl SampleOutput {
         if n_rows == 0 {
             return Ok(Vec::new());
         }
-        let host_addr = dev.stage_kernel_address(&mut self.host)?;
-        let total = self.queue_pack(dev, n_rows, with_top, host_addr)?;
-        if host_addr.is_none() {
-            dev.read_staged(&mut self.host, &self.packed, total)?;
-        }
-        dev.synchronize()?;
-        Ok(self.unpack(n_rows, n_rows, with_top))
-    }
-
-    /// Whether a kernel can write the packed rows straight into the page-locked stage (the
-    /// driver mapped it), which [`SampleOutput::pack_to_host`] needs.
-    pub fn maps_to_host(&self) -> bool {
-        self.host.device_addr().is_some()
-    }
-
-    /// Queues the kernel that packs the first `n_rows` rows (no top logprobs) straight into
-    /// the page-locked stage, to be read by [`SampleOutput::read_packed`] once the stream
-    /// has run it. Made for a CUDA graph's capture: it launches one kernel and copies
-    /// nothing, so a stage the driver did not map is an error.
-    pub fn pack_to_host(&mut self, dev: &Device, n_rows: usize) -> Result<(), KernelError> {
-        const OP: &str = "cuda_sample_pack_to_host";
-        check(n_rows > 0 && n_rows <= self.max_rows, OP, || {
-            format!("{n_rows} rows to pack, the output holds 1..={}", self.max_rows)
-        })?;
-        let addr = dev.stage_kernel_address(&mut self.host)?;
-        check(addr.is_some(), OP, || "the driver did not map the page-locked stage".to_string())?;
-        self.queue_pack(dev, n_rows, false, addr).map(drop)
-    }
-
-    /// Waits for the queued work (a replay of a graph that ran
-    /// [`SampleOutput::pack_to_host`] over `packed` rows) and reads its first `n_rows` rows
-    /// (top lists empty).
-    pub fn read_packed(&mut self, dev: &Device, packed: usize, n_rows: usize) -> Result<Vec<SampledRow>, KernelError> {
-        const OP: &str = "cuda_sample_read_packed";
-        check(n_rows <= packed && packed <= self.max_rows, OP, || {
-            format!("{n_rows} of {packed} packed rows asked for, the output holds {}", self.max_rows)
-        })?;
-        dev.synchronize()?;
-        Ok(self.unpack(packed, n_rows, false))
-    }
-
-    /// Launches `pack_sampled` over the first `n_rows` rows into the stage's mapped address
-    /// `host_addr`, or into `packed` without one. Returns the words it writes.
-    fn queue_pack(
-        &mut self,
-        dev: &Device,
-        n_rows: usize,
-        with_top: bool,
-        host_addr: Option<u64>,
-    ) -> Result<usize, KernelError> {
         let l = self.max_logprobs;
         let top = if with_top { n_rows * l } else { 0 };
         let total = 4 * n_rows + 2 * top;
@@ -152,40 +102,35 @@ impl SampleOutput {
             .arg(&n32)
             .arg(&l32)
             .arg(&wt);
+        let host_addr = dev.stage_kernel_address(&mut self.host)?;
         match &host_addr {
             Some(addr) => b.arg(addr),
             None => b.arg(&mut self.packed.inner),
         };
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: argument order and types match pack_sampled (the output a u32 pointer: the
-        // mapped stage's address or `packed`); it reads n_rows (<= max_rows, checked by the
-        // callers) entries of the four row arrays and n_rows x max_logprobs of the top ones
-        // (their sizes), and writes `total` <= 4 max_rows + 2 max_rows max_logprobs words of
-        // the output (the size of both `packed` and the stage, which lives in `self`: the
-        // callers wait for the stream before reading it, and a graph that holds this launch
-        // keeps `self` alive beside it).
-        unsafe { b.launch(cfg) }.map_err(dev_err("cuda_sample_pack"))?;
-        Ok(total)
-    }
-
-    /// The first `n_rows` rows of a stage that holds `packed` rows (`with_top`: and their
-    /// top lists), once the writes to it have been waited for.
-    fn unpack(&self, packed: usize, n_rows: usize, with_top: bool) -> Vec<SampledRow> {
-        let l = self.max_logprobs;
-        let top = if with_top { packed * l } else { 0 };
-        let h = &self.host.as_slice()[..4 * packed + 2 * top];
-        let (token, rest) = h.split_at(packed);
-        let (logprob, rest) = rest.split_at(packed);
-        let (n_top, rest) = rest.split_at(packed);
-        let (flags, rest) = rest.split_at(packed);
+        // mapped stage's address or `packed`); it reads n_rows (<= max_rows, checked) entries
+        // of the four row arrays and n_rows x max_logprobs of the top ones (their sizes), and
+        // writes `total` <= 4 max_rows + 2 max_rows max_logprobs words of the output (the
+        // size of both `packed` and the stage, which lives in `self` past the wait below).
+        unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))?;
+        if host_addr.is_none() {
+            dev.read_staged(&mut self.host, &self.packed, total)?;
+        }
+        dev.synchronize()?;
+        let h = &self.host.as_slice()[..total];
+        let (token, rest) = h.split_at(n_rows);
+        let (logprob, rest) = rest.split_at(n_rows);
+        let (n_top, rest) = rest.split_at(n_rows);
+        let (flags, rest) = rest.split_at(n_rows);
         let (ids, lps) = rest.split_at(top);
-        (0..n_rows)
+        Ok((0..n_rows)
             .map(|r| {
                 let n = if with_top { (n_top[r] as usize).min(l) } else { 0 };
                 let top = (r * l..r * l + n).map(|o| (ids[o], f32::from_bits(lps[o]))).collect();
                 SampledRow { token: token[r], logprob: f32::from_bits(logprob[r]), top, flags: flags[r] }
             })
-            .collect()
+            .collect())
     }
 }
 

@@ -97,22 +97,6 @@ impl SampleOutput {
     pub fn read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<Vec<super::SampledRow>, KernelError> {
         match self.never {}
     }
-    pub fn maps_to_host(&self) -> bool {
-        match self.never {}
-    }
-    #[allow(unused_variables)]
-    pub fn pack_to_host(&mut self, dev: &Device, n_rows: usize) -> Result<(), KernelError> {
-        match self.never {}
-    }
-    #[allow(unused_variables)]
-    pub fn read_packed(
-        &mut self,
-        dev: &Device,
-        packed: usize,
-        n_rows: usize,
-    ) -> Result<Vec<super::SampledRow>, KernelError> {
-        match self.never {}
-    }
 }
 
 /// Timing events (never constructed without the `cuda` feature).

@@ -46,7 +46,6 @@ use crate::gpu_store::GpuStore;
 use crate::step_index::{rows_of, slot_of, spans_of, update_mirror, HostIndex};
 
 use super::allreduce::TpAllReduce;
-use super::greedy_tail::{self, GreedyTail};
 use super::sampler::{GpuSampler, RowRequest};
 use super::tp::TpPart;
 use super::weights::{rope_positions, GpuWeights};
@@ -250,26 +249,6 @@ struct DecodeGraph {
     /// The vocab-parallel head's buffers the graph reads and writes.
     _vocab: Option<VocabScratch>,
     graph: Graph,
-    /// The same step followed by the argmax of every row, for steps whose rows are all plain
-    /// greedy (`None`: not captured; see [`GreedyTail`]).
-    greedy: Option<GreedyGraph>,
-}
-
-/// A decode graph that also samples greedily. Declared graph first: it is dropped before
-/// the tail whose buffers it writes.
-struct GreedyGraph {
-    graph: Graph,
-    tail: GreedyTail,
-}
-
-/// What [`CudaModel::step`] ran: the graph whose logits buffer holds the result (`None`:
-/// the eager one), the wanted rows, each chunk's span, and whether the graph's greedy tail
-/// sampled them already.
-struct Ran {
-    graph: Option<usize>,
-    rows: usize,
-    spans: Vec<(usize, usize)>,
-    sampled: bool,
 }
 
 /// A vocab-parallel LM head's buffers for `rows` rows: this rank's logits `[rows, vocab /
@@ -407,8 +386,6 @@ pub struct StepTiming {
     pub enqueue: Duration,
     /// Whether the step replayed a captured graph.
     pub graph: bool,
-    /// Whether that graph also sampled every row greedily (its greedy tail).
-    pub sampled_in_graph: bool,
 }
 
 /// A step's logits on the device: the first `rows` rows of `buf` (`[padded rows, vocab]`
@@ -673,9 +650,8 @@ impl CudaModel {
     }
 
     /// Captures the decode graphs of every bucket up to `max_batch` (at load: a few
-    /// hundred ms), with `greedy` each with its greedy twin (see [`GreedyTail`]). Capturing
-    /// only records; a replay writes K/V only for real rows.
-    pub fn capture_decode_graphs(&mut self, max_batch: usize, greedy: bool) -> Result<(), WorkerError> {
+    /// hundred ms). Capturing only records; a replay writes K/V only for real rows.
+    pub fn capture_decode_graphs(&mut self, max_batch: usize) -> Result<(), WorkerError> {
         let bs = self.kv.block_size;
         let max_ctx = GRAPH_MAX_CONTEXT.min(self.core.config.max_position.max(1));
         let max_blocks = max_ctx.div_ceil(bs);
@@ -689,7 +665,6 @@ impl CudaModel {
             run_layers(&self.core, &mut self.kv, &mut self.ws, &mut scratch, &idx)?;
             lm_head(&self.core, &scratch, &idx, &mut logits, &mut vocab)?;
             self.core.dev.synchronize()?;
-            let samples = self.samples();
             let (core, kv, ws) = (&self.core, &mut self.kv, &mut self.ws);
             let graph = core.dev.capture(|| {
                 let i = &mut idx;
@@ -697,35 +672,7 @@ impl CudaModel {
                 run_layers(core, kv, ws, &mut scratch, &idx).map_err(into_kernel)?;
                 lm_head(core, &scratch, &idx, &mut logits, &mut vocab).map_err(into_kernel)
             })?;
-            let tail = if samples && greedy { GreedyTail::new(&core.dev, b)? } else { None };
-            let greedy = match tail {
-                Some(mut tail) => {
-                    // Once eagerly (the split path allocates its scratch on first use).
-                    let v = core.config.vocab_size;
-                    tail.queue(&core.dev, &mut logits, v)?;
-                    core.dev.synchronize()?;
-                    let graph = core.dev.capture(|| {
-                        let i = &mut idx;
-                        core.dev.unpack4(&packed, [&mut i.ids, &mut i.positions, &mut i.slots, &mut i.context_lens])?;
-                        run_layers(core, kv, ws, &mut scratch, &idx).map_err(into_kernel)?;
-                        lm_head(core, &scratch, &idx, &mut logits, &mut vocab).map_err(into_kernel)?;
-                        tail.queue(&core.dev, &mut logits, v).map_err(into_kernel)
-                    })?;
-                    Some(GreedyGraph { graph, tail })
-                }
-                None => None,
-            };
-            self.graphs.push(DecodeGraph {
-                b,
-                idx,
-                host,
-                packed,
-                _scratch: scratch,
-                logits,
-                _vocab: vocab,
-                graph,
-                greedy,
-            });
+            self.graphs.push(DecodeGraph { b, idx, host, packed, _scratch: scratch, logits, _vocab: vocab, graph });
         }
         Ok(())
     }
@@ -759,7 +706,7 @@ impl CudaModel {
     /// A pipeline stage before the last returns no logits (empty data and spans).
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         let vocab = self.core.config.vocab_size;
-        let Ran { graph, rows, spans, .. } = self.step(chunks, false)?;
+        let (graph, rows, spans) = self.step(chunks)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
             return Ok(Logits { vocab, data: Vec::new(), spans: Vec::new() });
@@ -772,7 +719,7 @@ impl CudaModel {
 
     /// Runs one step, leaving the wanted logits on the device.
     pub fn forward_device(&mut self, chunks: &[SeqChunk]) -> Result<DeviceLogits<'_>, WorkerError> {
-        let Ran { graph, rows, spans, .. } = self.step(chunks, false)?;
+        let (graph, rows, spans) = self.step(chunks)?;
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         Ok(DeviceLogits { buf, rows, spans })
     }
@@ -796,8 +743,7 @@ impl CudaModel {
         requests: &[RowRequest],
         sampler: &mut GpuSampler,
     ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
-        let greedy = greedy_tail::all_plain_greedy(requests, self.core.config.vocab_size);
-        let Ran { graph, rows, sampled, .. } = self.step(chunks, greedy)?;
+        let (graph, rows, _) = self.step(chunks)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
             mark(&self.core.dev, &mut self.marks)?;
@@ -812,21 +758,16 @@ impl CudaModel {
             mark(&self.core.dev, &mut self.marks)?;
             return Ok(Vec::new());
         }
-        let tail = graph.filter(|_| sampled).and_then(|g| self.graphs.get_mut(g)).and_then(|d| d.greedy.as_mut());
-        let sampled = match tail {
-            Some(g) => g.tail.read(&self.core.dev, rows)?,
-            None => {
-                let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
-                sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)?
-            }
-        };
+        let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
+        let sampled = sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)?;
         mark(&self.core.dev, &mut self.marks)?;
         Ok(sampled)
     }
 
-    /// Runs one step; with `greedy` (every row to sample is plain greedy) a decode graph's
-    /// greedy twin, where it has one, also samples them.
-    fn step(&mut self, chunks: &[SeqChunk], greedy: bool) -> Result<Ran, WorkerError> {
+    /// Runs one step: the graph whose logits buffer holds the result (`None`: the eager
+    /// one), the wanted rows and each chunk's span.
+    #[allow(clippy::type_complexity)]
+    fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
         let t0 = Instant::now();
         mark(&self.core.dev, &mut self.marks)?;
         let c = &self.core.config;
@@ -846,15 +787,11 @@ impl CudaModel {
             let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, bs)?;
             mark(&self.core.dev, &mut self.marks)?;
             let t1 = Instant::now();
-            let twin = dg.greedy.as_ref().filter(|_| greedy);
-            self.core.dev.launch_graph(twin.map_or(&dg.graph, |t| &t.graph))?;
-            let sampled = twin.is_some();
-            let enqueue = t1.elapsed();
-            self.timing =
-                StepTiming { prep: t1 - t0, validate, upload, enqueue, graph: true, sampled_in_graph: sampled };
+            self.core.dev.launch_graph(&dg.graph)?;
+            self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: true };
             mark(&self.core.dev, &mut self.marks)?;
             let spans = (0..chunks.len()).map(|i| (i, 1)).collect();
-            return Ok(Ran { graph: Some(g), rows: chunks.len(), spans, sampled });
+            return Ok((Some(g), chunks.len(), spans));
         }
         let t: usize = chunks.iter().map(|s| s.tokens.len()).sum();
         let idx = StepIndex::build(&self.core.dev, chunks, bs)?;
@@ -875,12 +812,11 @@ impl CudaModel {
         let r = r.and_then(|()| lm_head(&self.core, &s, &idx, &mut logits, &mut vocab));
         self.eager_vocab = vocab;
         self.put_scratch(s);
-        let enqueue = t1.elapsed();
-        self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue, graph: false, sampled_in_graph: false };
+        self.timing = StepTiming { prep: t1 - t0, validate, upload, enqueue: t1.elapsed(), graph: false };
         self.eager_logits = Some(logits);
         r?;
         mark(&self.core.dev, &mut self.marks)?;
-        Ok(Ran { graph: None, rows, spans, sampled: false })
+        Ok((None, rows, spans))
     }
 }
 

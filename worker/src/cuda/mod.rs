@@ -6,7 +6,6 @@
 
 mod allreduce;
 mod forward;
-mod greedy_tail;
 mod sampler;
 pub mod shapes;
 mod tp;
@@ -44,10 +43,6 @@ pub struct CudaOptions {
     pub max_step_tokens: usize,
     /// Capture CUDA graphs for decode batches up to this size at load (0: none).
     pub graph_max_batch: usize,
-    /// Give each decode graph a greedy twin that also takes every row's argmax, for steps
-    /// whose rows are all plain greedy (default: on; `TESSERA_GREEDY_GRAPH=0` turns it off
-    /// for A/B runs).
-    pub greedy_graphs: bool,
     /// Split the o and down GEMMs of weights of at least this many values (`None`: the
     /// engine's threshold, forward.rs's `SPLIT_MIN_WEIGHT`; tests split small models with 0).
     pub split_min_weight: Option<usize>,
@@ -62,7 +57,6 @@ impl Default for CudaOptions {
             kv_fraction: 0.9,
             max_step_tokens: 8192,
             graph_max_batch: forward::MAX_GRAPH_BATCH,
-            greedy_graphs: std::env::var("TESSERA_GREEDY_GRAPH").as_deref() != Ok("0"),
             split_min_weight: None,
         }
     }
@@ -177,7 +171,7 @@ impl CudaModel {
             m.set_split_min_weight(w)?;
         }
         if opts.graph_max_batch > 0 {
-            m.capture_decode_graphs(opts.graph_max_batch, opts.greedy_graphs)?;
+            m.capture_decode_graphs(opts.graph_max_batch)?;
         }
         Ok(m)
     }

@@ -109,17 +109,6 @@ impl RowRequest {
     pub fn greedy() -> Self {
         RowRequest { params: SampleParams::greedy(), penalties: Vec::new(), bias: Vec::new(), mask: None }
     }
-
-    /// Whether the row is plain argmax over its raw logits: greedy, no top logprobs, no
-    /// bias entries, no penalty entries while a penalty is on, no mask. Such a row takes the
-    /// kernels' split path (up to `SPLIT_MAX_ROWS` rows) or the one-CTA-per-row kernel
-    /// without any adjustment, and its token and logprob depend on nothing else it carries
-    /// (seed, draw, truncation), so a decode graph's greedy tail samples it.
-    pub fn is_plain_greedy(&self, vocab: usize) -> bool {
-        self.mask.is_none()
-            && self.params.is_greedy()
-            && self.params.splits(vocab, self.bias.len(), self.penalties.len())
-    }
 }
 
 /// A device copy of a per-step host array, reallocated only when it no longer fits and
@@ -308,7 +297,7 @@ impl Default for GpuSampler {
 
 /// One row's draw, or why its logits could not be sampled (that row's sequence fails
 /// alone; the executor goes on with the others).
-pub(super) fn to_sampled(r: SampledRow) -> Result<Sampled, SamplingError> {
+fn to_sampled(r: SampledRow) -> Result<Sampled, SamplingError> {
     if r.flags & SampledRow::ALL_BANNED != 0 {
         return Err(SamplingError::AllBanned);
     }
