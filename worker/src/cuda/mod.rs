@@ -41,7 +41,9 @@ pub struct CudaOptions {
     pub kv_fraction: f64,
     /// Largest step (tokens) the activations must fit; reserved before sizing the KV cache.
     pub max_step_tokens: usize,
-    /// Capture CUDA graphs for decode batches up to this size at load (0: none).
+    /// Capture CUDA graphs for decode batches up to this size at load (0: none; the
+    /// default is [`MAX_GRAPH_BATCH`], or 0 with `TESSERA_DECODE_GRAPHS=0`, for A/B runs of
+    /// graph replays against the same kernels launched one by one).
     pub graph_max_batch: usize,
     /// Split the o and down GEMMs of weights of at least this many values (`None`: the
     /// engine's threshold, forward.rs's `SPLIT_MIN_WEIGHT`; tests split small models with 0).
@@ -56,7 +58,11 @@ impl Default for CudaOptions {
             num_blocks: None,
             kv_fraction: 0.9,
             max_step_tokens: 8192,
-            graph_max_batch: forward::MAX_GRAPH_BATCH,
+            graph_max_batch: if std::env::var("TESSERA_DECODE_GRAPHS").as_deref() == Ok("0") {
+                0
+            } else {
+                forward::MAX_GRAPH_BATCH
+            },
             split_min_weight: None,
         }
     }
