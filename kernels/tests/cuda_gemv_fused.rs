@@ -322,6 +322,17 @@ fn fused_rope_matches_unfused() {
             }
         }
     }
+    // One warp per CTA: 32 threads for the 40 or 64 row pairs of 5 or 8 tokens' tiles, so
+    // the epilogue's threads take a second pass.
+    dev.set_gemv_tuning(6, 1, true, 2).unwrap();
+    for c in [RopeCase { m: 8, ..base }, RopeCase { m: 8, ..llama }, RopeCase { m: 5, bias: true, ..base }] {
+        seed += 1;
+        let what = format!("rope, one warp, m={} heads {}/{}", c.m, c.nh, c.nkv);
+        let outs = rope_case(&dev, &c, seed).unwrap_or_else(|| panic!("{what}: refused"));
+        for ((fused, unfused), part) in outs.iter().zip(["q", "k cache", "v cache"]) {
+            agree(&format!("{what} {part}"), fused, unfused);
+        }
+    }
     // What it must refuse (the caller then takes the unfused path).
     for c in [
         RopeCase { style: RopeStyle::Neox, ..base },
