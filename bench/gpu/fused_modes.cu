@@ -25,6 +25,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/fused_modes bench/gpu/fused_modes.cu
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -213,8 +214,40 @@ int main() {
     // and down: FM_W_SCALE=0.0692 draws gate_up's range for every matrix.
     const float w_scale = getenv("FM_W_SCALE") && atof(getenv("FM_W_SCALE")) > 0 ? (float)atof(getenv("FM_W_SCALE")) : 0.04f;
     if (getenv("FM_W_SCALE")) printf("weights uniform in +-%.4f\n", w_scale / 2);
+    // FM_ALLOC=model: from the stream-ordered pool in the worker's order (per layer: the
+    // attention norm, qkv, o, the FFN norm, gate_up, down), so the 8 KB norms sit between the
+    // weights as in the model; FM_W_OFFSET=bytes (a multiple of 16): each weight starts that
+    // far into its own cudaMalloc allocation. Both print where gate_up starts within its 2 MiB.
+    const bool model_order = getenv("FM_ALLOC") && strcmp(getenv("FM_ALLOC"), "model") == 0;
+    const u64 w_off = getenv("FM_W_OFFSET") ? (u64)atoll(getenv("FM_W_OFFSET")) / 16 * 16 : 0;
+    if (model_order) {
+        for (int s = 0; s < SETS; ++s)
+            for (const int mm : {-1, 0, 1, -1, 2, 3}) {  // -1: a norm weight
+                const u64 n = mm < 0 ? (u64)H : (u64)rows[mm] * cols[mm];
+                bf16* p;
+                CK(cudaMallocAsync((void**)&p, n * 2, 0));
+                CK(cudaStreamSynchronize(0));
+                fill_random<<<1024, 256>>>(p, n, 1000u * (mm < 0 ? 9 : mm) + s + 1, mm < 0 ? 0.2f : w_scale, 0.f);
+                if (mm >= 0) W[mm][s] = p;
+            }
+    } else if (w_off > 0) {
+        for (int k = 0; k < 4; ++k)
+            for (int s = 0; s < SETS; ++s) {
+                const u64 n = (u64)rows[k] * cols[k];
+                char* p;
+                CK(cudaMalloc(&p, n * 2 + w_off));
+                W[k][s] = (bf16*)(p + w_off);
+                fill_random<<<1024, 256>>>(W[k][s], n, 1000u * k + s + 1, w_scale, 0.f);
+            }
+    } else {
+        for (int k = 0; k < 4; ++k)
+            for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, w_scale, 0.f);
+    }
     for (int k = 0; k < 4; ++k)
-        for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, w_scale, 0.f);
+        printf("matrix %d starts at offsets mod 2 MiB: %llu, %llu, %llu KB\n", k,
+               (unsigned long long)(((uintptr_t)W[k][0] % (2u << 20)) >> 10),
+               (unsigned long long)(((uintptr_t)W[k][1 % SETS] % (2u << 20)) >> 10),
+               (unsigned long long)(((uintptr_t)W[k][2 % SETS] % (2u << 20)) >> 10));
     // FM_PAD_GB=n: n GB more allocated (and zeroed) after the weights, as the model's KV
     // cache, sized from the free memory, maps ~100 GB beside its 15 GB of weights.
     if (getenv("FM_PAD_GB")) {

@@ -285,6 +285,47 @@ fn embedding_copies_table_rows() {
     }
 }
 
+/// Weight buffers (`alloc_weight`, `upload_weight`) round their allocations up to 2 MiB but
+/// have exactly the length asked for, hold what was uploaded (or zeros), and work as an
+/// operand; dropping one frees its whole allocation: 16 rounds of 64 weights that each
+/// take 2 MiB for 8 KB leave the free memory where it was (a leak would lose 2 GiB).
+#[test]
+fn weight_buffers_hold_their_values_and_free_their_padding() {
+    let Some(dev) = gpu("weight_buffers_hold_their_values_and_free_their_padding") else { return };
+    let mut r = rng(15);
+    for len in [1usize, 4095, (1 << 20) + 3, 3 << 20] {
+        let host = rand_bf16(&mut r, len, -1.0, 1.0);
+        let w = dev.upload_weight(&host).unwrap();
+        assert_eq!(w.len(), len);
+        let got = dev.download(&w).unwrap();
+        assert!(got.iter().zip(&host).all(|(a, b)| a.to_bits() == b.to_bits()), "upload_weight of {len} values");
+        let z = dev.alloc_weight::<bf16>(len).unwrap();
+        assert_eq!(z.len(), len);
+        assert!(dev.download(&z).unwrap().iter().all(|v| v.to_bits() == 0), "alloc_weight of {len} values: zeros");
+    }
+    let (vocab, dim) = (300usize, 4097usize);
+    let table = rand_bf16(&mut r, vocab * dim, -1.0, 1.0);
+    let (td, ids) = (dev.upload_weight(&table).unwrap(), dev.upload(&[7u32, 299, 0]).unwrap());
+    let mut out = poisoned(&dev, 3 * dim);
+    dev.embedding(&mut out, &td, &ids, dim).unwrap();
+    let got = dev.download(&out).unwrap();
+    for (row, id) in got.chunks(dim).zip([7usize, 299, 0]) {
+        let want = &table[id * dim..(id + 1) * dim];
+        assert!(row.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "gather of row {id} from a weight");
+    }
+    dev.synchronize().unwrap();
+    let (free0, _) = dev.memory_info().unwrap();
+    for _ in 0..16 {
+        let held: Vec<Buf<bf16>> = (0..64).map(|_| dev.alloc_weight::<bf16>(4096).unwrap()).collect();
+        drop(held);
+        dev.synchronize().unwrap();
+    }
+    let (free1, _) = dev.memory_info().unwrap();
+    let lost = free0.saturating_sub(free1);
+    assert!(lost <= 512 << 20, "{} MiB of free memory lost over 1,024 weight buffers", lost >> 20);
+    eprintln!("weight buffers: ok, {} MiB free memory lost over 1,024 buffers", lost >> 20);
+}
+
 /// A strided 2-D block copy (device to device, and host to device) moves exactly the
 /// block: every element inside it equals the source's, every other element of the
 /// destination keeps its value; a block past either end is an error, not a copy.

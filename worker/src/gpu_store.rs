@@ -14,7 +14,8 @@ pub(crate) trait GpuStore {
     /// The device's (cos, sin) table of a model's RoPE.
     type Rope;
 
-    /// A device copy of `host`.
+    /// A device copy of `host`, a model weight (CUDA: allocated on 2 MiB boundaries,
+    /// `Device::alloc_weight`).
     fn put(&self, host: &[bf16]) -> Result<Self::Buf, WorkerError>;
     /// `len` zeroed values.
     fn zeros(&self, len: usize) -> Result<Self::Buf, WorkerError>;
@@ -27,7 +28,7 @@ impl GpuStore for Device {
     type Rope = RopeCache;
 
     fn put(&self, host: &[bf16]) -> Result<Buf<bf16>, WorkerError> {
-        Ok(self.upload(host)?)
+        Ok(self.upload_weight(host)?)
     }
 
     fn zeros(&self, len: usize) -> Result<Buf<bf16>, WorkerError> {

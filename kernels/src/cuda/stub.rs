@@ -173,7 +173,13 @@ impl Device {
     pub fn alloc<T: Elem>(&self, len: usize) -> Result<Buf<T>, KernelError> {
         match self.never {}
     }
+    pub fn alloc_weight<T: Elem>(&self, len: usize) -> Result<Buf<T>, KernelError> {
+        match self.never {}
+    }
     pub fn upload<T: Elem>(&self, host: &[T]) -> Result<Buf<T>, KernelError> {
+        match self.never {}
+    }
+    pub fn upload_weight<T: Elem>(&self, host: &[T]) -> Result<Buf<T>, KernelError> {
         match self.never {}
     }
     pub fn write<T: Elem>(&self, dst: &mut Buf<T>, host: &[T]) -> Result<(), KernelError> {

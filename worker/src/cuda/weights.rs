@@ -369,7 +369,7 @@ impl Synth<'_> {
         if !keep {
             return Ok(None);
         }
-        let mut b = self.dev.alloc::<bf16>(len)?;
+        let mut b = self.dev.alloc_weight::<bf16>(len)?;
         self.dev.fill_uniform(&mut b, self.seed, lo, hi)?;
         Ok(Some(b))
     }
@@ -381,7 +381,7 @@ impl Synth<'_> {
             return Ok(src);
         }
         let total: usize = ranges.iter().map(|r| r.len()).sum();
-        let mut out = self.dev.alloc::<bf16>(total * row_len)?;
+        let mut out = self.dev.alloc_weight::<bf16>(total * row_len)?;
         let mut at = 0;
         for r in ranges {
             self.dev.copy_rows(&mut out, at, &src, r.start, r.len(), row_len)?;
@@ -397,7 +397,7 @@ impl Synth<'_> {
             return Ok(src);
         }
         let w = range.len();
-        let mut out = self.dev.alloc::<bf16>(rows * w)?;
+        let mut out = self.dev.alloc_weight::<bf16>(rows * w)?;
         self.dev.copy_2d(&mut out, &src, &Copy2d::columns(rows, cols, range.start, w))?;
         Ok(out)
     }
