@@ -19,11 +19,17 @@
 //! consumes the output sums them (`add_parts_rms_norm`). At 16-256 tokens the o and down
 //! projections of an 8B model have too few output tiles to keep every SM streaming W, and
 //! cuBLASLt's own split-K for down adds a reduction kernel; two chunks stream W 4-19% faster
-//! on an H200 (bench/gpu/split_gemm.cu, RESULTS 2026-12-03). A split plan of a weight
-//! larger than L2 times the heuristic's first 8 candidates on its first call outside a graph
-//! capture and keeps the fastest (`TESSERA_GEMM_TUNE=0`: the first, as every other plan):
-//! +1.3% at 64 sequences of an 8B model (RESULTS 2026-12-03). The choice is by timing, so two
-//! processes may keep different candidates, whose sums may round differently in the last bit.
+//! on an H200 (bench/gpu/split_gemm.cu, RESULTS 2026-12-03).
+//!
+//! A plan of a weight larger than L2, split or of a decode-sized step (at most
+//! [`TUNE_MAX_ROWS`] rows of x), times the heuristic's first 8 candidates on its first call
+//! outside a graph capture and keeps the fastest; other plans run the first. The heuristic's
+//! first choice is not the fastest at decode sizes: gate|up at 64 tokens 62.0 µs, another of
+//! its 8 candidates 58.6 (bench/gpu/gemm_candidates.cu); split plans +1.3% at 64 sequences,
+//! unsplit ones too 0.8-1.9% shorter forward passes at 64-128 (RESULTS 2026-12-03 and
+//! 2026-12-04). `TESSERA_GEMM_TUNE=0`: never; `=split`: split plans only (the earlier rule).
+//! The choice is by timing, so two processes may keep different candidates, whose sums may
+//! round differently in the last bit (a candidate with another split-K).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -50,6 +56,10 @@ const TUNE_CANDIDATES: usize = 8;
 const TUNE_MIN_WEIGHT_BYTES: usize = 64 << 20;
 /// Timed calls per candidate (after one untimed).
 const TUNE_REPS: usize = 5;
+/// Unsplit plans are timed up to this many rows of x: decode steps, whose few shapes (the
+/// graph buckets) are tuned once at start-up. A prefill chunk may have any length, and timing
+/// 8 candidates on a new one would stall that step.
+const TUNE_MAX_ROWS: usize = 256;
 
 /// Descriptors and chosen algorithm of one GEMM shape.
 struct Plan {
@@ -210,8 +220,37 @@ pub(crate) struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
-    /// Whether split plans time the heuristic's candidates (`TESSERA_GEMM_TUNE=0`: never).
-    tune: bool,
+    /// Which plans time the heuristic's candidates (`TESSERA_GEMM_TUNE`).
+    tune: Tune,
+}
+
+/// Which plans time their candidates: none (`TESSERA_GEMM_TUNE=0`), split ones only
+/// (`=split`), or split ones and decode-sized ones (the default).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tune {
+    Never,
+    Split,
+    SplitAndDecode,
+}
+
+impl Tune {
+    fn from_env(v: Option<&str>) -> Self {
+        match v {
+            Some("0") => Tune::Never,
+            Some("split") => Tune::Split,
+            _ => Tune::SplitAndDecode,
+        }
+    }
+
+    /// Whether a plan of `m` rows of x in `splits` chunks times its candidates (the weight's
+    /// size is checked when it runs).
+    fn times(self, m: usize, splits: usize) -> bool {
+        match self {
+            Tune::Never => false,
+            Tune::Split => splits > 1,
+            Tune::SplitAndDecode => splits > 1 || m <= TUNE_MAX_ROWS,
+        }
+    }
 }
 
 /// A GEMM plan's key: (m, rows, cols, f32 output, splits of cols).
@@ -243,7 +282,7 @@ impl Gemm {
                 return Err(dev_err("cublaslt_init")(e));
             }
         };
-        let tune = std::env::var("TESSERA_GEMM_TUNE").as_deref() != Ok("0");
+        let tune = Tune::from_env(std::env::var("TESSERA_GEMM_TUNE").ok().as_deref());
         Ok(Gemm { handle, workspace, plans: Mutex::new(HashMap::new()), tune })
     }
 
@@ -256,7 +295,7 @@ impl Gemm {
         if let Some(p) = plans.get(&key) {
             return Ok(p.clone());
         }
-        let candidates = if splits > 1 && self.tune { TUNE_CANDIDATES } else { 1 };
+        let candidates = if self.tune.times(m, splits) { TUNE_CANDIDATES } else { 1 };
         let plan = Plan::new(self.handle, m as u64, rows as u64, cols as u64, out_f32, splits as u64, candidates);
         let p = Arc::new(plan.map_err(|e| KernelError::Device {
             op: "cuda_matmul",
@@ -449,7 +488,8 @@ impl Device {
             return self.gemv_into(out, out_f32, x, m, w, rows, cols);
         }
         let plan = self.gemm.plan(m, rows, cols, out_f32, 1)?;
-        self.run_plan(OP, &plan, 0, out, x, w)
+        let algo = self.tuned_algo(OP, &plan, out, x, w)?;
+        self.run_plan(OP, &plan, algo, out, x, w)
     }
 
     /// Runs `plan`'s candidate `algo` (the plan made for these operands' shapes and `out`'s
@@ -493,5 +533,30 @@ impl Device {
             )
         }
         .map_err(dev_err(op_name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Tune, TUNE_MAX_ROWS};
+
+    #[test]
+    fn tune_setting_chooses_which_plans_are_timed() {
+        assert_eq!(Tune::from_env(None), Tune::SplitAndDecode);
+        assert_eq!(Tune::from_env(Some("1")), Tune::SplitAndDecode);
+        assert_eq!(Tune::from_env(Some("0")), Tune::Never);
+        assert_eq!(Tune::from_env(Some("split")), Tune::Split);
+        // (rows of x, splits) -> timed under Never, Split, SplitAndDecode
+        let cases = [
+            ((64, 2), [false, true, true]),
+            ((64, 1), [false, false, true]),
+            ((TUNE_MAX_ROWS, 1), [false, false, true]),
+            ((TUNE_MAX_ROWS + 1, 1), [false, false, false]),
+            ((4096, 2), [false, true, true]),
+        ];
+        for ((m, splits), want) in cases {
+            let got = [Tune::Never, Tune::Split, Tune::SplitAndDecode].map(|t| t.times(m, splits));
+            assert_eq!(got, want, "m={m} splits={splits}");
+        }
     }
 }
