@@ -26,26 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "cublaslt_plan.cuh"
-
-typedef unsigned short bf16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
-
-__device__ __forceinline__ bf16 to_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    return (bf16)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-__global__ void fill_random(bf16* p, u64 n, u32 seed, float scale) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u32 h = (u32)i * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-        p[i] = to_bf16(((float)(h & 0xffffff) / 16777216.f * 2.f - 1.f) * scale);
-    }
-}
-
-static float bf(bf16 v) { u32 u = (u32)v << 16; float f; memcpy(&f, &u, 4); return f; }
+#include "gemm_bench.cuh"
 
 // One attribute of an algorithm's configuration (0 when it has none).
 static u32 cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
@@ -67,9 +48,6 @@ int main(int argc, char** argv) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaMalloc(&g_ws, WS));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const int MAX_M = 128;
     printf("| shape | m | MB of W | candidates | first µs (TB/s) | fastest µs (TB/s) | its index | algo id, tile, stages, split-K, swizzle: first / fastest | rel err |\n"
            "|---|---:|---:|---:|---:|---:|---:|---|---:|\n");
@@ -86,29 +64,7 @@ int main(int argc, char** argv) {
             if (argc > 2 && atoi(argv[2]) != 0 && atoi(argv[2]) != m) continue;
             const float one = 1.f, zero = 0.f;
             const size_t len = (size_t)m * sh.n;
-            auto time = [&](const std::function<void(int)>& f) {
-                cudaGraph_t graph;
-                cudaGraphExec_t exec;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-                for (int i = 0; i < CALLS; ++i) f(i % SETS);
-                CK(cudaStreamEndCapture(s, &graph));
-                CK(cudaGraphInstantiate(&exec, graph, 0));
-                CK(cudaGraphLaunch(exec, s));
-                std::vector<float> t;
-                for (int r = 0; r < 5; ++r) {
-                    CK(cudaEventRecord(e0, s));
-                    CK(cudaGraphLaunch(exec, s));
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    t.push_back(ms * 1000.f / CALLS);
-                }
-                CK(cudaGraphExecDestroy(exec));
-                CK(cudaGraphDestroy(graph));
-                std::sort(t.begin(), t.end());
-                return t[2];
-            };
+            auto time = [&](const std::function<void(int)>& f) { return graph_time_us(s, CALLS, SETS, f); };
             // The engine's plan (descriptors as gemm.rs makes them), then all candidates.
             Gemm g = plan(h, m, sh.n, sh.k);
             cublasLtMatmulPreference_t pref;
@@ -130,14 +86,7 @@ int main(int argc, char** argv) {
                     continue;
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(i == 0 ? a.data() : b.data(), got, len * 2, cudaMemcpyDeviceToHost));
-                double num = 0, den = 0;
-                if (i > 0)
-                    for (size_t j = 0; j < len; ++j) {
-                        const double d = (double)bf(a[j]) - bf(b[j]);
-                        num += std::isnan(d) ? 1e30 : d * d;
-                        den += (double)bf(a[j]) * bf(a[j]);
-                    }
-                const double err = i > 0 ? std::sqrt(num / den) : 0.0;
+                const double err = i > 0 ? rel_l2(a, b) : 0.0;
                 const float t = time([&](int set) {
                     LT(cublasLtMatmul(h, g.desc, &one, w + wn * set, g.a, x, g.b, &zero, got, g.d, got, g.d, &algo, g_ws,
                                       WS, s));
@@ -193,13 +142,7 @@ int main(int argc, char** argv) {
                                 continue;
                             CK(cudaStreamSynchronize(s));
                             CK(cudaMemcpy(b.data(), got, len * 2, cudaMemcpyDeviceToHost));
-                            double num = 0, den = 0;
-                            for (size_t j = 0; j < len; ++j) {
-                                const double d = (double)bf(a[j]) - bf(b[j]);
-                                num += std::isnan(d) ? 1e30 : d * d;
-                                den += (double)bf(a[j]) * bf(a[j]);
-                            }
-                            if (std::sqrt(num / den) > 1e-2) continue;
+                            if (rel_l2(a, b) > 1e-2) continue;
                             ++valid;
                             const float t = time([&](int set) {
                                 LT(cublasLtMatmul(h, g.desc, &one, w + wn * set, g.a, x, g.b, &zero, got, g.d, got, g.d, &al,

@@ -28,24 +28,7 @@
 #include <cuda_runtime.h>
 
 #include "cublaslt_plan.cuh"
-
-typedef unsigned short bf16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
-
-__device__ __forceinline__ bf16 to_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    return (bf16)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-__global__ void fill_random(bf16* p, u64 n, u32 seed, float scale) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u32 h = (u32)i * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-        p[i] = to_bf16(((float)(h & 0xffffff) / 16777216.f * 2.f - 1.f) * scale);
-    }
-}
+#include "gemm_bench.cuh"
 
 // out[i] = bf16(sum over s of part[s * len + i]), four elements per thread.
 __global__ void sum_partials(bf16* out, const float* part, int splits, u64 len) {
@@ -59,8 +42,6 @@ __global__ void sum_partials(bf16* out, const float* part, int splits, u64 len) 
         *(ushort4*)(out + i) = o;
     }
 }
-
-static float bf(bf16 v) { u32 u = (u32)v << 16; float f; memcpy(&f, &u, 4); return f; }
 
 // out_s [m, rows] (f32) = x[:, s*kc : (s+1)*kc] . W[:, s*kc : (s+1)*kc]^T for s < splits.
 struct Split {
@@ -109,9 +90,6 @@ int main(int argc, char** argv) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaMalloc(&g_ws, WS));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const int MAX_M = 256, MAX_S = 8;
     float* part;
     CK(cudaMalloc(&part, (size_t)MAX_S * MAX_M * 28672 * 4));
@@ -131,30 +109,7 @@ int main(int argc, char** argv) {
             if (argc > 2 && atoi(argv[2]) != m) continue;
             const float one = 1.f, zero = 0.f;
             const size_t len = (size_t)m * sh.n;
-            // 40 calls in a graph, mean per call, median of 5 replays.
-            auto time = [&](const std::function<void(int)>& f) {
-                cudaGraph_t graph;
-                cudaGraphExec_t exec;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-                for (int i = 0; i < CALLS; ++i) f(i % SETS);
-                CK(cudaStreamEndCapture(s, &graph));
-                CK(cudaGraphInstantiate(&exec, graph, 0));
-                CK(cudaGraphLaunch(exec, s));
-                std::vector<float> t;
-                for (int r = 0; r < 5; ++r) {
-                    CK(cudaEventRecord(e0, s));
-                    CK(cudaGraphLaunch(exec, s));
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    t.push_back(ms * 1000.f / CALLS);
-                }
-                CK(cudaGraphExecDestroy(exec));
-                CK(cudaGraphDestroy(graph));
-                std::sort(t.begin(), t.end());
-                return t[2];
-            };
+            auto time = [&](const std::function<void(int)>& f) { return graph_time_us(s, CALLS, SETS, f); };
             const Gemm g = plan(h, m, sh.n, sh.k);
             auto cublas = [&](int set) {
                 LT(cublasLtMatmul(h, g.desc, &one, w + wn * set, g.a, x, g.b, &zero, ref, g.d, ref, g.d, &g.algo, g_ws, WS, s));
@@ -189,14 +144,8 @@ int main(int argc, char** argv) {
                 whole(0);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaMemcpy(b.data(), got, len * 2, cudaMemcpyDeviceToHost));
-                double num = 0, den = 0;
-                for (size_t i = 0; i < len; ++i) {
-                    const double d = (double)bf(a[i]) - bf(b[i]);
-                    num += d * d;
-                    den += (double)bf(a[i]) * bf(a[i]);
-                }
                 printf("| %s | %d | %.0f | %.1f (%.2f) | %d (%d cols) | %.1f (%.2f) | %.1f | %d of %zu | %.1f | %.1e |\n", sh.name, m, mb,
-                       t_ref, mb / t_ref, splits, kc, best, mb / best, t_whole, best_i, sp.algos.size(), first, std::sqrt(num / den));
+                       t_ref, mb / t_ref, splits, kc, best, mb / best, t_whole, best_i, sp.algos.size(), first, rel_l2(a, b));
                 fflush(stdout);
             }
         }
