@@ -220,8 +220,8 @@ impl Device {
     /// up to a multiple of 2 MiB, so that the stream-ordered pool, which places a model's
     /// tensors one after another, starts the next one on a 2 MiB boundary too (without it a
     /// layer's 8 KB norm vectors shift every following matrix by 8 KB). Measured on H200
-    /// (bench/RESULTS.md, 2026-12-04): batch-1 decode steps 15-20 µs shorter on the
-    /// llama-3.1-8b shape; why placement matters was not established. A norm vector costs 2 MiB.
+    /// (bench/RESULTS.md, 2026-12-04): batch-1 forward passes 7-25 µs shorter on both 8B
+    /// shapes; why placement matters was not established. A norm vector costs 2 MiB.
     pub fn alloc_weight<T: Elem>(&self, len: usize) -> Result<Buf<T>, KernelError> {
         const ALIGN: usize = 2 << 20;
         let size = std::mem::size_of::<T>().max(1);

@@ -60,8 +60,8 @@ const TUNE_REPS: usize = 5;
 /// their warm-up before capture, and prefill steps this short. Each such shape is timed once
 /// per process, on its first step (8 candidates x 6 runs of each GEMM over 64 MiB: about
 /// 3 ms for gate|up at 100 tokens, computed from its ~60 µs, more with a 1 GB LM head), so
-/// at most 256 shapes ever pay it. A
-/// longer prefill step may have any length and runs the heuristic's first choice.
+/// at most 256 shapes ever pay it. A longer prefill step may have any length and runs the
+/// heuristic's first choice.
 const TUNE_MAX_ROWS: usize = 256;
 
 /// Descriptors and chosen algorithm of one GEMM shape.
