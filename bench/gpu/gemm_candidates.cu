@@ -1,12 +1,14 @@
-// Is there a faster cuBLASLt kernel for the decode GEMMs at 64-128 tokens than the ones the
-// engine takes? The engine takes the heuristic's first candidate (and times the first 8 for
-// split plans, kernels/src/cuda/gemm.rs); here every candidate the heuristic returns (up to
-// 128 asked for) is timed for the plain bf16 GEMM out [m, n] = x [m, k] . W [n, k]^T, and
-// its tile, stages, split-K and CTA swizzle are printed, so a kernel outside the first 8
-// shows up. With `all` as the third argument it also builds configurations of the first
-// candidate's algorithm itself: every tile id its capabilities list, split-K 1-4 and cluster
-// shapes auto, 1-8 x 1 and 1-2 x 2 (stages, inner shape and the rest as the heuristic set
-// them), keeps those cublasLtMatmulAlgoCheck accepts and prints the five fastest.
+// Is there a faster cuBLASLt kernel for the decode GEMMs at 64-128 tokens than the one the
+// engine took? Until 012be10 the engine ran the heuristic's first candidate for every unsplit
+// GEMM (it timed the first 8 only for split plans, kernels/src/cuda/gemm.rs). Here every
+// candidate the heuristic returns (128 asked for; on the H200 with CUDA 13 it returns 8) is
+// timed for the plain bf16 GEMM out [m, n] = x [m, k] . W [n, k]^T, and the first's and the
+// fastest's algorithm id, tile, stages, split-K, CTA swizzle and cluster shape are printed.
+// With `all` as the third argument it also builds configurations of the first candidate's
+// algorithm by hand: every tile id its capabilities list, split-K 1-4 and cluster shapes
+// auto, 1, 2, 3, 4 and 8 x 1 and 2 x 2 (stages, inner shape and the rest as the heuristic set them), keeps
+// those cublasLtMatmulAlgoCheck accepts and prints the five fastest (on the H200 none of them
+// ran: RESULTS 2026-12-04).
 //
 // Each candidate is checked against the first one on random inputs (relative L2 error of the
 // whole output, outputs poisoned with NaN first). Timing: each call rotates over 8 copies of
