@@ -6,9 +6,9 @@
 // fastest's algorithm id, tile, stages, split-K, CTA swizzle and cluster shape are printed.
 // With `all` as the third argument it also builds configurations of the first candidate's
 // algorithm by hand: every tile id its capabilities list, split-K 1-4 and cluster shapes
-// auto, 1, 2, 3, 4 and 8 x 1 and 2 x 2 (stages, inner shape and the rest as the heuristic set them), keeps
-// those cublasLtMatmulAlgoCheck accepts and prints the five fastest (on the H200 none of them
-// ran: RESULTS 2026-12-04).
+// auto, 1, 2, 3, 4 and 8 x 1 and 2 x 2 (stages, inner shape and the rest as the heuristic
+// set them), keeps those cublasLtMatmulAlgoCheck accepts and prints the five fastest (on the
+// H200 none of them ran: RESULTS 2026-12-04).
 //
 // Each candidate is checked against the first one on random inputs (relative L2 error of the
 // whole output, outputs poisoned with NaN first). Timing: each call rotates over 8 copies of
