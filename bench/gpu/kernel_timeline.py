@@ -12,7 +12,11 @@ A step may also be delimited by non-graph work alone (`--step-kernel -`): every 
 nodes between eager kernels, as bench/gpu/fused_modes.cu replays its layer chains (FM_ONLY),
 so the chain and the model's step print the same tables.
 
-Usage: kernel_timeline.py TRACE.csv [--step-kernel NAME|-]
+A trace of several batch sizes (the bench runs batch 1 after its other sizes) holds several
+graphs' steps: `--min-span-us N` keeps only the steps of at least N µs (e.g. 5000 for the
+64-sequence steps of an 8B model).
+
+Usage: kernel_timeline.py TRACE.csv [--step-kernel NAME|-] [--min-span-us N]
 """
 import csv
 import statistics
@@ -82,6 +86,9 @@ def main():
     args = sys.argv[2:]
     first = args[args.index("--step-kernel") + 1] if "--step-kernel" in args else "unpack4_u32"
     st = steps(rows, first)
+    if "--min-span-us" in args:
+        floor = float(args[args.index("--min-span-us") + 1]) * 1e3
+        st = [s for s in st if s[-1][1] - s[0][0] >= floor]
     if not st:
         print("no graph steps in the trace")
         return
