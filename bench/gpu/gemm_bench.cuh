@@ -1,9 +1,10 @@
-// What the standalone cuBLASLt benchmarks (split_gemm.cu, gemm_candidates.cu) share: the error
-// check, bf16 rounding and a random fill, the relative L2 error of one output against another,
-// and the timing of a GEMM: `calls` calls rotating over `sets` weight copies (so L2 never holds
-// W), captured in one CUDA graph, mean per call, median of 5 replays after a warm-up. Include
-// after <algorithm>, <cmath>, <cstdio>, <cstdlib>, <cstring>, <functional>, <vector> and
-// <cuda_runtime.h>.
+// What the standalone cuBLASLt benchmarks (split_gemm.cu, gemm_candidates.cu, skinny_gemm.cu,
+// pdl_small.cu) share: the error check, bf16 rounding and a random fill, the Llama-3-8B decode
+// GEMM shapes, the relative L2 error of one output against another, and timing: the median
+// of a CUDA graph's replays, and on it the time of a GEMM as `calls` calls rotating over
+// `sets` weight copies (so L2 never holds W), captured in one graph, mean per call, median
+// of 5 replays after a warm-up. Include after <algorithm>, <cmath>, <cstdio>, <cstdlib>,
+// <cstring>, <functional>, <vector> and <cuda_runtime.h>.
 #pragma once
 
 typedef unsigned short bf16;
@@ -27,6 +28,14 @@ __global__ void fill_random(bf16* p, u64 n, u32 seed, float scale) {
 
 static float bf(bf16 v) { u32 u = (u32)v << 16; float f; memcpy(&f, &u, 4); return f; }
 
+// A Llama-3-8B layer's decode GEMMs: out [m, n] = x [m, k] . W [n, k]^T.
+struct DecodeGemm {
+    const char* name;
+    int n, k;
+};
+static const DecodeGemm DECODE_GEMMS[] = {
+    {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+
 // |b - a| / |a| over whole outputs; a NaN in b (an element left unwritten after poisoning)
 // makes it huge.
 static double rel_l2(const std::vector<bf16>& a, const std::vector<bf16>& b) {
@@ -39,32 +48,38 @@ static double rel_l2(const std::vector<bf16>& a, const std::vector<bf16>& b) {
     return std::sqrt(num / den);
 }
 
-// µs per call of f(set), set = call % sets (see above).
-static float graph_time_us(cudaStream_t s, int calls, int sets, const std::function<void(int)>& f) {
+// Median of `reps` timed replays of `exec` on `s` after `warm` untimed ones, in ms.
+static float replay_median_ms(cudaGraphExec_t exec, cudaStream_t s, int warm, int reps) {
     static cudaEvent_t e0 = nullptr, e1 = nullptr;
     if (!e0) {
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
     }
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) f(i % sets);
-    CK(cudaStreamEndCapture(s, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    CK(cudaGraphLaunch(exec, s));
+    for (int i = 0; i < warm; ++i) CK(cudaGraphLaunch(exec, s));
     std::vector<float> t;
-    for (int r = 0; r < 5; ++r) {
+    for (int r = 0; r < reps; ++r) {
         CK(cudaEventRecord(e0, s));
         CK(cudaGraphLaunch(exec, s));
         CK(cudaEventRecord(e1, s));
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms * 1000.f / calls);
+        t.push_back(ms);
     }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// µs per call of f(set), set = call % sets (see above).
+static float graph_time_us(cudaStream_t s, int calls, int sets, const std::function<void(int)>& f) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) f(i % sets);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    const float ms = replay_median_ms(exec, s, 1, 5);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
-    std::sort(t.begin(), t.end());
-    return t[2];
+    return ms * 1000.f / calls;
 }

@@ -43,8 +43,6 @@ static u32 cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes
 
 int main(int argc, char** argv) {
     const int SETS = 8, CALLS = 40, ASK = 128;
-    struct Shape { const char* name; int n, k; } shapes[] = {
-        {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
     cublasLtHandle_t h;
     LT(cublasLtCreate(&h));
     cudaStream_t s;
@@ -53,7 +51,7 @@ int main(int argc, char** argv) {
     const int MAX_M = 128;
     printf("| shape | m | MB of W | candidates | first µs (TB/s) | fastest µs (TB/s) | its index | algo id, tile, stages, split-K, swizzle: first / fastest | rel err |\n"
            "|---|---:|---:|---:|---:|---:|---:|---|---:|\n");
-    for (const Shape& sh : shapes) {
+    for (const DecodeGemm& sh : DECODE_GEMMS) {
         if (argc > 1 && strcmp(argv[1], "any") != 0 && strcmp(argv[1], sh.name) != 0) continue;
         const size_t wn = (size_t)sh.n * sh.k;
         bf16 *w, *x, *got;

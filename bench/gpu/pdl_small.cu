@@ -17,15 +17,16 @@
 // captured in one CUDA graph, replayed; median of 20 replays. Build and run on the device:
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/pdl_small bench/gpu/pdl_small.cu -lcublasLt && /tmp/pdl_small
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <vector>
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-typedef unsigned short bf16;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
-#define LT(x) do { cublasStatus_t st_ = (x); if (st_ != CUBLAS_STATUS_SUCCESS) { printf("cuBLASLt %d at %d\n", (int)st_, __LINE__); exit(1); } } while (0)
+#include "gemm_bench.cuh"
 
 // One row per block: out[r, :out_cols] = in[r, :out_cols] * rsqrt(mean(in[r]^2) + eps),
 // in's row `in_cols` long (the sum runs over out_cols), 8 values per 16-byte load.
@@ -121,24 +122,8 @@ int main() {
                 }
                 CK(cudaStreamEndCapture(s, &graph));
                 CK(cudaGraphInstantiate(&exec, graph, 0));
-                for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, s));
-                CK(cudaStreamSynchronize(s));
-                cudaEvent_t e0, e1;
-                CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-                std::vector<float> t;
-                for (int i = 0; i < 20; ++i) {
-                    CK(cudaEventRecord(e0, s));
-                    CK(cudaGraphLaunch(exec, s));
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    t.push_back(ms);
-                }
-                std::sort(t.begin(), t.end());
-                res[v][round] = t[10] * 1000.0 / LAYERS;
+                res[v][round] = replay_median_ms(exec, s, 3, 20) * 1000.0 / LAYERS;
                 CK(cudaGraphExecDestroy(exec)); CK(cudaGraphDestroy(graph));
-                CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
             }
         }
         for (int v = 0; v < 3; ++v) printf("| %d | %s | %.1f / %.1f |\n", m, names[v], res[v][0], res[v][1]);

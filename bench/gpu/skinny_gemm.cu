@@ -31,16 +31,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-typedef unsigned short bf16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
-#define LT(x) do { cublasStatus_t st_ = (x); if (st_ != CUBLAS_STATUS_SUCCESS) { printf("cuBLASLt %d at %d\n", (int)st_, __LINE__); exit(1); } } while (0)
+#include "gemm_bench.cuh"
 
 constexpr int MAX_M = 64;
 constexpr int MAX_TILE = 256;
@@ -75,12 +72,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u3
                  "{%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ bf16 to_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
 }
 
 // First iteration of CTA c: floor(c * iters / ctas).
@@ -254,17 +245,7 @@ skinny_gemm(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __re
     wait_group<0>();
 }
 
-__global__ void fill_random(bf16* p, u64 n, u32 seed, float scale) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u32 h = (u32)i * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
-        p[i] = to_bf16(((float)(h & 0xffffff) / 8388608.f - 1.f) * scale);
-    }
-}
-
 #include "cublaslt_plan.cuh"
-
-static float bf(bf16 v) { u32 u = (u32)v << 16; float f; memcpy(&f, &u, 4); return f; }
 
 template <int NT, int P, int CH, int NW, bool MATH>
 static void ours(bf16* out, const bf16* x, const bf16* w, int n, int k, float* ws, u32* ctr, int ctas, cudaStream_t s) {
@@ -459,9 +440,7 @@ static void ours_tma_m(int m, const CUtensorMap& wm, const CUtensorMap& xm, bf16
 int main(int argc, char** argv) {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int SETS = 8, REPS = 50;
-    struct Shape { const char* name; int n, k; } shapes[] = {
-        {"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+    const int SETS = 8;
     cublasLtHandle_t h;
     LT(cublasLtCreate(&h));
     cudaStream_t s;
@@ -476,7 +455,7 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     printf("| shape | m | MB of W | cuBLASLt µs (TB/s) | ours / copies only: TMA, 6 stages sized to m | TMA, max stages (11 / 10 / 8) | the same, no L2 promotion | worst rel err vs cuBLASLt |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (const Shape& sh : shapes) {
+    for (const DecodeGemm& sh : DECODE_GEMMS) {
         if (argc > 1 && strcmp(argv[1], sh.name) != 0) continue;
         const size_t wn = (size_t)sh.n * sh.k;
         bf16* w;
