@@ -172,19 +172,22 @@ static void run(Pos pos, bool fused, const Bufs& b, const bf16* w, int set, cuda
     }
 }
 
-// FM_ALLOC=async: from the stream-ordered pool (cudaMallocAsync), as cudarc allocates the
-// worker's buffers (cuMemAllocAsync), instead of cudaMalloc.
-static bf16* alloc_fill(u64 n, u32 seed, float scale, float offset) {
-    bf16* p;
-    static const bool pool = getenv("FM_ALLOC") && strcmp(getenv("FM_ALLOC"), "async") == 0;
+// FM_ALLOC=async (or model, below): from the stream-ordered pool (cudaMallocAsync), as
+// cudarc allocates the worker's buffers (cuMemAllocAsync), instead of cudaMalloc. The values
+// start `skip` bytes into the allocation (FM_W_OFFSET, below).
+static bf16* alloc_fill(u64 n, u32 seed, float scale, float offset, u64 skip = 0) {
+    char* p;
+    static const char* how = getenv("FM_ALLOC");
+    static const bool pool = how && (strcmp(how, "async") == 0 || strcmp(how, "model") == 0);
     if (pool) {
-        CK(cudaMallocAsync((void**)&p, n * 2, 0));
+        CK(cudaMallocAsync((void**)&p, n * 2 + skip, 0));
         CK(cudaStreamSynchronize(0));
     } else {
-        CK(cudaMalloc(&p, n * 2));
+        CK(cudaMalloc(&p, n * 2 + skip));
     }
-    fill_random<<<1024, 256>>>(p, n, seed, scale, offset);
-    return p;
+    bf16* v = (bf16*)(p + skip);
+    fill_random<<<1024, 256>>>(v, n, seed, scale, offset);
+    return v;
 }
 
 int main() {
@@ -216,32 +219,22 @@ int main() {
     if (getenv("FM_W_SCALE")) printf("weights uniform in +-%.4f\n", w_scale / 2);
     // FM_ALLOC=model: from the stream-ordered pool in the worker's order (per layer: the
     // attention norm, qkv, o, the FFN norm, gate_up, down), so the 8 KB norms sit between the
-    // weights as in the model; FM_W_OFFSET=bytes (a multiple of 16): each weight starts that
-    // far into its own cudaMalloc allocation. Both print where gate_up starts within its 2 MiB.
+    // weights as in the model (the step's buffers come from the pool too); FM_W_OFFSET=bytes
+    // (a multiple of 16): each weight starts that far into its own allocation. Both print
+    // where each matrix starts within its 2 MiB.
     const bool model_order = getenv("FM_ALLOC") && strcmp(getenv("FM_ALLOC"), "model") == 0;
     const u64 w_off = getenv("FM_W_OFFSET") ? (u64)atoll(getenv("FM_W_OFFSET")) / 16 * 16 : 0;
     if (model_order) {
         for (int s = 0; s < SETS; ++s)
-            for (const int mm : {-1, 0, 1, -1, 2, 3}) {  // -1: a norm weight
-                const u64 n = mm < 0 ? (u64)H : (u64)rows[mm] * cols[mm];
-                bf16* p;
-                CK(cudaMallocAsync((void**)&p, n * 2, 0));
-                CK(cudaStreamSynchronize(0));
-                fill_random<<<1024, 256>>>(p, n, 1000u * (mm < 0 ? 9 : mm) + s + 1, mm < 0 ? 0.2f : w_scale, 0.f);
-                if (mm >= 0) W[mm][s] = p;
-            }
-    } else if (w_off > 0) {
-        for (int k = 0; k < 4; ++k)
-            for (int s = 0; s < SETS; ++s) {
-                const u64 n = (u64)rows[k] * cols[k];
-                char* p;
-                CK(cudaMalloc(&p, n * 2 + w_off));
-                W[k][s] = (bf16*)(p + w_off);
-                fill_random<<<1024, 256>>>(W[k][s], n, 1000u * k + s + 1, w_scale, 0.f);
+            for (const int k : {-1, 0, 1, -1, 2, 3}) {  // -1: a norm weight
+                bf16* p = alloc_fill(k < 0 ? (u64)H : (u64)rows[k] * cols[k], 1000u * (k < 0 ? 9 : k) + s + 1,
+                                     k < 0 ? 0.2f : w_scale, 0.f);
+                if (k >= 0) W[k][s] = p;
             }
     } else {
         for (int k = 0; k < 4; ++k)
-            for (int s = 0; s < SETS; ++s) W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, w_scale, 0.f);
+            for (int s = 0; s < SETS; ++s)
+                W[k][s] = alloc_fill((u64)rows[k] * cols[k], 1000u * k + s + 1, w_scale, 0.f, w_off);
     }
     for (int k = 0; k < 4; ++k)
         printf("matrix %d starts at offsets mod 2 MiB: %llu, %llu, %llu KB\n", k,
