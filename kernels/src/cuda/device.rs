@@ -229,7 +229,7 @@ impl Device {
         let Some(bytes) = bytes else {
             return Err(KernelError::Shape { op: "cuda_alloc_weight", detail: format!("{len} elements overflow") });
         };
-        let whole = self.stream.alloc_zeros::<T>(bytes.div_ceil(size).max(len)).map_err(dev_err("cuda_alloc"))?;
+        let whole = self.stream.alloc_zeros::<T>(bytes / size).map_err(dev_err("cuda_alloc"))?;
         let ptr = whole.leak();
         // SAFETY: `ptr` is the base of a live, zeroed allocation of at least `len` elements
         // that nothing owns since `leak`; the new slice owns it and frees it when dropped
