@@ -448,7 +448,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
     let (mut validate, mut upload) = (Vec::new(), Vec::new());
     // On one GPU the model marks each step on the GPU's clock (four marks per step;
     // TESSERA_BENCH_MARKS=0: none, to time the steps without them. On an H200 one A/B
-    // found the same tok/s within a call's noise, another ~1% more without marks on
+    // found the same tok/s within a call's noise, two others 0.3-1% more without marks on
     // llama-3.1-8b but not on v49k: RESULTS 2026-12-04).
     if matches!(role, Role::Solo) && std::env::var("TESSERA_BENCH_MARKS").as_deref() != Ok("0") {
         let marks = m.device().marks(4 * gen * groups.len())?;
