@@ -26,7 +26,7 @@
 //! outside a graph capture and keeps the fastest; other plans run the first. The heuristic's
 //! first choice is not the fastest at decode sizes: gate|up at 64 tokens 62.0 µs, another of
 //! its 8 candidates 58.6 (bench/gpu/gemm_candidates.cu); split plans +1.3% at 64 sequences,
-//! unsplit ones too 0.8-1.9% shorter forward passes at 64-128 (RESULTS 2026-12-03 and
+//! unsplit ones too 0.8-2.7% shorter forward passes at 64-128 (RESULTS 2026-12-03 and
 //! 2026-12-04). `TESSERA_GEMM_TUNE=0`: never; `=split`: split plans only (the earlier rule).
 //! The choice is by timing, so two processes may keep different candidates, whose sums may
 //! round differently in the last bit (a candidate with another split-K).
