@@ -13,3 +13,23 @@ extern "C" __global__ void unpack4_u32(const u32* __restrict__ packed, u32 n, u3
         d[i] = packed[3 * (u64)n + i];
     }
 }
+
+// A decode step queued before the previous step's sampled tokens reached the host (the
+// engine's overlapped decode loop) names each such token by its row in the previous step's
+// sampled-token array: ids[i] = FROM_SAMPLED | row. This kernel, queued after the ids'
+// upload and before the step's layers, replaces every flagged entry with sampled[row]
+// (row >= rows: token 0; the host checks rows, this only keeps a bad one in bounds).
+// Unflagged entries are token ids (< vocab < 2^31) and stay. Grid-stride over n.
+
+#define FROM_SAMPLED 0x80000000u
+
+extern "C" __global__ void take_sampled_ids(u32* __restrict__ ids, u32 n, const u32* __restrict__ sampled,
+                                            u32 rows) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const u32 v = ids[i];
+        if (v & FROM_SAMPLED) {
+            const u32 r = v & ~FROM_SAMPLED;
+            ids[i] = r < rows ? sampled[r] : 0u;
+        }
+    }
+}

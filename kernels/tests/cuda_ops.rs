@@ -444,6 +444,41 @@ fn staged_inputs_arrive_as_queued_and_unpack_into_four_arrays() {
     eprintln!("staged inputs / unpack4: ok");
 }
 
+/// `take_sampled_ids` against a CPU reference on random ids: flagged entries (`FROM_SAMPLED |
+/// row`) take `sampled[row]`, rows past `rows` token 0, the rest stay; entries past `n` are
+/// untouched; bad lengths are refused.
+#[test]
+fn take_sampled_ids_matches_cpu() {
+    use tessera_kernels::cuda::FROM_SAMPLED;
+    let Some(dev) = gpu("take_sampled_ids_matches_cpu") else { return };
+    let mut r = rng(17);
+    for (n, len, rows) in [(1usize, 1usize, 1usize), (7, 9, 3), (256, 256, 256), (1000, 1003, 64), (3000, 3000, 5000)] {
+        let ids: Vec<u32> = (0..len)
+            .map(|_| match r.next_u32() % 3 {
+                // A row, sometimes past the sampled ones.
+                0 => FROM_SAMPLED | (r.next_u32() % (rows as u32 + 4)),
+                _ => r.next_u32() % 150_000,
+            })
+            .collect();
+        let sampled: Vec<u32> = (0..rows).map(|_| r.next_u32() % 150_000 + 1).collect();
+        let want: Vec<u32> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| match v & FROM_SAMPLED {
+                0 => v,
+                _ if i >= n => v,
+                _ => sampled.get((v & !FROM_SAMPLED) as usize).copied().unwrap_or(0),
+            })
+            .collect();
+        let (mut d_ids, d_sampled) = (dev.upload(&ids).unwrap(), dev.upload(&sampled).unwrap());
+        dev.take_sampled_ids(&mut d_ids, n, &d_sampled, rows).unwrap();
+        assert_eq!(dev.download(&d_ids).unwrap(), want, "n {n} of {len}, {rows} rows");
+        assert!(dev.take_sampled_ids(&mut d_ids, len + 1, &d_sampled, rows).is_err(), "n past the ids");
+        assert!(dev.take_sampled_ids(&mut d_ids, n, &d_sampled, rows + 1).is_err(), "rows past the buffer");
+    }
+    eprintln!("take_sampled_ids: ok");
+}
+
 // ---------------------------------------------------------------- rope
 
 #[test]

@@ -640,6 +640,45 @@ fn flags_report_bad_rows() {
     assert_eq!((got[1].token, got[1].flags), (argmax_ref(&l[vocab..]), SampledRow::BAD_ENTRY));
 }
 
+/// A queued read (`queue_read`, then `take`) returns the rows of the sampling queued before
+/// it, whatever is queued after it: a second sampling into the same output, another
+/// output's sampling and read, and a long copy. Two reads in a row and a take with nothing
+/// queued are refused.
+#[test]
+fn queued_reads_return_their_own_rows() {
+    let Some(dev) = gpu("queued_reads_return_their_own_rows") else { return };
+    let mut r = rng(43);
+    let (vocab, n) = (4096usize, 5usize);
+    let off = dev.upload(&vec![0u32; n + 1]).unwrap();
+    let (u1, f1) = (dev.upload(&[0u32]).unwrap(), dev.upload(&[0f32]).unwrap());
+    let pd = dev.upload(&vec![SampleParams::greedy(); n]).unwrap();
+    let (mut a, mut b) = (dev.sample_output(n, 0).unwrap(), dev.sample_output(n, 0).unwrap());
+    let logits: Vec<Vec<f32>> = (0..3).map(|_| rand_logits(&mut r, n * vocab, -8.0, 8.0)).collect();
+    let want = |l: &[f32]| -> Vec<u32> { (0..n).map(|i| argmax_ref(&l[i * vocab..(i + 1) * vocab])).collect() };
+    let sample = |out: &mut tessera_kernels::cuda::SampleOutput, l: &[f32]| {
+        let mut ld = dev.upload(l).unwrap();
+        dev.sample(out, &mut ld, vocab, &pd, &off, &u1, &u1, &off, &u1, &f1).unwrap();
+    };
+    sample(&mut a, &logits[0]);
+    a.queue_read(&dev, n, false).unwrap();
+    assert!(a.is_queued());
+    assert!(a.queue_read(&dev, n, false).is_err(), "a second read before the take");
+    sample(&mut a, &logits[1]);
+    sample(&mut b, &logits[2]);
+    b.queue_read(&dev, n, false).unwrap();
+    let big = 256 << 20;
+    let (src, mut dst) = (dev.alloc::<u32>(big).unwrap(), dev.alloc::<u32>(big).unwrap());
+    dev.copy_rows(&mut dst, 0, &src, 0, 1, big).unwrap();
+    let tokens = |rows: Vec<SampledRow>| -> Vec<u32> { rows.iter().map(|r| r.token).collect() };
+    assert_eq!(tokens(b.take().unwrap()), want(&logits[2]), "b");
+    assert_eq!(tokens(a.take().unwrap()), want(&logits[0]), "a: the rows before its second sampling");
+    assert!(!a.is_queued() && a.take().is_err(), "nothing queued");
+    // The second sampling's rows, read now; and through `read`.
+    assert_eq!(tokens(a.read(&dev, n, false).unwrap()), want(&logits[1]), "a, second sampling");
+    // The device's tokens are the last sampling's.
+    assert_eq!(dev.download(a.tokens()).unwrap()[..n], want(&logits[1]));
+}
+
 /// Greedy-only split batches leave out the draw launch (`SamplePaths` with `draws: false`):
 /// right after a sampling call has filled the split results with draws, a greedy call on
 /// the same output still returns each row's argmax, with the token and logprob bits of the

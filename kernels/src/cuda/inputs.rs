@@ -186,6 +186,42 @@ impl Device {
         self.mark_read(OP, src)
     }
 
+    /// Replaces each of the first `n` entries of `ids` that is [`FROM_SAMPLED`]` | row` with
+    /// `sampled[row]`, on the device (queued: the previous step's sampling, queued before
+    /// it, has written `sampled` by then). A flagged row at or past `rows` becomes token 0:
+    /// callers check their rows first, this only keeps a bad one in bounds.
+    ///
+    /// [`FROM_SAMPLED`]: super::FROM_SAMPLED
+    pub fn take_sampled_ids(
+        &self,
+        ids: &mut Buf<u32>,
+        n: usize,
+        sampled: &Buf<u32>,
+        rows: usize,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "cuda_take_sampled_ids";
+        check(n <= ids.len() && rows <= sampled.len(), OP, || {
+            format!("{n} ids of a buffer of {}, {rows} rows of {}", ids.len(), sampled.len())
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let too_big = |what: &str, v: usize| KernelError::Shape { op: OP, detail: format!("{what} {v} exceeds u32") };
+        let n32 = u32::try_from(n).map_err(|_| too_big("n", n))?;
+        let rows32 = u32::try_from(rows).map_err(|_| too_big("rows", rows))?;
+        const BLOCK: u32 = 256;
+        let mut l = self.stream.launch_builder(&self.kernels.take_sampled_ids);
+        l.arg(&mut ids.inner).arg(&n32).arg(&sampled.inner).arg(&rows32);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (n32.div_ceil(BLOCK).min(1024), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel reads and writes the first `n` elements of `ids` and reads
+        // `sampled` only below `rows` (both within their buffers, checked above).
+        unsafe { l.launch(cfg) }.map(drop).map_err(dev_err(OP))
+    }
+
     /// Splits `packed`, `[4, n]`, into `out[0..4]` of `n` elements each (row `k` into
     /// `out[k]`), on the device.
     pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {

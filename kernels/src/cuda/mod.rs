@@ -105,7 +105,7 @@ pub use nccl_id::{NcclId, NCCL_ID_BYTES};
 pub use nccl_p2p::NcclElem;
 pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
 pub use qkv_args::QkvPrep;
-pub use sample_params::{SampleParams, SamplePaths, SampledRow};
+pub use sample_params::{SampleParams, SamplePaths, SampledRow, FROM_SAMPLED};
 #[cfg(feature = "cuda")]
 pub use sampling::SampleOutput;
 #[cfg(not(feature = "cuda"))]

@@ -23,6 +23,13 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// `top_k` above this, or more tied logits at the candidate threshold, take the full-row path.
 pub const SAMPLE_CANDIDATES: usize = 2048;
 
+/// Flag of an input token id that names a row of the previous step's sampled tokens
+/// instead of a token (`FROM_SAMPLED | row`; [`Device::take_sampled_ids`] resolves it on
+/// the device). Token ids stay below [`MAX_SAMPLE_VOCAB`], far below the flag.
+///
+/// [`Device::take_sampled_ids`]: super::Device::take_sampled_ids
+pub const FROM_SAMPLED: u32 = 1 << 31;
+
 /// Largest vocabulary the kernel handles: token ids take 20 bits of its 52-bit
 /// (logit, id) ranking keys.
 pub const MAX_SAMPLE_VOCAB: usize = 1 << 20;

@@ -13,7 +13,7 @@
 //! [`SAMPLE_CANDIDATES`]: super::sample_params::SAMPLE_CANDIDATES
 //! [`gumbel_noise`]: super::sample_params::gumbel_noise
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
 use super::inputs::HostStage;
@@ -59,6 +59,10 @@ pub struct SampleOutput {
     parts: Option<Buf<u32>>,
     max_rows: usize,
     max_logprobs: usize,
+    /// Recorded after the last queued pack kernel (and copy back).
+    done: CudaEvent,
+    /// `(rows, with_top)` queued by `queue_read` and not yet taken.
+    queued: Option<(usize, bool)>,
 }
 
 impl SampleOutput {
@@ -75,16 +79,27 @@ impl SampleOutput {
         &self.token
     }
 
-    /// Waits for the queued work and reads the first `n_rows` rows, packed by one kernel
-    /// into one array in page-locked host memory (or copied back in one copy where that
-    /// memory is not mapped). With `with_top` false (no row
-    /// asked for top logprobs) the top arrays stay on the device and every row's top list
-    /// is empty.
+    /// Waits for the queued work and reads the first `n_rows` rows: [`SampleOutput::queue_read`]
+    /// then [`SampleOutput::take`].
     pub fn read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<Vec<SampledRow>, KernelError> {
+        self.queue_read(dev, n_rows, with_top)?;
+        self.take()
+    }
+
+    /// Queues the packing of the first `n_rows` rows by one kernel into one array in
+    /// page-locked host memory (or into `packed` and one copy back where that memory is not
+    /// mapped), and an event after it; [`SampleOutput::take`] waits for that event only, so
+    /// work queued after this call (the next decode step) does not hold the read up. With
+    /// `with_top` false (no row asked for top logprobs) the top arrays stay on the device
+    /// and every row's top list is empty. Until `take`, no other read can be queued (a
+    /// second sampling may be: it runs after this pack kernel on the stream).
+    pub fn queue_read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<(), KernelError> {
         const OP: &str = "cuda_sample_read";
         check(n_rows <= self.max_rows, OP, || format!("{n_rows} rows asked for, the output holds {}", self.max_rows))?;
+        check(self.queued.is_none(), OP, || "the rows queued before were not taken".to_string())?;
         if n_rows == 0 {
-            return Ok(Vec::new());
+            self.queued = Some((0, with_top));
+            return Ok(());
         }
         let l = self.max_logprobs;
         let top = if with_top { n_rows * l } else { 0 };
@@ -112,12 +127,39 @@ impl SampleOutput {
         // mapped stage's address or `packed`); it reads n_rows (<= max_rows, checked) entries
         // of the four row arrays and n_rows x max_logprobs of the top ones (their sizes), and
         // writes `total` <= 4 max_rows + 2 max_rows max_logprobs words of the output (the
-        // size of both `packed` and the stage, which lives in `self` past the wait below).
+        // size of both `packed` and the stage, which lives in `self`; `take` waits for the
+        // kernel, and dropping the output waits for it too, see `Drop`).
         unsafe { b.launch(cfg) }.map(drop).map_err(dev_err(OP))?;
         if host_addr.is_none() {
             dev.read_staged(&mut self.host, &self.packed, total)?;
         }
-        dev.synchronize()?;
+        self.done.record(&dev.stream).map_err(dev_err(OP)).inspect_err(|_| {
+            // Should the event fail to record (the context is lost), wait for the stream
+            // instead, so the stage is never freed under the kernel.
+            let _ = dev.stream.synchronize();
+        })?;
+        self.queued = Some((n_rows, with_top));
+        Ok(())
+    }
+
+    /// Whether rows were queued by [`SampleOutput::queue_read`] and not yet taken.
+    pub fn is_queued(&self) -> bool {
+        self.queued.is_some()
+    }
+
+    /// Waits for the rows queued by [`SampleOutput::queue_read`] (its event, not the whole
+    /// stream) and reads them.
+    pub fn take(&mut self) -> Result<Vec<SampledRow>, KernelError> {
+        const OP: &str = "cuda_sample_take";
+        let (n_rows, with_top) =
+            self.queued.take().ok_or(KernelError::Shape { op: OP, detail: "no rows were queued".to_string() })?;
+        if n_rows == 0 {
+            return Ok(Vec::new());
+        }
+        self.done.synchronize().map_err(dev_err(OP))?;
+        let l = self.max_logprobs;
+        let top = if with_top { n_rows * l } else { 0 };
+        let total = 4 * n_rows + 2 * top;
         let h = &self.host.as_slice()[..total];
         let (token, rest) = h.split_at(n_rows);
         let (logprob, rest) = rest.split_at(n_rows);
@@ -131,6 +173,17 @@ impl SampleOutput {
                 SampledRow { token: token[r], logprob: f32::from_bits(logprob[r]), top, flags: flags[r] }
             })
             .collect())
+    }
+}
+
+impl Drop for SampleOutput {
+    /// Waits for a queued pack kernel that writes the page-locked stage, which is freed
+    /// with the output.
+    fn drop(&mut self) {
+        if self.queued.is_some() {
+            // An error means the context, and the kernel with it, is gone.
+            let _ = self.done.synchronize();
+        }
     }
 }
 
@@ -179,6 +232,8 @@ impl Device {
             parts: None,
             max_rows,
             max_logprobs,
+            done: self.stream.context().new_event(None).map_err(dev_err(OP))?,
+            queued: None,
         })
     }
 

@@ -97,6 +97,16 @@ impl SampleOutput {
     pub fn read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<Vec<super::SampledRow>, KernelError> {
         match self.never {}
     }
+    #[allow(unused_variables)]
+    pub fn queue_read(&mut self, dev: &Device, n_rows: usize, with_top: bool) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn is_queued(&self) -> bool {
+        match self.never {}
+    }
+    pub fn take(&mut self) -> Result<Vec<super::SampledRow>, KernelError> {
+        match self.never {}
+    }
 }
 
 /// Timing events (never constructed without the `cuda` feature).
@@ -571,6 +581,15 @@ impl Device {
         match self.never {}
     }
     pub fn unpack4(&self, packed: &Buf<u32>, out: [&mut Buf<u32>; 4]) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn take_sampled_ids(
+        &self,
+        ids: &mut Buf<u32>,
+        n: usize,
+        sampled: &Buf<u32>,
+        rows: usize,
+    ) -> Result<(), KernelError> {
         match self.never {}
     }
 }
