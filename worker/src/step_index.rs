@@ -3,7 +3,10 @@
 //! sequence's block table, context length and query range, and the rows whose logits are
 //! wanted. A backend uploads these arrays once per step; every layer's kernels read them.
 
+use tessera_kernels::cuda::FROM_SAMPLED;
+
 use crate::batch::SeqChunk;
+use crate::error::WorkerError;
 
 /// One step's index arrays, built on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +126,50 @@ pub(crate) fn update_mirror(
     rows.map(|(a, z)| TableDelta { rows: a..z + 1, cols: c0..c1 })
 }
 
+/// Checks a step's chunks that take their one token from the previous step's sampled rows
+/// (`rows[i]`: chunk `i`'s row there, `None`: its own token; empty: no chunk does):
+/// one entry per chunk, each such chunk one token long, each row below `sampled` (the
+/// rows sampled before; `None`: nothing was). Returns whether any chunk does.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn check_from_sampled(
+    chunks: &[SeqChunk],
+    rows: &[Option<u32>],
+    sampled: Option<usize>,
+) -> Result<bool, WorkerError> {
+    if rows.iter().all(Option::is_none) {
+        return Ok(false);
+    }
+    let bad = |m: String| Err(WorkerError::InvalidBatch(m));
+    if rows.len() != chunks.len() {
+        return bad(format!("{} sampled-row entries for {} chunks", rows.len(), chunks.len()));
+    }
+    let Some(sampled) = sampled else {
+        return bad("a chunk takes a sampled token, but nothing was sampled before".into());
+    };
+    for (i, (c, r)) in chunks.iter().zip(rows).enumerate() {
+        let Some(r) = *r else { continue };
+        if c.tokens.len() != 1 {
+            return bad(format!("chunk {i} takes a sampled token but has {} tokens", c.tokens.len()));
+        }
+        if r as usize >= sampled || r & FROM_SAMPLED != 0 {
+            return bad(format!("chunk {i} takes sampled row {r} of {sampled}"));
+        }
+    }
+    Ok(true)
+}
+
+/// Flags the ids of the chunks [`check_from_sampled`] passed: chunk `i`'s first token,
+/// at `ids[start(i)]`, becomes `FROM_SAMPLED | rows[i]`, which the device replaces with
+/// that sampled token (`Device::take_sampled_ids`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn flag_from_sampled(ids: &mut [u32], rows: &[Option<u32>], start: impl Fn(usize) -> usize) {
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(r) = *r {
+            ids[start(i)] = FROM_SAMPLED | r;
+        }
+    }
+}
+
 /// The cache slot (`block * block_size + offset`) of position `p` (the table covers it:
 /// `validate_chunks` checked).
 pub(crate) fn slot_of(table: &[u32], p: usize, block_size: usize) -> u32 {
@@ -238,5 +285,29 @@ mod tests {
             }
         }
         assert!(narrow > 50, "most deltas are narrow: {narrow} of 200");
+    }
+
+    #[test]
+    fn chunks_take_sampled_rows_only_when_valid() {
+        let (one, two, table) = ([5u32], [5u32, 6], [3u32, 4]);
+        let chunk = |tokens| SeqChunk { tokens, first_pos: 2, block_table: &table, logits: LogitsWanted::Last };
+        let chunks = [chunk(&two[..]), chunk(&one[..]), chunk(&one[..])];
+        assert!(!check_from_sampled(&chunks, &[], None).unwrap(), "no entries: own tokens");
+        assert!(!check_from_sampled(&chunks, &[None, None, None], None).unwrap());
+        assert!(check_from_sampled(&chunks, &[None, Some(3), Some(0)], Some(4)).unwrap());
+        let refused = |rows: &[Option<u32>], sampled| {
+            matches!(check_from_sampled(&chunks, rows, sampled), Err(WorkerError::InvalidBatch(_)))
+        };
+        assert!(refused(&[None, Some(4), None], Some(4)), "row past the sampled ones");
+        assert!(refused(&[None, Some(0), None], None), "nothing sampled before");
+        assert!(refused(&[Some(0), None, None], Some(4)), "a two-token chunk");
+        assert!(refused(&[None, Some(0)], Some(4)), "an entry per chunk");
+        assert!(refused(&[None, Some(FROM_SAMPLED), None], Some(usize::MAX)), "a row with the flag bit");
+
+        // The stacked ids of a 2-token chunk then two decodes: the decodes' ids at 2 and 3.
+        let mut ids = vec![5, 6, 5, 5];
+        let starts = [0usize, 2, 3];
+        flag_from_sampled(&mut ids, &[None, Some(3), Some(0)], |i| starts[i]);
+        assert_eq!(ids, [5, 6, FROM_SAMPLED | 3, FROM_SAMPLED]);
     }
 }

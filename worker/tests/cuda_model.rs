@@ -323,6 +323,127 @@ fn bad_batches_are_errors_not_crashes() {
     assert!(m.forward(&ok).expect("good batch").data.iter().all(|v| v.is_finite()));
 }
 
+/// The overlapped decode loop (`queue_sample` of step N+1 before step N's rows are read,
+/// its chunks naming N's sampled rows): the same greedy tokens as steps run one at a time
+/// on their host-side tokens, with graphs and eagerly, while the batch's row order rotates
+/// (a chunk's row in the step before is not its row now) and one sequence runs its own
+/// token. Then a row past the previous sampling, and a chunk of two tokens naming one, are
+/// refused, and the model still decodes.
+#[test]
+fn overlapped_decode_takes_the_sampled_tokens_on_the_device() {
+    use tessera_worker::cuda::{GpuSampler, RowRequest};
+    if !enabled("overlapped_decode_takes_the_sampled_tokens_on_the_device") {
+        return;
+    }
+    let Some(path) = common::model_path::default_model() else { panic!("TESSERA_GPU_TESTS=1 needs the default model") };
+    let files = ModelFiles::open(&path).expect("open model");
+    let (n, steps) = (4usize, 40usize);
+    for graphs in [true, false] {
+        let o = if graphs { opts() } else { CudaOptions { graph_max_batch: 0, ..opts() } };
+        let mut m = CudaModel::load(&files, &o).expect("load on GPU");
+        let vocab = m.config().vocab_size as u32;
+        let prompts: Vec<Vec<u32>> =
+            (0..n as u32).map(|s| (0..9 + 3 * s).map(|i| (i * 6007 + s * 7907 + 13) % vocab).collect()).collect();
+        // Row order of step k: the sequences rotated by k / 3.
+        let order = |k: usize| -> Vec<usize> { (0..n).map(|r| (r + k / 3) % n).collect() };
+        let greedy = vec![RowRequest::greedy(); n];
+        // Each run's own blocks: sequence i of run `run` from 64 (2 run + i).
+        let tables = |run: u32| -> Vec<Vec<u32>> { (0..n as u32).map(|i| table(64 * (2 * run + i), 100)).collect() };
+        let prefill = |m: &mut CudaModel, tables: &[Vec<u32>], sampler: &mut GpuSampler| -> Vec<u32> {
+            let chunks: Vec<SeqChunk> = (0..n)
+                .map(|i| SeqChunk {
+                    tokens: &prompts[i],
+                    first_pos: 0,
+                    block_table: &tables[i],
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            m.forward_greedy(&chunks, sampler).expect("prefill")
+        };
+        // One step at a time: out[i] is sequence i's generated tokens.
+        let (t0, mut sampler) = (tables(0), GpuSampler::new());
+        let mut want: Vec<Vec<u32>> = prefill(&mut m, &t0, &mut sampler).into_iter().map(|t| vec![t]).collect();
+        for k in 0..steps {
+            let ord = order(k);
+            let toks: Vec<[u32; 1]> = ord.iter().map(|&i| [*want[i].last().unwrap()]).collect();
+            let chunks: Vec<SeqChunk> = ord
+                .iter()
+                .zip(&toks)
+                .map(|(&i, t)| SeqChunk {
+                    tokens: t,
+                    first_pos: prompts[i].len() + k,
+                    block_table: &t0[i],
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            let got = m.forward_greedy(&chunks, &mut sampler).expect("decode step");
+            assert_eq!(m.last_step_timing().graph, graphs);
+            for (&i, t) in ord.iter().zip(got) {
+                want[i].push(t);
+            }
+        }
+        // Overlapped: step k queued before step k - 1's rows are read. Sequence 0 runs its
+        // own (host) token, taken from the run above; the others name their row of k - 1.
+        let (t1, mut sampler) = (tables(1), GpuSampler::new());
+        let first = prefill(&mut m, &t1, &mut sampler);
+        let mut got: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+        let mut pending = None;
+        for k in 0..steps {
+            let ord = order(k);
+            let toks: Vec<[u32; 1]> = ord.iter().map(|&i| [if i == 0 { want[0][k] } else { first[i] }]).collect();
+            let from: Vec<Option<u32>> = match k {
+                0 => Vec::new(),
+                _ => {
+                    let before = order(k - 1);
+                    ord.iter().map(|&i| (i != 0).then(|| before.iter().position(|&j| j == i).unwrap() as u32)).collect()
+                }
+            };
+            let chunks: Vec<SeqChunk> = ord
+                .iter()
+                .zip(&toks)
+                .map(|(&i, t)| SeqChunk {
+                    tokens: t,
+                    first_pos: prompts[i].len() + k,
+                    block_table: &t1[i],
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            let q = m.queue_sample(&chunks, &from, &greedy, &mut sampler).expect("queued decode step");
+            if let Some((prev, q_prev)) = pending.replace((ord, q)) {
+                let rows = m.finish_sample(q_prev, &mut sampler).expect("rows of the step before");
+                for (&i, r) in prev.iter().zip(rows) {
+                    got[i].push(r.expect("sampled").token);
+                }
+            }
+        }
+        let (prev, q) = pending.expect("a last step");
+        for (&i, r) in prev.iter().zip(m.finish_sample(q, &mut sampler).expect("last rows")) {
+            got[i].push(r.expect("sampled").token);
+        }
+        assert_eq!(got, want, "graphs {graphs}: overlapped vs one step at a time");
+        eprintln!("overlapped decode (graphs {graphs}): {n} x {steps} tokens equal");
+
+        // Refused: a row past the 4 sampled last, a 2-token chunk naming a row.
+        let last: Vec<[u32; 1]> = (0..n).map(|i| [got[i][steps]]).collect();
+        let chunks: Vec<SeqChunk> = (0..n)
+            .map(|i| SeqChunk {
+                tokens: &last[i],
+                first_pos: prompts[i].len() + steps,
+                block_table: &t1[i],
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let past = vec![Some(n as u32); n];
+        assert!(m.queue_sample(&chunks, &past, &greedy, &mut sampler).is_err(), "row {n} of {n}");
+        let two = [last[0][0], last[0][0]];
+        let long = [SeqChunk { tokens: &two, ..chunks[0] }];
+        assert!(m.queue_sample(&long, &[Some(0)], &greedy[..1], &mut sampler).is_err(), "two tokens");
+        // Still decodes: the sync step from the host's tokens gives finite, in-vocab ids.
+        let ok = m.forward_greedy(&chunks, &mut sampler).expect("a good step after the refusals");
+        assert!(ok.iter().all(|&t| t < vocab));
+    }
+}
+
 /// bench/gpu/torch_qwen3_ref.py's output, the model loaded on the GPU.
 struct TorchRef {
     tokens: Vec<u32>,

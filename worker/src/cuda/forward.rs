@@ -43,10 +43,10 @@ use tessera_model::config::ModelConfig;
 use crate::batch::{validate_chunks, Logits, SeqChunk};
 use crate::error::WorkerError;
 use crate::gpu_store::GpuStore;
-use crate::step_index::{rows_of, slot_of, spans_of, update_mirror, HostIndex};
+use crate::step_index::{check_from_sampled, flag_from_sampled, rows_of, slot_of, spans_of, update_mirror, HostIndex};
 
 use super::allreduce::TpAllReduce;
-use super::sampler::{GpuSampler, RowRequest};
+use super::sampler::{GpuSampler, QueuedSample, RowRequest};
 use super::tp::TpPart;
 use super::weights::{rope_positions, GpuWeights};
 use super::Comms;
@@ -316,6 +316,7 @@ impl StepIndex {
         host: &mut GraphHost,
         packed: &mut Buf<u32>,
         chunks: &[SeqChunk],
+        from_sampled: &[Option<u32>],
         block_size: usize,
     ) -> Result<Duration, WorkerError> {
         let (mb, b) = (self.max_blocks, host.b);
@@ -334,6 +335,7 @@ impl StepIndex {
             slots[i] = slot_of(s.block_table, p, block_size);
             ctx[i] = (p + 1) as u32;
         }
+        flag_from_sampled(ids, from_sampled, |i| i);
         if !host.tables_valid {
             // Differs from every real table: every used entry changes.
             mirror.fill(u32::MAX);
@@ -355,8 +357,15 @@ impl StepIndex {
         Ok(t.elapsed())
     }
 
-    fn build(dev: &Device, chunks: &[SeqChunk], block_size: usize) -> Result<Self, WorkerError> {
-        let h = HostIndex::build(chunks, block_size);
+    /// An eager step's index; chunks with a `from_sampled` row get flagged ids.
+    fn build(
+        dev: &Device,
+        chunks: &[SeqChunk],
+        from_sampled: &[Option<u32>],
+        block_size: usize,
+    ) -> Result<Self, WorkerError> {
+        let mut h = HostIndex::build(chunks, block_size);
+        flag_from_sampled(&mut h.ids, from_sampled, |i| h.cu_q[i] as usize);
         let all_decode = h.max_q == 1;
         Ok(StepIndex {
             ids: dev.upload(&h.ids)?,
@@ -386,6 +395,14 @@ pub struct StepTiming {
     pub enqueue: Duration,
     /// Whether the step replayed a captured graph.
     pub graph: bool,
+}
+
+/// A step queued by [`CudaModel::queue_sample`] whose sampled rows are not read yet.
+#[must_use = "a queued step's rows are read by CudaModel::finish_sample"]
+#[derive(Debug)]
+pub struct QueuedStep {
+    /// `None`: the step sampled nothing (and has finished).
+    sample: Option<QueuedSample>,
 }
 
 /// A step's logits on the device: the first `rows` rows of `buf` (`[padded rows, vocab]`
@@ -706,7 +723,7 @@ impl CudaModel {
     /// A pipeline stage before the last returns no logits (empty data and spans).
     pub fn forward(&mut self, chunks: &[SeqChunk]) -> Result<Logits, WorkerError> {
         let vocab = self.core.config.vocab_size;
-        let (graph, rows, spans) = self.step(chunks)?;
+        let (graph, rows, spans) = self.step(chunks, None)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
             return Ok(Logits { vocab, data: Vec::new(), spans: Vec::new() });
@@ -719,7 +736,7 @@ impl CudaModel {
 
     /// Runs one step, leaving the wanted logits on the device.
     pub fn forward_device(&mut self, chunks: &[SeqChunk]) -> Result<DeviceLogits<'_>, WorkerError> {
-        let (graph, rows, spans) = self.step(chunks)?;
+        let (graph, rows, spans) = self.step(chunks, None)?;
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
         Ok(DeviceLogits { buf, rows, spans })
     }
@@ -743,11 +760,68 @@ impl CudaModel {
         requests: &[RowRequest],
         sampler: &mut GpuSampler,
     ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
-        let (graph, rows, _) = self.step(chunks)?;
+        let queued = self.queue_step(chunks, &[], requests, sampler)?;
+        let rows = match queued {
+            Some(q) => sampler.finish(q)?,
+            None => Vec::new(),
+        };
+        mark(&self.core.dev, &mut self.marks)?;
+        Ok(rows)
+    }
+
+    /// Queues one step and its sampling as [`CudaModel::forward_sample`] does, without
+    /// waiting for the sampled rows ([`CudaModel::finish_sample`] reads them), so the host
+    /// can queue the next step while the GPU runs this one. A chunk `i` with
+    /// `from_sampled[i] = Some(row)` (one token long; `from_sampled` empty: none) runs the
+    /// token sampled in row `row` of the sampling queued last on `sampler` (the step
+    /// before), which the device puts in place of the chunk's own token (a placeholder,
+    /// still a valid id): the host need not have read it. A step that samples nothing
+    /// (a pipeline stage before the last, no wanted rows) has finished on return.
+    ///
+    /// With marks ([`CudaModel::set_marks`]) the step's fourth mark follows its sampling
+    /// on the stream (not the host's read of the rows, as for `forward_sample`).
+    pub fn queue_sample(
+        &mut self,
+        chunks: &[SeqChunk],
+        from_sampled: &[Option<u32>],
+        requests: &[RowRequest],
+        sampler: &mut GpuSampler,
+    ) -> Result<QueuedStep, WorkerError> {
+        let sample = self.queue_step(chunks, from_sampled, requests, sampler)?;
+        mark(&self.core.dev, &mut self.marks)?;
+        Ok(QueuedStep { sample })
+    }
+
+    /// Waits for a step queued by [`CudaModel::queue_sample`] (its sampling only: steps
+    /// queued after it run on) and returns its sampled rows, as `forward_sample` would.
+    pub fn finish_sample(
+        &mut self,
+        step: QueuedStep,
+        sampler: &mut GpuSampler,
+    ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
+        match step.sample {
+            Some(q) => sampler.finish(q),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// `forward_sample`'s work up to the queued sampling (`None`: nothing sampled, the
+    /// step has finished), without its last mark.
+    fn queue_step(
+        &mut self,
+        chunks: &[SeqChunk],
+        from_sampled: &[Option<u32>],
+        requests: &[RowRequest],
+        sampler: &mut GpuSampler,
+    ) -> Result<Option<QueuedSample>, WorkerError> {
+        let from = match check_from_sampled(chunks, from_sampled, sampler.last_tokens().map(|t| t.1))? {
+            true => sampler.last_tokens().map(|(tokens, rows)| (from_sampled, tokens, rows)),
+            false => None,
+        };
+        let (graph, rows, _) = self.step(chunks, from)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
-            mark(&self.core.dev, &mut self.marks)?;
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if rows != requests.len() {
             return Err(WorkerError::InvalidBatch(format!("{rows} logit rows, {} sample requests", requests.len())));
@@ -755,19 +829,22 @@ impl CudaModel {
         if rows == 0 {
             // A step of prefill chunks none of which ends its prompt: nothing to sample.
             self.core.dev.synchronize()?;
-            mark(&self.core.dev, &mut self.marks)?;
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let buf = logits_of(&mut self.graphs, &mut self.eager_logits, graph)?;
-        let sampled = sampler.sample(&self.core.dev, buf, self.core.config.vocab_size, requests)?;
-        mark(&self.core.dev, &mut self.marks)?;
-        Ok(sampled)
+        Ok(Some(sampler.queue(&self.core.dev, buf, self.core.config.vocab_size, requests)?))
     }
 
     /// Runs one step: the graph whose logits buffer holds the result (`None`: the eager
-    /// one), the wanted rows and each chunk's span.
+    /// one), the wanted rows and each chunk's span. `from`: the chunks' sampled rows (as
+    /// [`CudaModel::queue_sample`] takes them, checked) with the sampled tokens and rows.
     #[allow(clippy::type_complexity)]
-    fn step(&mut self, chunks: &[SeqChunk]) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
+    fn step(
+        &mut self,
+        chunks: &[SeqChunk],
+        from: Option<(&[Option<u32>], &Buf<u32>, usize)>,
+    ) -> Result<(Option<usize>, usize, Vec<(usize, usize)>), WorkerError> {
+        let from_sampled = from.map_or(&[][..], |f| f.0);
         let t0 = Instant::now();
         mark(&self.core.dev, &mut self.marks)?;
         let c = &self.core.config;
@@ -784,7 +861,11 @@ impl CudaModel {
         });
         if let Some(g) = graph {
             let dg = &mut self.graphs[g];
-            let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, bs)?;
+            let upload = dg.idx.refill(&self.core.dev, &mut dg.host, &mut dg.packed, chunks, from_sampled, bs)?;
+            if let Some((_, tokens, sampled)) = from {
+                // The ids are the packed array's first row.
+                self.core.dev.take_sampled_ids(&mut dg.packed, chunks.len(), tokens, sampled)?;
+            }
             mark(&self.core.dev, &mut self.marks)?;
             let t1 = Instant::now();
             self.core.dev.launch_graph(&dg.graph)?;
@@ -794,7 +875,11 @@ impl CudaModel {
             return Ok((Some(g), chunks.len(), spans));
         }
         let t: usize = chunks.iter().map(|s| s.tokens.len()).sum();
-        let idx = StepIndex::build(&self.core.dev, chunks, bs)?;
+        let mut idx = StepIndex::build(&self.core.dev, chunks, from_sampled, bs)?;
+        if let Some((_, tokens, sampled)) = from {
+            let n = idx.ids.len();
+            self.core.dev.take_sampled_ids(&mut idx.ids, n, tokens, sampled)?;
+        }
         let mut s = self.take_scratch(t)?;
         let (rows, spans) = (rows_of(&idx.picked), spans_of(&idx.picked));
         let need = self.logits_len(rows);

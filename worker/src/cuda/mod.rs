@@ -18,11 +18,11 @@ use tessera_model::weights::ModelFiles;
 use crate::error::WorkerError;
 use crate::parallel::Shard;
 
-pub use forward::{CudaModel, DeviceLogits, StepTiming, MAX_GRAPH_BATCH};
+pub use forward::{CudaModel, DeviceLogits, QueuedStep, StepTiming, MAX_GRAPH_BATCH};
 // The HIP forward pass (crate::hip) runs on these.
 #[cfg_attr(not(feature = "hip"), allow(unused_imports))]
 pub(crate) use forward::{GpuKv, Scratch};
-pub use sampler::{GpuSampler, RowRequest};
+pub use sampler::{GpuSampler, QueuedSample, RowRequest};
 pub use tp::TpPart;
 #[cfg_attr(not(feature = "hip"), allow(unused_imports))]
 pub(crate) use weights::{rope_positions, GpuWeights};

@@ -151,9 +151,29 @@ impl<T: Elem + PartialEq> Staged<T> {
     }
 }
 
+/// A sampling queued by [`GpuSampler::queue`] whose rows [`GpuSampler::finish`] reads.
+#[must_use = "a queued sampling's rows are read by GpuSampler::finish"]
+#[derive(Debug)]
+pub struct QueuedSample {
+    slot: usize,
+    /// The sampler's queue count at this one (a later queue into the slot, after this one
+    /// was dropped unread, makes it stale).
+    ticket: u64,
+}
+
 /// The kernel's output buffers (grown to the largest step seen) and its staged inputs.
+///
+/// Two output sets are used in turn, so a step's sampling can be queued while the step
+/// before's rows are still unread (the engine's overlapped decode loop: the next step's
+/// inputs name those rows' tokens on the device, [`GpuSampler::last_tokens`]).
 pub struct GpuSampler {
-    out: Option<SampleOutput>,
+    outs: [Option<SampleOutput>; 2],
+    /// Samplings queued so far, and the count at each set's latest (see
+    /// [`QueuedSample::ticket`]).
+    queued: u64,
+    tickets: [u64; 2],
+    /// The slot of the last queued sampling and its rows (`None` before the first).
+    last: Option<(usize, usize)>,
     params: Staged<SampleParams>,
     pen_offsets: Staged<u32>,
     pen_tokens: Staged<u32>,
@@ -169,7 +189,10 @@ pub struct GpuSampler {
 impl GpuSampler {
     pub fn new() -> Self {
         GpuSampler {
-            out: None,
+            outs: [None, None],
+            queued: 0,
+            tickets: [0; 2],
+            last: None,
             params: Staged::new(),
             pen_offsets: Staged::new(),
             pen_tokens: Staged::new(),
@@ -183,7 +206,8 @@ impl GpuSampler {
     }
 
     /// Samples the first `requests.len()` rows of `logits` (`[padded rows, vocab]`; rows
-    /// past the requests are a graph's padding and sampled greedily, unused).
+    /// past the requests are a graph's padding and sampled greedily, unused): queues the
+    /// sampling and waits for its rows.
     pub fn sample(
         &mut self,
         dev: &Device,
@@ -191,6 +215,29 @@ impl GpuSampler {
         vocab: usize,
         requests: &[RowRequest],
     ) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
+        let q = self.queue(dev, logits, vocab, requests)?;
+        self.finish(q)
+    }
+
+    /// The device's sampled token ids of the last queued sampling, `[rows]` valid, and
+    /// `rows` (`None` before the first). Work queued after that sampling reads them in
+    /// order; they stay until the sampling after next.
+    pub fn last_tokens(&self) -> Option<(&Buf<u32>, usize)> {
+        let (slot, rows) = self.last?;
+        Some((self.outs[slot].as_ref()?.tokens(), rows))
+    }
+
+    /// Queues the sampling of the first `requests.len()` rows of `logits` (as
+    /// [`GpuSampler::sample`]) into the output set the previous call did not use, and the
+    /// read of its rows, without waiting. At most two samplings are outstanding: a third
+    /// waits for (and drops) the unread rows of the first, whose output set it reuses.
+    pub fn queue(
+        &mut self,
+        dev: &Device,
+        logits: &mut Buf<f32>,
+        vocab: usize,
+        requests: &[RowRequest],
+    ) -> Result<QueuedSample, WorkerError> {
         let padded = logits.len() / vocab.max(1);
         if requests.len() > padded {
             return Err(WorkerError::InvalidBatch(format!(
@@ -198,11 +245,26 @@ impl GpuSampler {
                 requests.len()
             )));
         }
-        let out = match self.out.take() {
+        // The set the last sampling did not use; after a failed call (no last), one with no
+        // unread rows, else the older.
+        let unread = |o: &Option<SampleOutput>| o.as_ref().is_some_and(|o| o.is_queued());
+        let slot = match self.last {
+            Some((s, _)) => 1 - s,
+            None if !unread(&self.outs[0]) => 0,
+            None if !unread(&self.outs[1]) => 1,
+            None => usize::from(self.tickets[1] < self.tickets[0]),
+        };
+        // Until this call succeeds no tokens are the last ones.
+        self.last = None;
+        // This set's rows of two samplings ago, if their caller dropped them unread.
+        if let Some(o) = self.outs[slot].as_mut().filter(|o| o.is_queued()) {
+            o.take()?;
+        }
+        let out = match self.outs[slot].take() {
             Some(o) if o.max_rows() >= padded => o,
             _ => dev.sample_output(padded.max(1), MAX_LOGPROBS)?,
         };
-        let out = self.out.insert(out);
+        let out = self.outs[slot].insert(out);
         let mut params: Vec<SampleParams> = requests.iter().map(|r| r.params).collect();
         params.resize(padded, SampleParams::greedy());
         let csr = |lists: &mut dyn Iterator<Item = usize>| -> Vec<u32> {
@@ -252,8 +314,20 @@ impl GpuSampler {
             paths,
         )?;
         let with_top = requests.iter().any(|r| r.params.n_logprobs > 0);
-        let rows = out.read(dev, requests.len(), with_top)?;
-        Ok(rows.into_iter().map(to_sampled).collect())
+        out.queue_read(dev, requests.len(), with_top)?;
+        self.queued += 1;
+        self.tickets[slot] = self.queued;
+        self.last = Some((slot, requests.len()));
+        Ok(QueuedSample { slot, ticket: self.tickets[slot] })
+    }
+
+    /// Waits for `q`'s rows (its sampling only: work queued after it goes on) and reads them.
+    pub fn finish(&mut self, q: QueuedSample) -> Result<Vec<Result<Sampled, SamplingError>>, WorkerError> {
+        let out = self.outs[q.slot].as_mut().filter(|o| o.is_queued() && self.tickets[q.slot] == q.ticket);
+        let Some(out) = out else {
+            return Err(WorkerError::InvalidBatch("a queued sampling read twice, or after two later ones".into()));
+        };
+        Ok(out.take()?.into_iter().map(to_sampled).collect())
     }
 }
 
