@@ -30,8 +30,9 @@ use tessera_kernels::cuda::{bf16, Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_worker::batch::{LogitsWanted, SeqChunk};
 use tessera_worker::cuda::shapes::{bf16_bytes_per_token, synthetic_config};
-use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds};
+use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds, RowRequest};
 use tessera_worker::parallel::Shard;
+use tessera_worker::sampling::{Sampled, SamplingError};
 
 use crate::bench::BenchArgs;
 use crate::step_split::{median, StepSplit};
@@ -454,8 +455,53 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         let marks = m.device().marks(4 * gen * groups.len())?;
         m.set_marks(Some(marks));
     }
+    // One GPU, one micro-batch: each step is queued before the last one's tokens are read,
+    // its ids taken from the GPU's sampled tokens (`CudaModel::queue_sample`), so the host's
+    // work overlaps the GPU's (TESSERA_BENCH_OVERLAP=0: one step at a time, as before).
+    let overlap =
+        matches!(role, Role::Solo) && groups.len() == 1 && std::env::var("TESSERA_BENCH_OVERLAP").as_deref() != Ok("0");
     let t_all = Instant::now();
-    for step in 0..gen {
+    if overlap {
+        let group = groups[0];
+        let first = next[0].take().ok_or_else(|| anyhow!("no tokens after the prefill"))?;
+        let requests = vec![RowRequest::greedy(); group.len()];
+        // Every row takes its own row's token of the step before (the order never changes).
+        let same_rows: Vec<Option<u32>> = (0..group.len() as u32).map(Some).collect();
+        // The chunks' own tokens: the prefill's, then placeholders the device replaces.
+        let toks: Vec<[u32; 1]> = first.iter().map(|&x| [x]).collect();
+        let mut pending = None;
+        let mut last = first.clone();
+        for step in 0..gen {
+            let t = Instant::now();
+            let chunks: Vec<SeqChunk> = group
+                .iter()
+                .zip(&toks)
+                .map(|(&i, tok)| SeqChunk {
+                    tokens: tok,
+                    first_pos: len(i) + step,
+                    block_table: &tables[i],
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            let from = if step == 0 { &[][..] } else { &same_rows[..] };
+            let queued = m.queue_sample(&chunks, from, &requests, &mut sampler)?;
+            let timing = m.last_step_timing();
+            if let Some(before) = pending.replace(queued) {
+                last = greedy_tokens(m.finish_sample(before, &mut sampler)?)?;
+            }
+            graphs += usize::from(timing.graph);
+            wall.push(t.elapsed().as_secs_f64());
+            prep.push(timing.prep.as_secs_f64());
+            validate.push(timing.validate.as_secs_f64());
+            upload.push(timing.upload.as_secs_f64());
+            enqueue.push(timing.enqueue.as_secs_f64());
+        }
+        if let Some(before) = pending.take() {
+            last = greedy_tokens(m.finish_sample(before, &mut sampler)?)?;
+        }
+        next[0] = Some(last);
+    }
+    for step in 0..if overlap { 0 } else { gen } {
         for (g, group) in groups.iter().enumerate() {
             let now = match next[g].take() {
                 Some(t) => t,
@@ -523,6 +569,11 @@ fn launch(m: &mut CudaModel, chunks: &[SeqChunk], sampler: &mut GpuSampler, role
             Ok(None)
         }
     }
+}
+
+/// The tokens of a step's greedy rows (a failed row is an error: greedy rows cannot fail).
+fn greedy_tokens(rows: Vec<Result<Sampled, SamplingError>>) -> Result<Vec<u32>> {
+    Ok(rows.into_iter().map(|r| r.map(|s| s.token)).collect::<Result<_, _>>()?)
 }
 
 /// A follower's next tokens from the leader, in step order.
