@@ -107,9 +107,9 @@ pub use paged::{DecodePlan, PagedBatch, HEAD_DIMS};
 pub use qkv_args::QkvPrep;
 pub use sample_params::{SampleParams, SamplePaths, SampledRow, FROM_SAMPLED};
 #[cfg(feature = "cuda")]
-pub use sampling::SampleOutput;
+pub use sampling::{Completion, SampleOutput};
 #[cfg(not(feature = "cuda"))]
-pub use stub::{Buf, DecodeWorkspace, Device, Graph, HostStage, Marks, NcclComm, RopeCache, SampleOutput};
+pub use stub::{Buf, Completion, DecodeWorkspace, Device, Graph, HostStage, Marks, NcclComm, RopeCache, SampleOutput};
 
 /// `bf16` as the CUDA platform stores activations and weights.
 pub use half::bf16;

@@ -13,6 +13,8 @@
 //! [`SAMPLE_CANDIDATES`]: super::sample_params::SAMPLE_CANDIDATES
 //! [`gumbel_noise`]: super::sample_params::gumbel_noise
 
+use std::sync::Arc;
+
 use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
 
 use super::device::{dev_err, Buf, Device};
@@ -59,8 +61,9 @@ pub struct SampleOutput {
     parts: Option<Buf<u32>>,
     max_rows: usize,
     max_logprobs: usize,
-    /// Recorded after the last queued pack kernel (and copy back).
-    done: CudaEvent,
+    /// Recorded after the last queued pack kernel (and copy back); shared with the
+    /// [`Completion`]s handed out.
+    done: Arc<CudaEvent>,
     /// `(rows, with_top)` queued by `queue_read` and not yet taken.
     queued: Option<(usize, bool)>,
 }
@@ -142,6 +145,11 @@ impl SampleOutput {
         Ok(())
     }
 
+    /// A handle that waits for the rows queued last (from any thread, without `self`).
+    pub fn completion(&self) -> Completion {
+        Completion(self.done.clone())
+    }
+
     /// Whether rows were queued by [`SampleOutput::queue_read`] and not yet taken.
     pub fn is_queued(&self) -> bool {
         self.queued.is_some()
@@ -173,6 +181,24 @@ impl SampleOutput {
                 SampledRow { token: token[r], logprob: f32::from_bits(logprob[r]), top, flags: flags[r] }
             })
             .collect())
+    }
+}
+
+/// Waits for a queued sampling's rows ([`SampleOutput::completion`]): lets another thread
+/// learn when a queued step has finished on the GPU while the output's owner goes on.
+/// Should the output queue another read later, a wait that starts after that waits for it.
+#[derive(Clone)]
+pub struct Completion(Arc<CudaEvent>);
+
+impl Completion {
+    /// Blocks until the rows are written.
+    pub fn wait(&self) -> Result<(), KernelError> {
+        self.0.synchronize().map_err(dev_err("cuda_sample_completion"))
+    }
+
+    /// Whether the rows are written (an error counts as done: reading them reports it).
+    pub fn is_done(&self) -> bool {
+        self.0.try_is_complete().unwrap_or(true)
     }
 }
 
@@ -232,7 +258,7 @@ impl Device {
             parts: None,
             max_rows,
             max_logprobs,
-            done: self.stream.context().new_event(None).map_err(dev_err(OP))?,
+            done: Arc::new(self.stream.context().new_event(None).map_err(dev_err(OP))?),
             queued: None,
         })
     }

@@ -104,7 +104,25 @@ impl SampleOutput {
     pub fn is_queued(&self) -> bool {
         match self.never {}
     }
+    pub fn completion(&self) -> Completion {
+        match self.never {}
+    }
     pub fn take(&mut self) -> Result<Vec<super::SampledRow>, KernelError> {
+        match self.never {}
+    }
+}
+
+/// Waits for a queued sampling (never constructed without the `cuda` feature).
+#[derive(Clone)]
+pub struct Completion {
+    never: Infallible,
+}
+
+impl Completion {
+    pub fn wait(&self) -> Result<(), KernelError> {
+        match self.never {}
+    }
+    pub fn is_done(&self) -> bool {
         match self.never {}
     }
 }
