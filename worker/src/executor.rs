@@ -3,7 +3,11 @@
 //! forward pass, sample where asked.
 //!
 //! Plain synchronous code; the gRPC service (`service.rs`) feeds it from the step stream
-//! on a blocking thread, so a slow forward pass never stalls the async runtime.
+//! on a blocking thread, so a slow forward pass never stalls the async runtime. On the CUDA
+//! backend a step can be started ([`Executor::start`]: queued on the GPU) and completed
+//! later ([`Executor::complete`]: its sampled rows read), and a lookahead step can be
+//! queued behind a pending one before that one's rows are read: its decodes take their
+//! tokens from the GPU's sampled rows.
 //!
 //! Constrained sequences (structured outputs, `constrained.rs`): their masks are computed
 //! on a scoped thread during the forward pass and applied before sampling; a step without
@@ -18,9 +22,10 @@ use tessera_kernels::cpu::par;
 use crate::backend::Backend;
 use crate::batch::{Logits, LogitsWanted, SeqChunk};
 use crate::constrained::{apply_mask, compute_masks, Grammars, MaskJob, SeqGrammar};
-use crate::cuda::RowRequest;
+use crate::cuda::{QueuedStep, RowRequest};
 use crate::error::WorkerError;
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
+use tessera_kernels::cuda::Completion;
 
 /// A sequence the executor has not seen before.
 #[derive(Debug, Clone)]
@@ -110,17 +115,36 @@ pub struct Executor {
     /// Most tokens a step may run (what the Load asked for; the GPU backends kept
     /// activation memory for that many).
     max_step_tokens: usize,
+    /// The step queued on the GPU whose rows are not read yet ([`Executor::start`]).
+    pending: Option<Pending>,
+    /// Whether `start` may queue a step behind the pending one (else it completes that one
+    /// first).
+    behind: bool,
 }
 
 impl Executor {
     pub fn new(backend: Backend) -> Self {
-        Executor { backend, seqs: HashMap::new(), grammar: HashMap::new(), grammars: None, max_step_tokens: usize::MAX }
+        Executor {
+            backend,
+            seqs: HashMap::new(),
+            grammar: HashMap::new(),
+            grammars: None,
+            max_step_tokens: usize::MAX,
+            pending: None,
+            behind: true,
+        }
     }
 
     /// Steps running more than `n` tokens are refused (default: no limit beyond the KV
     /// cache's slots, which the backends check).
     pub fn with_max_step_tokens(mut self, n: usize) -> Self {
         self.max_step_tokens = n;
+        self
+    }
+
+    /// Whether [`Executor::start`] may queue a step behind the pending one (default: yes).
+    pub fn with_queueing_behind(mut self, on: bool) -> Self {
+        self.behind = on;
         self
     }
 
@@ -156,8 +180,73 @@ impl Executor {
     }
 
     /// Runs one step. A bad step (unknown sequence, bad ids) is an error and changes no
-    /// sequence's state beyond the deltas already applied.
-    pub fn step(&mut self, mut input: StepInput) -> Result<StepOutput, WorkerError> {
+    /// sequence's state beyond the deltas already applied. Refused while a step started
+    /// with [`Executor::start`] awaits [`Executor::complete`].
+    pub fn step(&mut self, input: StepInput) -> Result<StepOutput, WorkerError> {
+        if self.pending.is_some() {
+            return Err(WorkerError::InvalidBatch("a queued step has not been completed".into()));
+        }
+        match self.begin(input, None)? {
+            Some(out) => Ok(out),
+            None => self.complete().unwrap_or_else(|| Err(WorkerError::InvalidBatch("the step was lost".into()))),
+        }
+    }
+
+    /// Starts a step. On the CUDA backend it is queued on the GPU and its sampled rows are
+    /// read later, by [`Executor::complete`] or by the next `start`; elsewhere it runs whole.
+    /// If a step is pending, `input` is queued behind it before the pending step's rows are
+    /// read when it can be: its runs of the pending step's sampled sequences are lookahead
+    /// decodes, which take their tokens on the GPU, of sequences whose sampling needs no
+    /// history (no penalties, no `min_tokens`, no grammar), and it finishes none of the
+    /// pending step's sequences. Otherwise the pending step is completed first. So the GPU
+    /// runs the next step while the host reads the last one's tokens and replies.
+    pub fn start(&mut self, input: StepInput) -> Started {
+        let older = match self.pending.take() {
+            Some(p) if self.can_follow(&p, &input) => Some(p),
+            Some(p) => {
+                let previous = Some(self.finish_pending(p));
+                return Started { previous, this: self.begin(input, None), queued_behind: false };
+            }
+            None => None,
+        };
+        let this = self.begin(input, older.as_ref());
+        let queued_behind = older.is_some() && self.pending.is_some();
+        let previous = older.map(|p| self.finish_pending(p));
+        Started { previous, this, queued_behind }
+    }
+
+    /// Reads the pending step's rows (waiting for the GPU) and returns its output; `None`
+    /// when no step is pending.
+    pub fn complete(&mut self) -> Option<Result<StepOutput, WorkerError>> {
+        let p = self.pending.take()?;
+        Some(self.finish_pending(p))
+    }
+
+    /// A handle that waits until the pending step's rows are written on the GPU, from any
+    /// thread (`None`: no step is pending, or it sampled nothing).
+    pub fn pending_completion(&self) -> Option<Completion> {
+        self.pending.as_ref().and_then(|p| p.step.completion())
+    }
+
+    /// Whether `input` can be queued behind `p` before `p`'s rows are read (see `start`).
+    fn can_follow(&self, p: &Pending, input: &StepInput) -> bool {
+        if !self.behind || input.finished.iter().any(|id| p.ends.contains_key(id)) {
+            return false;
+        }
+        input.runs.iter().all(|r| {
+            let Some(&end) = p.ends.get(&r.seq_id) else { return true };
+            let plain = self.seqs.get(&r.seq_id).is_some_and(|st| {
+                !st.sampler.penalises() && st.sampler.params().min_tokens == 0 && !self.grammar.contains_key(&r.seq_id)
+            });
+            r.from_previous && p.rows.contains_key(&r.seq_id) && r.first_pos == end && plain
+        })
+    }
+
+    /// Applies `input`'s deltas, checks its runs and runs it: whole (the output) or queued
+    /// on the GPU (`None`; `self.pending` holds it). With `older` (a step still pending,
+    /// which `input` may follow), its sampled sequences' lookahead runs take their tokens
+    /// from its rows on the GPU and their draws count its one.
+    fn begin(&mut self, mut input: StepInput, older: Option<&Pending>) -> Result<Option<StepOutput>, WorkerError> {
         // A lookahead run's token is filled in below: it counts as one.
         let tokens = input.runs.iter().fold(0usize, |n, r| n.saturating_add(r.tokens.len().max(1)));
         if tokens > self.max_step_tokens {
@@ -205,15 +294,31 @@ impl Executor {
             st.block_table.extend(blocks);
         }
         if input.runs.is_empty() {
-            return Ok(StepOutput::default());
+            return Ok(Some(StepOutput::default()));
         }
+        // The older step's row of each sequence it samples (its lookahead runs here take
+        // that row's token on the GPU; their own token is filled in at completion).
+        let after = |id: u64| older.and_then(|p| p.rows.get(&id).copied());
+        let mut from_sampled: Vec<Option<u32>> = Vec::new();
+        let mut fill = Vec::new();
         // Lookahead decodes run the token sampled for them in the previous step.
-        for r in input.runs.iter_mut().filter(|r| r.from_previous) {
+        for (i, r) in input.runs.iter_mut().enumerate().filter(|(_, r)| r.from_previous) {
             let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
+            if let Some(row) = after(r.seq_id) {
+                from_sampled.resize(i, None);
+                from_sampled.push(Some(row));
+                fill.push(i);
+                // A placeholder the GPU replaces; a valid id for the checks.
+                r.tokens = vec![0];
+                continue;
+            }
             let t = st.last_sampled.ok_or_else(|| {
                 WorkerError::InvalidBatch(format!("sequence {}: a lookahead run but no token sampled before", r.seq_id))
             })?;
             r.tokens = vec![t];
+        }
+        if !from_sampled.is_empty() {
+            from_sampled.resize(input.runs.len(), None);
         }
         let gpu = matches!(self.backend, Backend::Cuda(..));
         // A pipeline stage before the last runs its layers and passes the activations on;
@@ -223,6 +328,7 @@ impl Executor {
         let mut chunks = Vec::with_capacity(input.runs.len());
         // GPU backend: what each sampled row needs, built while the histories are borrowed.
         let mut requests = Vec::new();
+        let mut rows = HashMap::new();
         let mut sampled_ids = std::collections::HashSet::new();
         let mut refused: HashMap<u64, SamplingError> = HashMap::new();
         for r in &input.runs {
@@ -231,7 +337,9 @@ impl Executor {
             if r.sample && !sampled_ids.insert(r.seq_id) {
                 return Err(WorkerError::InvalidBatch(format!("sequence {} is sampled twice in one step", r.seq_id)));
             }
-            if st.history.len() < r.first_pos {
+            // A run after the older step's starts where that one ends (`can_follow`), past
+            // the history, which that step's completion extends.
+            if after(r.seq_id).is_none() && st.history.len() < r.first_pos {
                 return Err(WorkerError::InvalidBatch(format!(
                     "sequence {}: run starts at position {} but only {} earlier tokens are known",
                     r.seq_id,
@@ -240,7 +348,9 @@ impl Executor {
                 )));
             }
             if gpu && r.sample {
-                let (seed, draw) = st.sampler.stream_position();
+                let (seed, mut draw) = st.sampler.stream_position();
+                // The older step's draw of this sequence is not counted yet.
+                draw += u64::from(after(r.seq_id).is_some());
                 let mut history = Vec::new();
                 if st.sampler.penalises() {
                     history.extend_from_slice(&st.history[..r.first_pos]);
@@ -250,6 +360,7 @@ impl Executor {
                 // bias or history) fails its sequence alone, as on the CPU: a greedy
                 // placeholder keeps the rows aligned and its draw is dropped.
                 let generated = st.output_before(r.first_pos + r.tokens.len());
+                rows.insert(r.seq_id, requests.len() as u32);
                 match RowRequest::new(st.sampler.params(), seed, draw, &history, generated, vocab) {
                     Ok(req) => requests.push(req),
                     Err(e) => {
@@ -301,8 +412,8 @@ impl Executor {
         let grammars = self.grammars.clone();
         let backend = &mut self.backend;
         let forward = move || match backend {
-            Backend::Cuda(m, sampler) => Ok((None, Some(m.forward_sample(&chunks, &requests, sampler)?.into_iter()))),
-            backend => Ok((Some(backend.forward(&chunks)?), None)),
+            Backend::Cuda(m, sampler) => Ok(Err(m.queue_sample(&chunks, &from_sampled, &requests, sampler)?)),
+            backend => Ok(Ok(backend.forward(&chunks)?)),
         };
         let result: Result<_, WorkerError> = if jobs.is_empty() {
             forward()
@@ -321,15 +432,52 @@ impl Executor {
             masks.insert(j.run, j.cell.wait_take());
             self.grammar.insert(j.seq_id, j.grammar);
         }
-        let (mut logits, mut gpu_sampled) = result?;
-        let forward_us = t0.elapsed().as_micros() as u64;
+        match result? {
+            // Queued on the GPU: its rows are read at completion.
+            Err(step) => {
+                let ends = input.runs.iter().map(|r| (r.seq_id, r.first_pos + r.tokens.len())).collect();
+                self.pending = Some(Pending { runs: input.runs, fill, refused, masks, step, t0, rows, ends });
+                Ok(None)
+            }
+            Ok(logits) => {
+                let forward_us = t0.elapsed().as_micros() as u64;
+                let done = Forwarded { logits: Some(logits), gpu: None, refused, masks, forward_us };
+                self.finish_runs(&input.runs, done).map(Some)
+            }
+        }
+    }
 
+    /// Reads a queued step's rows and finishes it: its lookahead runs' tokens (sampled in
+    /// the step before it, known by now) go into the histories with the rest.
+    fn finish_pending(&mut self, mut p: Pending) -> Result<StepOutput, WorkerError> {
+        let rows = match &mut self.backend {
+            Backend::Cuda(m, sampler) => m.finish_sample(p.step, sampler)?,
+            _ => return Err(WorkerError::InvalidBatch("a queued step on a backend that does not queue".into())),
+        };
+        for &i in &p.fill {
+            let r = &mut p.runs[i];
+            // A sequence whose draw in the step before failed ends with that error (the
+            // coordinator drops this run's token); its history takes a placeholder.
+            let t = self.seqs.get(&r.seq_id).and_then(|st| st.last_sampled).unwrap_or(0);
+            r.tokens = vec![t];
+        }
+        let forward_us = p.t0.elapsed().as_micros() as u64;
+        let done = Forwarded { logits: None, gpu: Some(rows), refused: p.refused, masks: p.masks, forward_us };
+        self.finish_runs(&p.runs, done)
+    }
+
+    /// A run step's post-processing: histories, draws (from the logits on the host, or
+    /// the GPU's rows), grammars, the output.
+    fn finish_runs(&mut self, runs: &[Run], done: Forwarded) -> Result<StepOutput, WorkerError> {
+        let Forwarded { mut logits, gpu, mut refused, mut masks, forward_us } = done;
+        let mut gpu_sampled = gpu.map(Vec::into_iter);
+        let samples = self.backend.samples();
         let t1 = Instant::now();
         let mut sampled = Vec::new();
         let mut errors = Vec::new();
         // History covers exactly the positions now in the cache.
         let mut picks = Vec::new();
-        for (i, r) in input.runs.iter().enumerate() {
+        for (i, r) in runs.iter().enumerate() {
             let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             st.history.truncate(r.first_pos);
             st.history.extend_from_slice(&r.tokens);
@@ -342,11 +490,11 @@ impl Executor {
             }
         }
         let draws: Vec<Result<Sampled, SamplingError>> = match (&mut logits, &mut gpu_sampled) {
-            (Some(l), _) => draw_rows(&mut self.seqs, l, &input.runs, &picks, &mut masks)?,
+            (Some(l), _) => draw_rows(&mut self.seqs, l, runs, &picks, &mut masks)?,
             (None, Some(g)) => {
                 let mut out = Vec::with_capacity(picks.len());
                 for &i in &picks {
-                    let id = input.runs[i].seq_id;
+                    let id = runs[i].seq_id;
                     let st = self.seqs.get_mut(&id).ok_or_else(|| unknown(id))?;
                     let s = g.next().ok_or_else(|| WorkerError::InvalidBatch("missing sampled row".into()))?;
                     match refused.remove(&id) {
@@ -365,7 +513,7 @@ impl Executor {
             (None, None) => Vec::new(),
         };
         for (&i, drawn) in picks.iter().zip(draws) {
-            let r = &input.runs[i];
+            let r = &runs[i];
             let st = self.seqs.get_mut(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
             // A sequence whose logits cannot be sampled (every token banned, say) fails
             // alone, as a failed grammar does; the batch goes on.
@@ -396,6 +544,43 @@ impl Executor {
         }
         Ok(StepOutput { sampled, errors, forward_us, sample_us })
     }
+}
+
+/// What [`Executor::start`] did: the output of the step that was pending before it, if
+/// one was (completed before or after this one was queued), and this step's output when it
+/// ran whole (`Ok(None)`: queued, read by [`Executor::complete`] or the next `start`).
+#[derive(Debug)]
+pub struct Started {
+    pub previous: Option<Result<StepOutput, WorkerError>>,
+    pub this: Result<Option<StepOutput>, WorkerError>,
+    /// This step was queued on the GPU before the previous one's rows were read.
+    pub queued_behind: bool,
+}
+
+/// A step queued on the GPU whose rows the host has not read.
+struct Pending {
+    runs: Vec<Run>,
+    /// Runs whose token was sampled in the step before this one, on the GPU: filled in
+    /// from the sequence's `last_sampled` at completion.
+    fill: Vec<usize>,
+    refused: HashMap<u64, SamplingError>,
+    masks: HashMap<usize, Option<Vec<u32>>>,
+    step: QueuedStep,
+    t0: Instant,
+    /// Each sampled sequence's row of the step's sampling.
+    rows: HashMap<u64, u32>,
+    /// Each run's sequence and the position after its run.
+    ends: HashMap<u64, usize>,
+}
+
+/// A step's forward pass as its post-processing takes it: the logits on the host (CPU
+/// backend) or the GPU's sampled rows, the refused rows, the grammar masks, its time.
+struct Forwarded {
+    logits: Option<Logits>,
+    gpu: Option<Vec<Result<Sampled, SamplingError>>>,
+    refused: HashMap<u64, SamplingError>,
+    masks: HashMap<usize, Option<Vec<u32>>>,
+    forward_us: u64,
 }
 
 /// The draws of the runs `picks` (indices into `runs`) from their logit rows, after their

@@ -93,6 +93,14 @@ impl Collective for TimedCollective {
     }
 }
 
+/// A step's phase, tokens and start, from [`WorkerMetrics::step_clock`].
+#[derive(Debug, Clone, Copy)]
+pub struct StepClock {
+    phase: Option<StepPhase>,
+    tokens: usize,
+    t0: Instant,
+}
+
 /// What kind of work a step held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepPhase {
@@ -184,18 +192,32 @@ impl WorkerMetrics {
     /// Runs one step (`run`, given `input`) and records its duration, tokens and the time
     /// its collectives took (groups that were used).
     pub fn timed_step<R>(&self, input: StepInput, run: impl FnOnce(StepInput) -> R) -> R {
-        let phase = StepPhase::of(&input);
-        let tokens: usize = input.runs.iter().map(Run::num_tokens).sum();
+        // Only this step's collectives.
         self.tp_clock.take();
         self.pp_clock.take();
-        let t0 = Instant::now();
+        let clock = self.step_clock(&input);
         let out = run(input);
-        let wall = t0.elapsed();
+        self.record_step(clock);
+        out
+    }
+
+    /// Starts timing a step of `input` (its phase, tokens, start); [`WorkerMetrics::record_step`]
+    /// records it when it ends: a step queued on the GPU ends when its rows are read.
+    pub fn step_clock(&self, input: &StepInput) -> StepClock {
+        let phase = StepPhase::of(input);
+        let tokens: usize = input.runs.iter().map(Run::num_tokens).sum();
+        StepClock { phase, tokens, t0: Instant::now() }
+    }
+
+    /// Records a step timed since `clock` and the collective time since the last record
+    /// (one step's, unless a step was queued behind another).
+    pub fn record_step(&self, clock: StepClock) {
+        let wall = clock.t0.elapsed();
         let (tp, pp) = (self.tp_clock.take(), self.pp_clock.take());
         self.last_collective_ns.store((tp + pp).as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
-        if let Some(phase) = phase {
+        if let Some(phase) = clock.phase {
             self.step[phase as usize].observe_duration(wall);
-            self.tokens.add(tokens as u64);
+            self.tokens.add(clock.tokens as u64);
             if !tp.is_zero() {
                 self.tp_time.observe_duration(tp);
             }
@@ -203,7 +225,6 @@ impl WorkerMetrics {
                 self.pp_time.observe_duration(pp);
             }
         }
-        out
     }
 
     /// The collective time of the last step (for its trace span).

@@ -1,6 +1,11 @@
 //! The worker's gRPC service (`tessera.worker.v1.Worker`): Info, Load and the long-lived
 //! Step stream. Conversion between wire messages and the executor's types lives here;
-//! the executor runs each step on a blocking thread, one step at a time, in stream order.
+//! the executor runs each step on a blocking thread, in stream order. On a GPU a step is
+//! queued and its reply waits for its rows: if the next message (a lookahead step, which
+//! the coordinator sends before this reply) arrives first, it is queued behind it before
+//! those rows are read (`Executor::start`), so the GPU is not idle while the host replies
+//! and takes the next step; otherwise the rows are read as soon as the GPU has them.
+//! `TESSERA_WORKER_OVERLAP=0` turns the queueing behind off.
 //!
 //! Sharded replicas: a CPU worker's collectives are TCP (it reports listener addresses); a
 //! GPU worker's are NCCL: it reports `nccl:<hex id>` of a communicator id it made, and a
@@ -13,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
 
-use tessera_kernels::cuda::{Device, NcclId};
+use tessera_kernels::cuda::{Completion, Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_proto::worker as pb;
 use tokio::sync::mpsc;
@@ -25,12 +30,13 @@ use crate::backend::Backend;
 use crate::collective::{Collective, TcpCollective};
 use crate::constrained::Grammars;
 use crate::cuda::{kv_bytes_per_block, CudaModel, CudaOptions, GroupIds, TpPart};
+use crate::error::WorkerError;
 use crate::executor::{Executor, NewSequence, Run, StepInput, StepOutput};
 use crate::llama::LlamaModel;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{StepClock, WorkerMetrics};
 use crate::parallel::{Comms, Shard};
 use crate::sampling::SamplingParams;
-use crate::step_trace::StepTracer;
+use crate::step_trace::{StepTracer, TracedStep};
 use crate::step_watch::{watch_step, StuckHook};
 
 /// KV memory a CPU worker allocates when the load request leaves it to the worker.
@@ -347,6 +353,10 @@ fn load(
     // the same token: a lookahead decode runs each rank's own last sampled token.
     let samples = sharded.is_none_or(|s| s.pp_rank + 1 >= s.pp_size.max(1));
     let mut exec = Executor::new(backend).with_max_step_tokens(max_step_tokens);
+    // TESSERA_WORKER_OVERLAP=0: a GPU step is never queued behind the pending one (A/B runs).
+    if std::env::var("TESSERA_WORKER_OVERLAP").as_deref() == Ok("0") {
+        exec = exec.with_queueing_behind(false);
+    }
     if samples {
         let grammars = Arc::new(Grammars::for_model(path));
         // Built in the background now rather than on the first constrained step's mask
@@ -608,58 +618,210 @@ impl pb::worker_server::Worker for WorkerService {
         let stuck = self.stuck.clone();
         tokio::spawn(async move {
             let mut tracer = StepTracer::default();
-            while let Some(msg) = incoming.next().await {
-                let msg = match msg {
-                    Ok(m) => m,
+            // The step queued on the GPU whose reply waits for its rows.
+            let mut pending: Option<Awaiting> = None;
+            let watch = stuck.as_ref().filter(|_| gpu).map(|(g, h)| (*g, h.clone()));
+            loop {
+                let next = match pending.as_mut() {
+                    None => incoming.next().await,
+                    Some(p) => {
+                        // The next message or the pending step's rows, whichever comes
+                        // first: a message first is queued behind the pending step.
+                        let done = p.done.clone();
+                        let rows = async move {
+                            if let Some(c) = done {
+                                // An error here is the step's own, which reading its rows reports.
+                                let _ = tokio::task::spawn_blocking(move || c.wait()).await;
+                            }
+                        };
+                        tokio::select! {
+                            biased;
+                            m = incoming.next() => m,
+                            () = rows => {
+                                let Some(p) = pending.take() else { continue };
+                                let w = watch.as_ref().map(|(g, h)| (*g, h));
+                                if !complete_and_reply(p, &state, &metrics, &tx, w, &stuck).await {
+                                    break;
+                                }
+                                continue;
+                            }
+                        }
+                    }
+                };
+                let msg = match next {
+                    Some(Ok(m)) => m,
+                    None => break,
                     // The coordinator went away (nobody to tell), or its message did not
                     // decode: say which before the stream ends.
-                    Err(e) => {
+                    Some(Err(e)) => {
                         let _ = tx.send(Err(Status::invalid_argument(format!("step stream: {e}")))).await;
                         break;
                     }
                 };
                 let step_id = msg.step_id;
                 let traced = tracer.begin(&msg);
-                // Its collective time, for the traced sequences' spans.
-                let clock = traced.as_ref().map(|_| metrics.clone());
-                let state = state.clone();
-                let metrics = metrics.clone();
-                let job = tokio::task::spawn_blocking(move || {
-                    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
-                    match guard.as_mut() {
-                        None => Err(("no model is loaded".to_string(), false)),
-                        Some(l) => metrics
-                            .timed_step(step_input(msg), |i| l.exec.step(i))
-                            .map_err(|e| (e.to_string(), l.exec.backend().context_lost_by(&e))),
+                let mut earlier = pending.take();
+                // The pending step has finished on the GPU already: its reply goes first, so
+                // the coordinator can schedule on its tokens while this step runs.
+                if let Some(p) = earlier.take_if(|p| p.done.as_ref().is_none_or(Completion::is_done)) {
+                    let w = watch.as_ref().map(|(g, h)| (*g, h));
+                    if !complete_and_reply(p, &state, &metrics, &tx, w, &stuck).await {
+                        break;
                     }
+                }
+                let (state2, metrics2) = (state.clone(), metrics.clone());
+                let earlier_clock = earlier.as_ref().map(|p| p.clock);
+                let job = tokio::task::spawn_blocking(move || start_step(&state2, &metrics2, msg, earlier_clock));
+                let w = watch.as_ref().map(|(g, h)| (*g, h));
+                let started = watch_step(job, tx.closed(), w, || format!("step {step_id}")).await;
+                let started = started.unwrap_or_else(|e| StartedStep {
+                    previous: None,
+                    this: StepState::Done(Err((format!("step task failed: {e}"), false))),
                 });
-                let watch = stuck.as_ref().filter(|_| gpu).map(|(g, h)| (*g, h));
-                let result = watch_step(job, tx.closed(), watch, || format!("step {step_id}")).await;
-                let (reply, lost) = match result {
-                    Ok(Ok(out)) => (step_reply(step_id, out), false),
-                    Ok(Err((error, lost))) => (pb::StepReply { step_id, error, ..Default::default() }, lost),
-                    Err(e) => (
-                        pb::StepReply { step_id, error: format!("step task failed: {e}"), ..Default::default() },
-                        false,
-                    ),
-                };
-                if let Some(t) = traced {
-                    t.end(&reply, clock.map(|m| m.last_collective()));
+                // The earlier step's reply first: the coordinator reads replies in order.
+                if let Some(p) = earlier {
+                    let out = started.previous.unwrap_or_else(|| Err(("the pending step was lost".into(), false)));
+                    if !reply(&tx, p.step_id, out, p.traced, &metrics, &stuck).await {
+                        break;
+                    }
                 }
-                // The coordinator gets the step's own error before the worker gives up.
-                let what =
-                    lost.then(|| format!("step {step_id} failed and left the GPU context unusable: {}", reply.error));
-                let sent = tx.send(Ok(reply)).await;
-                if let (Some(what), Some((_, hook))) = (what, &stuck) {
-                    hook(&what);
+                match started.this {
+                    StepState::Done(out) => {
+                        if !reply(&tx, step_id, out, traced, &metrics, &stuck).await {
+                            break;
+                        }
+                    }
+                    StepState::Queued { clock, done } => pending = Some(Awaiting { step_id, traced, clock, done }),
                 }
-                if sent.is_err() {
-                    break;
-                }
+            }
+            // The stream ended with a step queued: read its rows so the executor is ready
+            // for the next stream (nobody is left to reply to).
+            if let Some(p) = pending {
+                let (state, metrics) = (state.clone(), metrics.clone());
+                let _ = tokio::task::spawn_blocking(move || complete_pending(&state, &metrics, p.clock)).await;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// A step queued on the GPU whose reply waits for its rows: its id, trace, metrics clock
+/// and a handle that waits for its rows (`None`: it has finished, or sampled nothing).
+struct Awaiting {
+    step_id: u64,
+    traced: Option<TracedStep>,
+    clock: StepClock,
+    done: Option<Completion>,
+}
+
+/// A step's result for its reply: the output, or the error and whether it left the GPU
+/// context unusable.
+type StepResult = Result<StepOutput, (String, bool)>;
+
+/// What a step's start did (see `Executor::start`).
+struct StartedStep {
+    /// The pending step's result, when there was one.
+    previous: Option<StepResult>,
+    this: StepState,
+}
+
+enum StepState {
+    Done(StepResult),
+    /// Queued: the metrics clock and a handle that waits for its rows (`None`: it has
+    /// finished, or sampled nothing).
+    Queued {
+        clock: StepClock,
+        done: Option<Completion>,
+    },
+}
+
+/// On a blocking thread: starts `msg`'s step on the loaded model, after or behind the
+/// pending one (whose metrics clock is `earlier`).
+fn start_step(
+    state: &Mutex<Option<Loaded>>,
+    metrics: &WorkerMetrics,
+    msg: pb::StepRequest,
+    earlier: Option<StepClock>,
+) -> StartedStep {
+    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(l) = guard.as_mut() else {
+        let error = || Err(("no model is loaded".to_string(), false));
+        return StartedStep { previous: earlier.map(|_| error()), this: StepState::Done(error()) };
+    };
+    let input = step_input(msg);
+    let clock = metrics.step_clock(&input);
+    let started = l.exec.start(input);
+    let lost = |e: WorkerError, exec: &Executor| (e.to_string(), exec.backend().context_lost_by(&e));
+    let previous = started.previous.map(|r| {
+        if let Some(c) = earlier {
+            metrics.record_step(c);
+        }
+        r.map_err(|e| lost(e, &l.exec))
+    });
+    let this = match started.this {
+        Ok(Some(out)) => {
+            metrics.record_step(clock);
+            StepState::Done(Ok(out))
+        }
+        Ok(None) => StepState::Queued { clock, done: l.exec.pending_completion() },
+        Err(e) => {
+            metrics.record_step(clock);
+            StepState::Done(Err(lost(e, &l.exec)))
+        }
+    };
+    StartedStep { previous, this }
+}
+
+/// On a blocking thread: reads the pending step's rows and finishes it.
+fn complete_pending(state: &Mutex<Option<Loaded>>, metrics: &WorkerMetrics, clock: StepClock) -> StepResult {
+    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(l) = guard.as_mut() else { return Err(("no model is loaded".to_string(), false)) };
+    let out = l.exec.complete().unwrap_or_else(|| Err(WorkerError::InvalidBatch("no step is pending".into())));
+    metrics.record_step(clock);
+    out.map_err(|e| (e.to_string(), l.exec.backend().context_lost_by(&e)))
+}
+
+/// Reads the pending step `p`'s rows on a blocking thread (watched as a step) and sends its
+/// reply. False once the coordinator is gone.
+async fn complete_and_reply(
+    p: Awaiting,
+    state: &Arc<Mutex<Option<Loaded>>>,
+    metrics: &Arc<WorkerMetrics>,
+    tx: &mpsc::Sender<Result<pb::StepReply, Status>>,
+    watch: Option<(Duration, &StuckHook)>,
+    stuck: &Option<(Duration, StuckHook)>,
+) -> bool {
+    let (state2, metrics2, clock) = (state.clone(), metrics.clone(), p.clock);
+    let job = tokio::task::spawn_blocking(move || complete_pending(&state2, &metrics2, clock));
+    let out = watch_step(job, tx.closed(), watch, || format!("step {}", p.step_id)).await;
+    let out = out.unwrap_or_else(|e| Err((format!("step task failed: {e}"), false)));
+    reply(tx, p.step_id, out, p.traced, metrics, stuck).await
+}
+
+/// Sends step `step_id`'s reply (ending its trace); a step whose error left the GPU context
+/// unusable then calls the stuck hook. False once the coordinator is gone.
+async fn reply(
+    tx: &mpsc::Sender<Result<pb::StepReply, Status>>,
+    step_id: u64,
+    result: StepResult,
+    traced: Option<TracedStep>,
+    metrics: &WorkerMetrics,
+    stuck: &Option<(Duration, StuckHook)>,
+) -> bool {
+    let (reply, lost) = match result {
+        Ok(out) => (step_reply(step_id, out), false),
+        Err((error, lost)) => (pb::StepReply { step_id, error, ..Default::default() }, lost),
+    };
+    if let Some(t) = traced {
+        t.end(&reply, Some(metrics.last_collective()));
+    }
+    // The coordinator gets the step's own error before the worker gives up.
+    let what = lost.then(|| format!("step {step_id} failed and left the GPU context unusable: {}", reply.error));
+    let sent = tx.send(Ok(reply)).await;
+    if let (Some(what), Some((_, hook))) = (what, stuck) {
+        hook(&what);
+    }
+    sent.is_ok()
 }
 
 #[cfg(test)]

@@ -682,6 +682,91 @@ fn new_seq(
     }
 }
 
+/// `Executor::start` queues a lookahead step behind the pending one (its tokens taken on the
+/// GPU) when it can, and completes the pending one first when it cannot: the same tokens as
+/// `step` one at a time, for a greedy sequence, a seeded temperature-sampled one (its draw
+/// counts the pending step's) and, joining at step 5 and finished at step 10, one with a
+/// repetition penalty (which needs the pending step's token on the host: no queueing behind
+/// while it runs).
+#[test]
+fn executor_queues_lookahead_steps_behind_the_pending_one() {
+    use std::collections::HashMap;
+    use tessera_worker::executor::{Run, StepInput, StepOutput};
+    use tessera_worker::sampling::SamplingParams;
+    if !enabled("executor_queues_lookahead_steps_behind_the_pending_one") {
+        return;
+    }
+    let (_, mut pipelined) = reference_and_executor();
+    let (_, mut one_by_one) = reference_and_executor();
+    let params = |id: u64| match id {
+        1 => SamplingParams::greedy(),
+        2 => SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(7), ..SamplingParams::default() },
+        _ => SamplingParams { temperature: 0.0, repetition_penalty: 1.3, ..SamplingParams::default() },
+    };
+    let prompt = |id: u64| -> Vec<u32> { (0..8 + 3 * id as u32).map(|i| 200 + 53 * i + 11 * id as u32).collect() };
+    let steps = 16usize;
+    // Step k's input: sequences 1 and 2 from step 0, sequence 3 from step 5 to 9.
+    let input = |k: usize| -> StepInput {
+        let mut x = StepInput::default();
+        let prefill =
+            |id: u64| Run { seq_id: id, tokens: prompt(id), first_pos: 0, sample: true, from_previous: false };
+        let decode = |id: u64, since: usize| Run {
+            seq_id: id,
+            tokens: Vec::new(),
+            first_pos: prompt(id).len() + k - since - 1,
+            sample: true,
+            from_previous: true,
+        };
+        for id in [1u64, 2] {
+            if k == 0 {
+                x.new_sequences.push(new_seq(id, params(id), 64 * id as u32));
+                x.runs.push(prefill(id));
+            } else {
+                x.runs.push(decode(id, 0));
+            }
+        }
+        match k {
+            5 => {
+                x.new_sequences.push(new_seq(3, params(3), 192));
+                x.runs.push(prefill(3));
+            }
+            6..=9 => x.runs.push(decode(3, 5)),
+            10 => x.finished.push(3),
+            _ => {}
+        }
+        x
+    };
+    let mut want: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
+    let keep = |to: &mut HashMap<u64, Vec<u32>>, out: StepOutput| {
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        for (id, s) in out.sampled {
+            to.entry(id).or_default().push(s.token);
+        }
+    };
+    let mut behind = Vec::new();
+    for k in 0..steps {
+        keep(&mut want, one_by_one.step(input(k)).expect("step one at a time"));
+        let started = pipelined.start(input(k));
+        behind.push(started.queued_behind);
+        if let Some(prev) = started.previous {
+            keep(&mut got, prev.expect("the step before"));
+        }
+        if let Some(out) = started.this.expect("started") {
+            keep(&mut got, out);
+        }
+    }
+    assert!(pipelined.step(StepInput::default()).is_err(), "step while a step is pending");
+    keep(&mut got, pipelined.complete().expect("a pending step").expect("the last step"));
+    assert!(pipelined.complete().is_none(), "nothing pending after");
+    assert_eq!(got, want, "queued behind vs one at a time");
+    // Queued behind at every decode step but while sequence 3 decodes (6-9) and when it is
+    // finished (10: the pending step ran it).
+    let expect: Vec<bool> = (0..steps).map(|k| k >= 1 && !(6..=10).contains(&k)).collect();
+    assert_eq!(behind, expect, "which steps were queued behind the pending one");
+    eprintln!("executor lookahead queueing: {:?} tokens equal", got.values().map(Vec::len).collect::<Vec<_>>());
+}
+
 /// The executor on the CUDA backend samples on the GPU: greedy tokens and top-5 logprobs
 /// equal what the downloaded logits give, and seeded sampling replays.
 #[test]

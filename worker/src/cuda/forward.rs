@@ -37,7 +37,9 @@
 use std::time::{Duration, Instant};
 
 use tessera_kernels::cpu::attention::PagedKv;
-use tessera_kernels::cuda::{bf16, Buf, Copy2d, DecodeWorkspace, Device, Graph, HostStage, Marks, PagedBatch};
+use tessera_kernels::cuda::{
+    bf16, Buf, Completion, Copy2d, DecodeWorkspace, Device, Graph, HostStage, Marks, PagedBatch,
+};
 use tessera_model::config::ModelConfig;
 
 use crate::batch::{validate_chunks, Logits, SeqChunk};
@@ -399,10 +401,17 @@ pub struct StepTiming {
 
 /// A step queued by [`CudaModel::queue_sample`] whose sampled rows are not read yet.
 #[must_use = "a queued step's rows are read by CudaModel::finish_sample"]
-#[derive(Debug)]
 pub struct QueuedStep {
     /// `None`: the step sampled nothing (and has finished).
     sample: Option<QueuedSample>,
+}
+
+impl QueuedStep {
+    /// A handle that waits until the step's rows are written on the GPU (`None`: the step
+    /// sampled nothing and has finished).
+    pub fn completion(&self) -> Option<Completion> {
+        self.sample.as_ref().map(QueuedSample::completion)
+    }
 }
 
 /// A step's logits on the device: the first `rows` rows of `buf` (`[padded rows, vocab]`

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use tessera_kernels::cuda::{Buf, Device, Elem, SampleOutput, SampleParams, SamplePaths, SampledRow};
+use tessera_kernels::cuda::{Buf, Completion, Device, Elem, SampleOutput, SampleParams, SamplePaths, SampledRow};
 
 use crate::constrained::MaskCell;
 use crate::error::WorkerError;
@@ -153,12 +153,20 @@ impl<T: Elem + PartialEq> Staged<T> {
 
 /// A sampling queued by [`GpuSampler::queue`] whose rows [`GpuSampler::finish`] reads.
 #[must_use = "a queued sampling's rows are read by GpuSampler::finish"]
-#[derive(Debug)]
 pub struct QueuedSample {
     slot: usize,
+    /// Waits for its rows on the GPU.
+    done: Completion,
     /// The sampler's queue count at this one (a later queue into the slot, after this one
     /// was dropped unread, makes it stale).
     ticket: u64,
+}
+
+impl QueuedSample {
+    /// A handle that waits, from any thread, until the rows are written on the GPU.
+    pub fn completion(&self) -> Completion {
+        self.done.clone()
+    }
 }
 
 /// The kernel's output buffers (grown to the largest step seen) and its staged inputs.
@@ -318,7 +326,7 @@ impl GpuSampler {
         self.queued += 1;
         self.tickets[slot] = self.queued;
         self.last = Some((slot, requests.len()));
-        Ok(QueuedSample { slot, ticket: self.tickets[slot] })
+        Ok(QueuedSample { slot, done: out.completion(), ticket: self.tickets[slot] })
     }
 
     /// Waits for `q`'s rows (its sampling only: work queued after it goes on) and reads them.
