@@ -30,7 +30,7 @@ use tessera_kernels::cuda::{bf16, Device, NcclId};
 use tessera_model::weights::ModelFiles;
 use tessera_worker::batch::{LogitsWanted, SeqChunk};
 use tessera_worker::cuda::shapes::{bf16_bytes_per_token, synthetic_config};
-use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds, RowRequest};
+use tessera_worker::cuda::{CudaModel, CudaOptions, GpuSampler, GroupIds, RowRequest, StepTiming};
 use tessera_worker::parallel::Shard;
 use tessera_worker::sampling::{Sampled, SamplingError};
 
@@ -445,8 +445,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         }
         next.push(Some(toks));
     }
-    let (mut wall, mut prep, mut enqueue, mut graphs) = (Vec::new(), Vec::new(), Vec::new(), 0);
-    let (mut validate, mut upload) = (Vec::new(), Vec::new());
+    let mut times = StepTimes::default();
     // On one GPU the model marks each step on the GPU's clock (four marks per step;
     // TESSERA_BENCH_MARKS=0: none, to time the steps without them. On an H200 one A/B
     // found the same tok/s within a call's noise, two others 0.3-1% more without marks on
@@ -473,28 +472,14 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         let mut last = first.clone();
         for step in 0..gen {
             let t = Instant::now();
-            let chunks: Vec<SeqChunk> = group
-                .iter()
-                .zip(&toks)
-                .map(|(&i, tok)| SeqChunk {
-                    tokens: tok,
-                    first_pos: len(i) + step,
-                    block_table: &tables[i],
-                    logits: LogitsWanted::Last,
-                })
-                .collect();
+            let chunks = decode_chunks(group, &toks, &tables, |i| len(i) + step);
             let from = if step == 0 { &[][..] } else { &same_rows[..] };
             let queued = m.queue_sample(&chunks, from, &requests, &mut sampler)?;
             let timing = m.last_step_timing();
             if let Some(before) = pending.replace(queued) {
                 last = greedy_tokens(m.finish_sample(before, &mut sampler)?)?;
             }
-            graphs += usize::from(timing.graph);
-            wall.push(t.elapsed().as_secs_f64());
-            prep.push(timing.prep.as_secs_f64());
-            validate.push(timing.validate.as_secs_f64());
-            upload.push(timing.upload.as_secs_f64());
-            enqueue.push(timing.enqueue.as_secs_f64());
+            times.push(timing, t);
         }
         if let Some(before) = pending.take() {
             last = greedy_tokens(m.finish_sample(before, &mut sampler)?)?;
@@ -509,24 +494,9 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
             };
             let t = Instant::now();
             let toks: Vec<[u32; 1]> = now.iter().map(|&x| [x]).collect();
-            let chunks: Vec<SeqChunk> = group
-                .iter()
-                .zip(&toks)
-                .map(|(&i, tok)| SeqChunk {
-                    tokens: tok,
-                    first_pos: len(i) + step,
-                    block_table: &tables[i],
-                    logits: LogitsWanted::Last,
-                })
-                .collect();
+            let chunks = decode_chunks(group, &toks, &tables, |i| len(i) + step);
             next[g] = launch(m, &chunks, &mut sampler, role)?;
-            let timing = m.last_step_timing();
-            graphs += usize::from(timing.graph);
-            wall.push(t.elapsed().as_secs_f64());
-            prep.push(timing.prep.as_secs_f64());
-            validate.push(timing.validate.as_secs_f64());
-            upload.push(timing.upload.as_secs_f64());
-            enqueue.push(timing.enqueue.as_secs_f64());
+            times.push(m.last_step_timing(), t);
         }
     }
     // A follower takes the last step's tokens too, so the next test starts in step.
@@ -541,14 +511,56 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
     };
     Ok(Outcome::Ran(Decode {
         tok_s: (b * gen) as f64 / total,
-        step: median(wall),
-        prep: median(prep),
-        validate: median(validate),
-        upload: median(upload),
-        enqueue: median(enqueue),
-        graphs: graphs / groups.len().max(1),
+        step: median(times.wall),
+        prep: median(times.prep),
+        validate: median(times.validate),
+        upload: median(times.upload),
+        enqueue: median(times.enqueue),
+        graphs: times.graphs / groups.len().max(1),
         split,
     }))
+}
+
+/// Each decode step's host times (seconds) and how many ran a CUDA graph.
+#[derive(Default)]
+struct StepTimes {
+    wall: Vec<f64>,
+    prep: Vec<f64>,
+    validate: Vec<f64>,
+    upload: Vec<f64>,
+    enqueue: Vec<f64>,
+    graphs: usize,
+}
+
+impl StepTimes {
+    /// A step that started at `t0` (its wall time ends now) with the model's `timing`.
+    fn push(&mut self, timing: StepTiming, t0: Instant) {
+        self.graphs += usize::from(timing.graph);
+        self.wall.push(t0.elapsed().as_secs_f64());
+        self.prep.push(timing.prep.as_secs_f64());
+        self.validate.push(timing.validate.as_secs_f64());
+        self.upload.push(timing.upload.as_secs_f64());
+        self.enqueue.push(timing.enqueue.as_secs_f64());
+    }
+}
+
+/// A decode step's chunks: sequence `group[j]` runs `toks[j]` at `pos(group[j])`, greedy.
+fn decode_chunks<'a>(
+    group: &[usize],
+    toks: &'a [[u32; 1]],
+    tables: &'a [Vec<u32>],
+    pos: impl Fn(usize) -> usize,
+) -> Vec<SeqChunk<'a>> {
+    group
+        .iter()
+        .zip(toks)
+        .map(|(&i, tok)| SeqChunk {
+            tokens: tok,
+            first_pos: pos(i),
+            block_table: &tables[i],
+            logits: LogitsWanted::Last,
+        })
+        .collect()
 }
 
 /// Runs one step: its next tokens (greedy on the GPU) for a rank that samples, which the

@@ -323,6 +323,19 @@ fn bad_batches_are_errors_not_crashes() {
     assert!(m.forward(&ok).expect("good batch").data.iter().all(|v| v.is_finite()));
 }
 
+/// A decode step's chunks: row `r` runs sequence `ord[r]`'s token `toks[r]` at `pos(ord[r])`.
+fn decode_rows<'a>(
+    ord: &[usize],
+    toks: &'a [[u32; 1]],
+    tables: &'a [Vec<u32>],
+    pos: impl Fn(usize) -> usize,
+) -> Vec<SeqChunk<'a>> {
+    ord.iter()
+        .zip(toks)
+        .map(|(&i, t)| SeqChunk { tokens: t, first_pos: pos(i), block_table: &tables[i], logits: LogitsWanted::Last })
+        .collect()
+}
+
 /// The overlapped decode loop (`queue_sample` of step N+1 before step N's rows are read,
 /// its chunks naming N's sampled rows): the same greedy tokens as steps run one at a time
 /// on their host-side tokens, with graphs and eagerly, while the batch's row order rotates
@@ -366,16 +379,7 @@ fn overlapped_decode_takes_the_sampled_tokens_on_the_device() {
         for k in 0..steps {
             let ord = order(k);
             let toks: Vec<[u32; 1]> = ord.iter().map(|&i| [*want[i].last().unwrap()]).collect();
-            let chunks: Vec<SeqChunk> = ord
-                .iter()
-                .zip(&toks)
-                .map(|(&i, t)| SeqChunk {
-                    tokens: t,
-                    first_pos: prompts[i].len() + k,
-                    block_table: &t0[i],
-                    logits: LogitsWanted::Last,
-                })
-                .collect();
+            let chunks = decode_rows(&ord, &toks, &t0, |i| prompts[i].len() + k);
             let got = m.forward_greedy(&chunks, &mut sampler).expect("decode step");
             assert_eq!(m.last_step_timing().graph, graphs);
             for (&i, t) in ord.iter().zip(got) {
@@ -398,16 +402,7 @@ fn overlapped_decode_takes_the_sampled_tokens_on_the_device() {
                     ord.iter().map(|&i| (i != 0).then(|| before.iter().position(|&j| j == i).unwrap() as u32)).collect()
                 }
             };
-            let chunks: Vec<SeqChunk> = ord
-                .iter()
-                .zip(&toks)
-                .map(|(&i, t)| SeqChunk {
-                    tokens: t,
-                    first_pos: prompts[i].len() + k,
-                    block_table: &t1[i],
-                    logits: LogitsWanted::Last,
-                })
-                .collect();
+            let chunks = decode_rows(&ord, &toks, &t1, |i| prompts[i].len() + k);
             let q = m.queue_sample(&chunks, &from, &greedy, &mut sampler).expect("queued decode step");
             if let Some((prev, q_prev)) = pending.replace((ord, q)) {
                 let rows = m.finish_sample(q_prev, &mut sampler).expect("rows of the step before");
