@@ -346,6 +346,9 @@ struct Decode {
     graphs: usize,
     /// The step's wall time by GPU timestamps (one GPU only).
     split: Option<StepSplit>,
+    /// Each step was queued before the step before's tokens were read (its host time
+    /// overlaps that step's GPU time; its last mark follows the sampling on the GPU).
+    overlapped: bool,
 }
 
 enum Outcome {
@@ -367,15 +370,19 @@ fn decode_row(b: usize, args: &BenchArgs, outcome: &Outcome, bytes_per_token: f6
     } else {
         String::new()
     };
+    // Queued ahead, a step's host work runs beside the step before on the GPU, and its
+    // last mark follows its sampling there, not the host's read of the rows.
+    let (host, sampling) =
+        if d.overlapped { ("beside the step before", "sampling") } else { ("GPU idle", "sampling and read-back") };
     let split = match d.split {
         Some(s) => format!(
-            "; by GPU timestamps: prep {:.0} + forward {:.0} + sampling and read-back {:.0} + between steps {:.0} µs",
+            "; by GPU timestamps: prep {:.0} + forward {:.0} + {sampling} {:.0} + between steps {:.0} µs",
             s.prep, s.forward, s.sampling, s.between
         ),
         None => String::new(),
     };
     format!(
-        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs (GPU idle; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph{split} |",
+        "| decode, {b} sequences ({prompt}+{gen}{stagger}) | {:.0} tok/s | step {:.2} ms{mbu}; host per step: prep {:.0} µs ({host}; checks {:.0}, copies {:.0}) + launches {:.0} µs; {}/{gen} steps from a CUDA graph{split} |",
         d.tok_s,
         d.step * 1e3,
         d.prep * 1e6,
@@ -518,6 +525,7 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         enqueue: median(times.enqueue),
         graphs: times.graphs / groups.len().max(1),
         split,
+        overlapped: overlap,
     }))
 }
 

@@ -2,7 +2,10 @@
 //! records per step (`CudaModel::set_marks`: four marks per step): the host's preparation
 //! (the GPU has nothing of the step yet but its input copies), the forward pass (graph or
 //! kernels, through the LM head), sampling with its read-back to the host, and the caller's
-//! time until the next step starts. The GPU idles through the first and the last.
+//! time until the next step starts. The GPU idles through the first and the last. (In the
+//! bench's overlapped loop a step's marks are queued before the step before's rows are
+//! read: its first two then time the GPU's input copies, its third ends at the sampling
+//! on the GPU, and "between" is the GPU's gap between steps.)
 
 /// Medians over the steps, µs (of an even count, the upper of the middle two).
 #[derive(Debug, Clone, Copy, PartialEq)]
