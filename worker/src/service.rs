@@ -695,10 +695,13 @@ impl pb::worker_server::Worker for WorkerService {
                 }
             }
             // The stream ended with a step queued: read its rows so the executor is ready
-            // for the next stream (nobody is left to reply to).
+            // for the next stream (nobody is left to reply to), watched like any step after
+            // the coordinator has gone.
             if let Some(p) = pending {
                 let (state, metrics) = (state.clone(), metrics.clone());
-                let _ = tokio::task::spawn_blocking(move || complete_pending(&state, &metrics, p.clock)).await;
+                let job = tokio::task::spawn_blocking(move || complete_pending(&state, &metrics, p.clock));
+                let w = watch.as_ref().map(|(g, h)| (*g, h));
+                let _ = watch_step(job, std::future::ready(()), w, || format!("step {}", p.step_id)).await;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
