@@ -468,42 +468,24 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         matches!(role, Role::Solo) && groups.len() == 1 && std::env::var("TESSERA_BENCH_OVERLAP").as_deref() != Ok("0");
     let t_all = Instant::now();
     if overlap {
-        let group = groups[0];
         let first = next[0].take().ok_or_else(|| anyhow!("no tokens after the prefill"))?;
-        let requests = vec![RowRequest::greedy(); group.len()];
-        // Every row takes its own row's token of the step before (the order never changes).
-        let same_rows: Vec<Option<u32>> = (0..group.len() as u32).map(Some).collect();
         // The chunks' own tokens: the prefill's, then placeholders the device replaces.
         let toks: Vec<[u32; 1]> = first.iter().map(|&x| [x]).collect();
-        let mut pending = None;
-        let mut last = first.clone();
+        let chunks_at = |step| decode_chunks(groups[0], &toks, &tables, |i| len(i) + step);
+        next[0] = Some(decode_ahead(m, first, gen, chunks_at, &mut sampler, &mut times)?);
+    } else {
         for step in 0..gen {
-            let t = Instant::now();
-            let chunks = decode_chunks(group, &toks, &tables, |i| len(i) + step);
-            let from = if step == 0 { &[][..] } else { &same_rows[..] };
-            let queued = m.queue_sample(&chunks, from, &requests, &mut sampler)?;
-            let timing = m.last_step_timing();
-            if let Some(before) = pending.replace(queued) {
-                last = greedy_tokens(m.finish_sample(before, &mut sampler)?)?;
+            for (g, group) in groups.iter().enumerate() {
+                let now = match next[g].take() {
+                    Some(t) => t,
+                    None => take(role)?,
+                };
+                let t = Instant::now();
+                let toks: Vec<[u32; 1]> = now.iter().map(|&x| [x]).collect();
+                let chunks = decode_chunks(group, &toks, &tables, |i| len(i) + step);
+                next[g] = launch(m, &chunks, &mut sampler, role)?;
+                times.push(m.last_step_timing(), t);
             }
-            times.push(timing, t);
-        }
-        if let Some(before) = pending.take() {
-            last = greedy_tokens(m.finish_sample(before, &mut sampler)?)?;
-        }
-        next[0] = Some(last);
-    }
-    for step in 0..if overlap { 0 } else { gen } {
-        for (g, group) in groups.iter().enumerate() {
-            let now = match next[g].take() {
-                Some(t) => t,
-                None => take(role)?,
-            };
-            let t = Instant::now();
-            let toks: Vec<[u32; 1]> = now.iter().map(|&x| [x]).collect();
-            let chunks = decode_chunks(group, &toks, &tables, |i| len(i) + step);
-            next[g] = launch(m, &chunks, &mut sampler, role)?;
-            times.push(m.last_step_timing(), t);
         }
     }
     // A follower takes the last step's tokens too, so the next test starts in step.
@@ -527,6 +509,38 @@ fn decode_batch(m: &mut CudaModel, b: usize, args: &BenchArgs, role: &Role, micr
         split,
         overlapped: overlap,
     }))
+}
+
+/// The overlapped loop on one GPU: `gen` greedy steps of one batch (the sequences whose
+/// next tokens are `first`; `chunks_at(step)` their chunks, on `first` as their own tokens),
+/// each queued before the step before's tokens are read and taking them from the GPU's
+/// sampled rows. Returns the last step's tokens.
+fn decode_ahead<'a>(
+    m: &mut CudaModel,
+    first: Vec<u32>,
+    gen: usize,
+    chunks_at: impl Fn(usize) -> Vec<SeqChunk<'a>>,
+    sampler: &mut GpuSampler,
+    times: &mut StepTimes,
+) -> Result<Vec<u32>> {
+    let requests = vec![RowRequest::greedy(); first.len()];
+    // Every row takes its own row's token of the step before (the order never changes).
+    let same_rows: Vec<Option<u32>> = (0..first.len() as u32).map(Some).collect();
+    let (mut pending, mut last) = (None, first);
+    for step in 0..gen {
+        let t = Instant::now();
+        let from = if step == 0 { &[][..] } else { &same_rows[..] };
+        let queued = m.queue_sample(&chunks_at(step), from, &requests, sampler)?;
+        let timing = m.last_step_timing();
+        if let Some(before) = pending.replace(queued) {
+            last = greedy_tokens(m.finish_sample(before, sampler)?)?;
+        }
+        times.push(timing, t);
+    }
+    if let Some(before) = pending {
+        last = greedy_tokens(m.finish_sample(before, sampler)?)?;
+    }
+    Ok(last)
 }
 
 /// Each decode step's host times (seconds) and how many ran a CUDA graph.

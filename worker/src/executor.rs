@@ -230,15 +230,15 @@ impl Executor {
 
     /// Whether `input` can be queued behind `p` before `p`'s rows are read (see `start`).
     fn can_follow(&self, p: &Pending, input: &StepInput) -> bool {
-        if !self.behind || input.finished.iter().any(|id| p.ends.contains_key(id)) {
+        if !self.behind || input.finished.iter().any(|id| p.ran.contains_key(id)) {
             return false;
         }
         input.runs.iter().all(|r| {
-            let Some(&end) = p.ends.get(&r.seq_id) else { return true };
+            let Some(ran) = p.ran.get(&r.seq_id) else { return true };
             let plain = self.seqs.get(&r.seq_id).is_some_and(|st| {
                 !st.sampler.penalises() && st.sampler.params().min_tokens == 0 && !self.grammar.contains_key(&r.seq_id)
             });
-            r.from_previous && p.rows.contains_key(&r.seq_id) && r.first_pos == end && plain
+            r.from_previous && ran.row.is_some() && r.first_pos == ran.end && plain
         })
     }
 
@@ -298,15 +298,12 @@ impl Executor {
         }
         // The older step's row of each sequence it samples (its lookahead runs here take
         // that row's token on the GPU; their own token is filled in at completion).
-        let after = |id: u64| older.and_then(|p| p.rows.get(&id).copied());
-        let mut from_sampled: Vec<Option<u32>> = Vec::new();
+        let after = |id: u64| older.and_then(|p| p.ran.get(&id)).and_then(|ran| ran.row);
         let mut fill = Vec::new();
         // Lookahead decodes run the token sampled for them in the previous step.
         for (i, r) in input.runs.iter_mut().enumerate().filter(|(_, r)| r.from_previous) {
             let st = self.seqs.get(&r.seq_id).ok_or_else(|| unknown(r.seq_id))?;
-            if let Some(row) = after(r.seq_id) {
-                from_sampled.resize(i, None);
-                from_sampled.push(Some(row));
+            if after(r.seq_id).is_some() {
                 fill.push(i);
                 // A placeholder the GPU replaces; a valid id for the checks.
                 r.tokens = vec![0];
@@ -317,9 +314,10 @@ impl Executor {
             })?;
             r.tokens = vec![t];
         }
-        if !from_sampled.is_empty() {
-            from_sampled.resize(input.runs.len(), None);
-        }
+        let from_sampled: Vec<Option<u32>> = match fill.is_empty() {
+            true => Vec::new(),
+            false => input.runs.iter().map(|r| r.from_previous.then(|| after(r.seq_id)).flatten()).collect(),
+        };
         let gpu = matches!(self.backend, Backend::Cuda(..));
         // A pipeline stage before the last runs its layers and passes the activations on;
         // the last stage samples.
@@ -328,7 +326,6 @@ impl Executor {
         let mut chunks = Vec::with_capacity(input.runs.len());
         // GPU backend: what each sampled row needs, built while the histories are borrowed.
         let mut requests = Vec::new();
-        let mut rows = HashMap::new();
         let mut sampled_ids = std::collections::HashSet::new();
         let mut refused: HashMap<u64, SamplingError> = HashMap::new();
         for r in &input.runs {
@@ -360,7 +357,6 @@ impl Executor {
                 // bias or history) fails its sequence alone, as on the CPU: a greedy
                 // placeholder keeps the rows aligned and its draw is dropped.
                 let generated = st.output_before(r.first_pos + r.tokens.len());
-                rows.insert(r.seq_id, requests.len() as u32);
                 match RowRequest::new(st.sampler.params(), seed, draw, &history, generated, vocab) {
                     Ok(req) => requests.push(req),
                     Err(e) => {
@@ -435,8 +431,14 @@ impl Executor {
         match result? {
             // Queued on the GPU: its rows are read at completion.
             Err(step) => {
-                let ends = input.runs.iter().map(|r| (r.seq_id, r.first_pos + r.tokens.len())).collect();
-                self.pending = Some(Pending { runs: input.runs, fill, refused, masks, step, t0, rows, ends });
+                // Every sampled run has a row (a refused one a greedy placeholder), in order.
+                let mut rows = 0..;
+                let ran = input.runs.iter().map(|r| {
+                    let row = if r.sample { rows.next() } else { None };
+                    (r.seq_id, Ran { end: r.first_pos + r.tokens.len(), row })
+                });
+                let ran = ran.collect();
+                self.pending = Some(Pending { runs: input.runs, fill, refused, masks, step, t0, ran });
                 Ok(None)
             }
             Ok(logits) => {
@@ -567,10 +569,15 @@ struct Pending {
     masks: HashMap<usize, Option<Vec<u32>>>,
     step: QueuedStep,
     t0: Instant,
-    /// Each sampled sequence's row of the step's sampling.
-    rows: HashMap<u64, u32>,
-    /// Each run's sequence and the position after its run.
-    ends: HashMap<u64, usize>,
+    /// What it ran of each sequence.
+    ran: HashMap<u64, Ran>,
+}
+
+/// A pending step's run of one sequence: the position after it, and its row of the step's
+/// sampling (`None`: not sampled).
+struct Ran {
+    end: usize,
+    row: Option<u32>,
 }
 
 /// A step's forward pass as its post-processing takes it: the logits on the host (CPU

@@ -189,18 +189,6 @@ impl WorkerMetrics {
         Box::new(TimedCollective::new(c, self.pp_clock.clone()))
     }
 
-    /// Runs one step (`run`, given `input`) and records its duration, tokens and the time
-    /// its collectives took (groups that were used).
-    pub fn timed_step<R>(&self, input: StepInput, run: impl FnOnce(StepInput) -> R) -> R {
-        // Only this step's collectives.
-        self.tp_clock.take();
-        self.pp_clock.take();
-        let clock = self.step_clock(&input);
-        let out = run(input);
-        self.record_step(clock);
-        out
-    }
-
     /// Starts timing a step of `input` (its phase, tokens, start); [`WorkerMetrics::record_step`]
     /// records it when it ends: a step queued on the GPU ends when its rows are read.
     pub fn step_clock(&self, input: &StepInput) -> StepClock {
@@ -260,15 +248,13 @@ mod tests {
     /// A step's duration lands under its phase, its collective time under its group, and
     /// the clocks start over for the next step.
     #[test]
-    fn timed_steps_record_duration_tokens_and_collective_time() {
+    fn recorded_steps_keep_duration_tokens_and_collective_time() {
         let m = WorkerMetrics::new();
         let input = StepInput { runs: vec![run(1, 3), run(1, 8)], ..Default::default() };
-        let out = m.timed_step(input, |i| {
-            m.tp_clock.add(Duration::from_millis(2));
-            std::thread::sleep(Duration::from_millis(3));
-            i.runs.len()
-        });
-        assert_eq!(out, 2);
+        let clock = m.step_clock(&input);
+        m.tp_clock.add(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(3));
+        m.record_step(clock);
         assert_eq!(m.step[StepPhase::Decode as usize].count(), 1);
         assert!(m.step[StepPhase::Decode as usize].sum() >= 0.003);
         assert_eq!(m.step[StepPhase::Prefill as usize].count(), 0);
@@ -277,7 +263,7 @@ mod tests {
         assert!((m.tp_time.sum() - 0.002).abs() < 1e-9);
         assert_eq!(m.pp_time.count(), 0, "an unused group observes nothing");
         assert_eq!(m.last_collective(), Duration::from_millis(2));
-        m.timed_step(StepInput::default(), |_| ());
+        m.record_step(m.step_clock(&StepInput::default()));
         assert_eq!(m.step.iter().map(|h| h.count()).sum::<u64>(), 1, "a step without runs is not a step");
         let text = m.render();
         assert!(text.contains("tessera:worker_step_duration_seconds_count{phase=\"decode\"} 1\n"), "{text}");

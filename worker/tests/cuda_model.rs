@@ -392,9 +392,9 @@ fn overlapped_decode_takes_the_sampled_tokens_on_the_device() {
         let first = prefill(&mut m, &t1, &mut sampler);
         let mut got: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
         let mut pending = None;
-        for k in 0..steps {
+        for (k, &own) in want[0][..steps].iter().enumerate() {
             let ord = order(k);
-            let toks: Vec<[u32; 1]> = ord.iter().map(|&i| [if i == 0 { want[0][k] } else { first[i] }]).collect();
+            let toks: Vec<[u32; 1]> = ord.iter().map(|&i| [if i == 0 { own } else { first[i] }]).collect();
             let from: Vec<Option<u32>> = match k {
                 0 => Vec::new(),
                 _ => {

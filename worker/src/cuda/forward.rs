@@ -823,10 +823,9 @@ impl CudaModel {
         requests: &[RowRequest],
         sampler: &mut GpuSampler,
     ) -> Result<Option<QueuedSample>, WorkerError> {
-        let from = match check_from_sampled(chunks, from_sampled, sampler.last_tokens().map(|t| t.1))? {
-            true => sampler.last_tokens().map(|(tokens, rows)| (from_sampled, tokens, rows)),
-            false => None,
-        };
+        let last = sampler.last_tokens();
+        let takes = check_from_sampled(chunks, from_sampled, last.map(|t| t.1))?;
+        let from = last.filter(|_| takes).map(|(tokens, rows)| (from_sampled, tokens, rows));
         let (graph, rows, _) = self.step(chunks, from)?;
         if !self.samples() {
             self.core.dev.synchronize()?;
