@@ -408,8 +408,10 @@ impl Executor {
         let grammars = self.grammars.clone();
         let backend = &mut self.backend;
         let forward = move || match backend {
-            Backend::Cuda(m, sampler) => Ok(Err(m.queue_sample(&chunks, &from_sampled, &requests, sampler)?)),
-            backend => Ok(Ok(backend.forward(&chunks)?)),
+            Backend::Cuda(m, sampler) => {
+                Ok(Forward::Queued(m.queue_sample(&chunks, &from_sampled, &requests, sampler)?))
+            }
+            backend => Ok(Forward::Host(backend.forward(&chunks)?)),
         };
         let result: Result<_, WorkerError> = if jobs.is_empty() {
             forward()
@@ -430,7 +432,7 @@ impl Executor {
         }
         match result? {
             // Queued on the GPU: its rows are read at completion.
-            Err(step) => {
+            Forward::Queued(step) => {
                 // Every sampled run has a row (a refused one a greedy placeholder), in order.
                 let mut rows = 0..;
                 let ran = input.runs.iter().map(|r| {
@@ -441,9 +443,9 @@ impl Executor {
                 self.pending = Some(Pending { runs: input.runs, fill, refused, masks, step, t0, ran });
                 Ok(None)
             }
-            Ok(logits) => {
+            Forward::Host(logits) => {
                 let forward_us = t0.elapsed().as_micros() as u64;
-                let done = Forwarded { logits: Some(logits), gpu: None, refused, masks, forward_us };
+                let done = Forwarded { rows: Rows::Host(logits), refused, masks, forward_us };
                 self.finish_runs(&input.runs, done).map(Some)
             }
         }
@@ -464,15 +466,14 @@ impl Executor {
             r.tokens = vec![t];
         }
         let forward_us = p.t0.elapsed().as_micros() as u64;
-        let done = Forwarded { logits: None, gpu: Some(rows), refused: p.refused, masks: p.masks, forward_us };
+        let done = Forwarded { rows: Rows::Gpu(rows), refused: p.refused, masks: p.masks, forward_us };
         self.finish_runs(&p.runs, done)
     }
 
     /// A run step's post-processing: histories, draws (from the logits on the host, or
     /// the GPU's rows), grammars, the output.
     fn finish_runs(&mut self, runs: &[Run], done: Forwarded) -> Result<StepOutput, WorkerError> {
-        let Forwarded { mut logits, gpu, mut refused, mut masks, forward_us } = done;
-        let mut gpu_sampled = gpu.map(Vec::into_iter);
+        let Forwarded { mut rows, mut refused, mut masks, forward_us } = done;
         let samples = self.backend.samples();
         let t1 = Instant::now();
         let mut sampled = Vec::new();
@@ -491,9 +492,10 @@ impl Executor {
                 picks.push(i);
             }
         }
-        let draws: Vec<Result<Sampled, SamplingError>> = match (&mut logits, &mut gpu_sampled) {
-            (Some(l), _) => draw_rows(&mut self.seqs, l, runs, &picks, &mut masks)?,
-            (None, Some(g)) => {
+        let draws: Vec<Result<Sampled, SamplingError>> = match &mut rows {
+            Rows::Host(l) => draw_rows(&mut self.seqs, l, runs, &picks, &mut masks)?,
+            Rows::Gpu(g) => {
+                let mut g = g.drain(..);
                 let mut out = Vec::with_capacity(picks.len());
                 for &i in &picks {
                     let id = runs[i].seq_id;
@@ -509,10 +511,6 @@ impl Executor {
                 }
                 out
             }
-            (None, None) if !picks.is_empty() => {
-                return Err(WorkerError::InvalidBatch("no logits were computed".into()));
-            }
-            (None, None) => Vec::new(),
         };
         for (&i, drawn) in picks.iter().zip(draws) {
             let r = &runs[i];
@@ -541,7 +539,7 @@ impl Executor {
             sampled.push((r.seq_id, s));
         }
         let sample_us = t1.elapsed().as_micros() as u64;
-        if let (Some(l), Backend::Cpu { model, .. }) = (logits, &self.backend) {
+        if let (Rows::Host(l), Backend::Cpu { model, .. }) = (rows, &self.backend) {
             model.recycle_logits(l.data);
         }
         Ok(StepOutput { sampled, errors, forward_us, sample_us })
@@ -580,11 +578,24 @@ struct Ran {
     row: Option<u32>,
 }
 
-/// A step's forward pass as its post-processing takes it: the logits on the host (CPU
-/// backend) or the GPU's sampled rows, the refused rows, the grammar masks, its time.
+/// What a step's forward pass gave: a step queued on the GPU (CUDA backend) or the
+/// logits on the host.
+enum Forward {
+    Queued(QueuedStep),
+    Host(Logits),
+}
+
+/// What a step's draws come from: the logits on the host, or the GPU's sampled rows (in
+/// the order of the step's sampled runs).
+enum Rows {
+    Host(Logits),
+    Gpu(Vec<Result<Sampled, SamplingError>>),
+}
+
+/// A step's forward pass as its post-processing takes it: its rows, the refused rows, the
+/// grammar masks, its time.
 struct Forwarded {
-    logits: Option<Logits>,
-    gpu: Option<Vec<Result<Sampled, SamplingError>>>,
+    rows: Rows,
     refused: HashMap<u64, SamplingError>,
     masks: HashMap<usize, Option<Vec<u32>>>,
     forward_us: u64,
