@@ -620,7 +620,8 @@ impl pb::worker_server::Worker for WorkerService {
             let mut tracer = StepTracer::default();
             // The step queued on the GPU whose reply waits for its rows.
             let mut pending: Option<Awaiting> = None;
-            let watch = stuck.as_ref().filter(|_| gpu).map(|(g, h)| (*g, h.clone()));
+            // A GPU step's watch: its stuck timeout and hook.
+            let watch = || stuck.as_ref().filter(|_| gpu).map(|(g, h)| (*g, h));
             loop {
                 let next = match pending.as_mut() {
                     None => incoming.next().await,
@@ -639,8 +640,7 @@ impl pb::worker_server::Worker for WorkerService {
                             m = incoming.next() => m,
                             () = rows => {
                                 let Some(p) = pending.take() else { continue };
-                                let w = watch.as_ref().map(|(g, h)| (*g, h));
-                                if !complete_and_reply(p, &state, &metrics, &tx, w, &stuck).await {
+                                if !complete_and_reply(p, &state, &metrics, &tx, watch(), &stuck).await {
                                     break;
                                 }
                                 continue;
@@ -664,16 +664,14 @@ impl pb::worker_server::Worker for WorkerService {
                 // The pending step has finished on the GPU already: its reply goes first, so
                 // the coordinator can schedule on its tokens while this step runs.
                 if let Some(p) = earlier.take_if(|p| p.done.as_ref().is_none_or(Completion::is_done)) {
-                    let w = watch.as_ref().map(|(g, h)| (*g, h));
-                    if !complete_and_reply(p, &state, &metrics, &tx, w, &stuck).await {
+                    if !complete_and_reply(p, &state, &metrics, &tx, watch(), &stuck).await {
                         break;
                     }
                 }
                 let (state2, metrics2) = (state.clone(), metrics.clone());
                 let earlier_clock = earlier.as_ref().map(|p| p.clock);
                 let job = tokio::task::spawn_blocking(move || start_step(&state2, &metrics2, msg, earlier_clock));
-                let w = watch.as_ref().map(|(g, h)| (*g, h));
-                let started = watch_step(job, tx.closed(), w, || format!("step {step_id}")).await;
+                let started = watch_step(job, tx.closed(), watch(), || format!("step {step_id}")).await;
                 let started = started.unwrap_or_else(|e| StartedStep {
                     previous: None,
                     this: StepState::Done(Err((format!("step task failed: {e}"), false))),
@@ -700,8 +698,7 @@ impl pb::worker_server::Worker for WorkerService {
             if let Some(p) = pending {
                 let (state, metrics) = (state.clone(), metrics.clone());
                 let job = tokio::task::spawn_blocking(move || complete_pending(&state, &metrics, p.clock));
-                let w = watch.as_ref().map(|(g, h)| (*g, h));
-                let _ = watch_step(job, std::future::ready(()), w, || format!("step {}", p.step_id)).await;
+                let _ = watch_step(job, std::future::ready(()), watch(), || format!("step {}", p.step_id)).await;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
